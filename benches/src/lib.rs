@@ -1,0 +1,1 @@
+//! Benchmarks live in `src/bin/` (load tools) and `benches/` (criterion).

@@ -1,0 +1,113 @@
+//! The one error type of the `wal` crate.
+//!
+//! Variants are structured so a caller can branch on them: corruption names the segment and
+//! offset, a torn tail is distinct from corruption, and a poisoned log says the handle must be
+//! reopened. Nothing here is a bare string for a case a caller must tell apart.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::types::LogIndex;
+
+/// Why a frame could not be decoded. Used both by recovery (to classify damage) and by tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The buffer ends before the frame does: the frame needs `needed` bytes, `available` remain.
+    #[error("frame truncated: needs {needed} bytes, {available} available")]
+    Truncated { needed: u64, available: u64 },
+    /// The stored checksum does not match the bytes.
+    #[error("crc mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Crc { stored: u32, computed: u32 },
+    /// The type byte is not a known record type.
+    #[error("unknown record type {0}")]
+    UnknownType(u8),
+    /// Reserved header bytes or alignment padding are not zero.
+    #[error("non-zero reserved or padding bytes")]
+    NonZeroPadding,
+}
+
+/// Errors returned by the write-ahead log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O call failed. When this comes from a write or an fsync the log is now poisoned.
+    #[error("wal i/o error during {op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// An earlier write or fsync failed. The kernel may have dropped dirty pages, so nothing
+    /// written since the last successful fsync can be trusted: drop this handle and reopen,
+    /// which recovers what is actually on disk.
+    #[error("wal is poisoned by an earlier failed {op} ({cause}); reopen it to recover")]
+    Poisoned { op: &'static str, cause: String },
+    /// A damaged record before the tail of the log. Recovery refuses to skip it.
+    #[error("wal corrupted in segment {segment} at offset {offset}: {reason}")]
+    Corruption {
+        segment: PathBuf,
+        offset: u64,
+        reason: CorruptionReason,
+    },
+    /// The last written region is torn (a crash during a write), and the recovery mode is
+    /// [`crate::RecoveryMode::Strict`].
+    #[error("wal has a torn tail in segment {segment} at offset {offset}: {reason}")]
+    TornTail {
+        segment: PathBuf,
+        offset: u64,
+        reason: FrameError,
+    },
+    /// Appended entries must follow the last entry without a gap.
+    #[error("entry index {got} does not follow the last index {last}; expected {}", last.next())]
+    NonContiguous { last: LogIndex, got: LogIndex },
+    /// A truncation point beyond the end of the log.
+    #[error("cannot truncate from {from}: the log ends at {last:?}")]
+    TruncateBeyondEnd { from: LogIndex, last: Option<LogIndex> },
+    /// A record payload larger than the configured maximum.
+    #[error("record of {size} bytes exceeds the limit of {limit} bytes")]
+    RecordTooLarge { size: u64, limit: u64 },
+    /// Another process (or handle) holds the log directory.
+    #[error("wal directory {dir} is locked by another process: {source}")]
+    Locked {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The configuration failed validation.
+    #[error("invalid wal config: {0}")]
+    InvalidConfig(&'static str),
+    /// The log was closed (its writer thread is gone) before the request completed.
+    #[error("wal is closed")]
+    Closed,
+}
+
+/// What exactly is wrong at a corruption point.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CorruptionReason {
+    /// A record failed to decode and the damage is not confined to the tail.
+    #[error("damaged record ({0})")]
+    Frame(FrameError),
+    /// The segment header is missing or invalid.
+    #[error("bad segment header ({0})")]
+    Header(&'static str),
+    /// The segment's CRC seed does not continue the previous segment's chain: a stale,
+    /// reordered or foreign segment.
+    #[error("crc chain broken: segment seed {seed:#010x}, previous segment ends at {expected:#010x}")]
+    ChainBroken { seed: u32, expected: u32 },
+    /// Segment sequence numbers are not consecutive.
+    #[error("segment sequence gap: expected {expected}, found {found}")]
+    SequenceGap { expected: u64, found: u64 },
+    /// Bytes follow the clean end of a segment that is not the last one.
+    #[error("data after the end of a sealed segment")]
+    DataAfterEnd,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Io { op, source }
+    }
+}

@@ -1,0 +1,491 @@
+//! The group-commit writer: the one thread that writes the log.
+//!
+//! Appenders queue requests on a bounded channel. The writer takes one request, drains every
+//! other request already queued, encodes them all into one buffer, writes it with one call,
+//! and calls fdatasync once if any of them asked for durability; then it answers them all.
+//! While it syncs, new requests queue up and form the next group.
+//!
+//! Rotation: when the current segment is full the writer writes and syncs what it has, takes
+//! the preallocated file, writes and syncs the new header (seeded with the last crc), renames
+//! the file into place and syncs the directory, then repeats the latest state record at the
+//! head of the new segment. So every sealed segment is fully durable, and only the last one
+//! can hold a torn tail.
+//!
+//! A failed write or fsync poisons the log: the kernel may have dropped the dirty pages, so
+//! the writer never retries; every pending and later request fails with [`Error::Poisoned`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::frame::{encode_frame, framed_len, FrameKind};
+use crate::fs::{DirLock, FileSystem, WalFile};
+use crate::pipeline::Pipeline;
+use crate::segment::{segment_name, SegmentHeader, HEADER_LEN};
+use crate::stats::Stats;
+use crate::types::{Appended, Durability, LogIndex, Record, SegmentSeq};
+
+/// A segment of the log, as the writer and recovery track it.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentMeta {
+    pub(crate) seq: SegmentSeq,
+    pub(crate) first_index: LogIndex,
+    pub(crate) path: PathBuf,
+    /// The largest entry index in the segment; a segment is released only when this is below
+    /// the release point.
+    pub(crate) max_entry: Option<LogIndex>,
+}
+
+/// The log's logical position: what the next entry must be, and the state to carry forward.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LogTracker {
+    pub(crate) last_index: Option<LogIndex>,
+    pub(crate) latest_state: Option<Bytes>,
+}
+
+impl LogTracker {
+    /// Checks that `record` may follow the log as it stands.
+    fn check(&self, record: &Record) -> Result<()> {
+        match (record, self.last_index) {
+            (Record::Entry { index, .. }, Some(last)) if *index != last.next() => {
+                Err(Error::NonContiguous { last, got: *index })
+            }
+            (Record::Truncate { from }, last) if last.is_none_or(|l| *from > l.next()) => {
+                Err(Error::TruncateBeyondEnd { from: *from, last })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn apply(&mut self, record: &Record, segment: Option<&mut SegmentMeta>) {
+        match record {
+            Record::Entry { index, .. } => {
+                self.last_index = Some(*index);
+                if let Some(seg) = segment {
+                    seg.max_entry = seg.max_entry.max(Some(*index));
+                }
+            }
+            Record::Truncate { from } => self.last_index = from.0.checked_sub(1).map(LogIndex),
+            Record::State(s) => self.latest_state = Some(s.clone()),
+        }
+    }
+}
+
+pub(crate) type Reply = oneshot::Sender<Result<Appended>>;
+
+pub(crate) enum Op {
+    Append {
+        records: Vec<Record>,
+        durability: Durability,
+        reply: Reply,
+    },
+    /// Entries whose indexes the writer assigns, continuing the log.
+    AppendNext {
+        payloads: Vec<Bytes>,
+        durability: Durability,
+        reply: Reply,
+    },
+    Sync {
+        reply: Reply,
+    },
+    Release {
+        below: LogIndex,
+        reply: oneshot::Sender<Result<usize>>,
+    },
+}
+
+/// Why the log is poisoned: the failed operation and its error text.
+pub(crate) type Poison = Arc<Mutex<Option<(&'static str, String)>>>;
+
+pub(crate) fn poisoned_error(poison: &Poison) -> Option<Error> {
+    poison.lock().as_ref().map(|(op, cause)| Error::Poisoned {
+        op,
+        cause: cause.clone(),
+    })
+}
+
+/// Everything recovery hands over to start a writer.
+#[derive(Debug)]
+pub(crate) struct WriterInit {
+    pub(crate) fs: Arc<dyn FileSystem>,
+    pub(crate) dir: PathBuf,
+    pub(crate) config: Config,
+    pub(crate) lock: Box<dyn DirLock>,
+    /// The last segment, open; `None` for a new log.
+    pub(crate) file: Option<Box<dyn WalFile>>,
+    pub(crate) segments: Vec<SegmentMeta>,
+    /// End of the valid data in the last segment.
+    pub(crate) offset: u64,
+    pub(crate) last_crc: u32,
+    pub(crate) tracker: LogTracker,
+}
+
+struct IoFail {
+    op: &'static str,
+    err: std::io::Error,
+}
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> IoFail {
+    move |err| IoFail { op, err }
+}
+
+pub(crate) struct Writer {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    config: Config,
+    _lock: Box<dyn DirLock>,
+    pipeline: Pipeline,
+    stats: Arc<Stats>,
+    poison: Poison,
+    file: Box<dyn WalFile>,
+    /// Oldest first. Invariant: non-empty, and the last one is `file`.
+    segments: Vec<SegmentMeta>,
+    /// Where `buf` goes in the current segment. Invariant: a multiple of 8, >= HEADER_LEN.
+    offset: u64,
+    /// Encoded frames not yet written.
+    buf: Vec<u8>,
+    buf_records: u64,
+    /// Stored crc of the last encoded frame: the seed of the next.
+    last_crc: u32,
+    /// Records (not carried state) in the current segment, written or buffered.
+    records_in_segment: u64,
+    /// Records written since the last fdatasync.
+    unsynced_records: u64,
+    dirty: bool,
+    tracker: LogTracker,
+}
+
+impl Writer {
+    pub(crate) fn new(init: WriterInit, stats: Arc<Stats>, poison: Poison) -> Result<Writer> {
+        let pipeline = Pipeline::start(init.fs.clone(), init.dir.clone(), init.config.segment_size)?;
+        let mut segments = init.segments;
+        let (file, offset) = match init.file {
+            Some(file) => (file, init.offset),
+            None => {
+                // A new log: its first segment, installed like any other.
+                let header = SegmentHeader {
+                    seq: SegmentSeq(0),
+                    first_index: LogIndex(1),
+                    crc_seed: 0,
+                };
+                let (meta, file) =
+                    install_segment(init.fs.as_ref(), &init.dir, &pipeline, header).map_err(|f| Error::Io {
+                        op: f.op,
+                        source: f.err,
+                    })?;
+                segments.push(meta);
+                (file, HEADER_LEN as u64)
+            }
+        };
+        Ok(Writer {
+            fs: init.fs,
+            dir: init.dir,
+            config: init.config,
+            _lock: init.lock,
+            pipeline,
+            stats,
+            poison,
+            file,
+            segments,
+            offset,
+            buf: Vec::with_capacity(1 << 20),
+            buf_records: 0,
+            last_crc: init.last_crc,
+            // Unknown for a recovered segment; only a segment just rotated to counts from zero.
+            records_in_segment: 1,
+            unsynced_records: 0,
+            dirty: false,
+            tracker: init.tracker,
+        })
+    }
+
+    /// Serves requests until every sender is gone.
+    pub(crate) fn run(mut self, rx: Receiver<Op>) {
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            group.extend(rx.try_iter());
+            self.process(group);
+        }
+    }
+
+    fn process(&mut self, group: Vec<Op>) {
+        if let Some(err) = poisoned_error(&self.poison) {
+            for op in group {
+                fail(op, &err);
+            }
+            return;
+        }
+        let mut done: Vec<(Reply, Appended)> = Vec::with_capacity(group.len());
+        let mut releases = Vec::new();
+        let mut need_sync = false;
+        let mut failure = None;
+        let mut ops = group.into_iter();
+        for op in ops.by_ref() {
+            let (records, durability, reply) = match op {
+                Op::Append {
+                    records,
+                    durability,
+                    reply,
+                } => (records, durability, reply),
+                Op::AppendNext {
+                    payloads,
+                    durability,
+                    reply,
+                } => {
+                    let mut next = self.tracker.last_index.map_or(LogIndex(1), LogIndex::next);
+                    let records = payloads
+                        .into_iter()
+                        .map(|payload| {
+                            let index = next;
+                            next = next.next();
+                            Record::Entry { index, payload }
+                        })
+                        .collect();
+                    (records, durability, reply)
+                }
+                Op::Sync { reply } => {
+                    need_sync = true;
+                    let appended = Appended {
+                        first_index: None,
+                        last_index: self.tracker.last_index,
+                    };
+                    done.push((reply, appended));
+                    continue;
+                }
+                Op::Release { below, reply } => {
+                    releases.push((below, reply));
+                    continue;
+                }
+            };
+            if let Err(e) = self.check(&records) {
+                let _ = reply.send(Err(e));
+                continue;
+            }
+            match self.stage(&records) {
+                Ok(appended) => {
+                    need_sync |= durability == Durability::Durable;
+                    done.push((reply, appended));
+                }
+                Err(f) => {
+                    done.push((
+                        reply,
+                        Appended {
+                            first_index: None,
+                            last_index: None,
+                        },
+                    ));
+                    failure = Some(f);
+                    break;
+                }
+            }
+        }
+        let result = match failure {
+            Some(f) => Err(f),
+            None => self.flush().and_then(|()| if need_sync { self.sync() } else { Ok(()) }),
+        };
+        match result {
+            Ok(()) => {
+                for (reply, appended) in done {
+                    let _ = reply.send(Ok(appended));
+                }
+                for (below, reply) in releases {
+                    let _ = reply.send(self.release(below).map_err(|f| self.poison_with(f)));
+                }
+            }
+            Err(f) => {
+                let err = self.poison_with(f);
+                for (reply, _) in done {
+                    let _ = reply.send(Err(err.clone_poison()));
+                }
+                for (_, reply) in releases {
+                    let _ = reply.send(Err(err.clone_poison()));
+                }
+                for op in ops {
+                    fail(op, &err);
+                }
+            }
+        }
+    }
+
+    fn poison_with(&self, f: IoFail) -> Error {
+        tracing::error!(op = f.op, error = %f.err, "wal i/o failed; the log is poisoned");
+        let mut p = self.poison.lock();
+        if p.is_none() {
+            *p = Some((f.op, f.err.to_string()));
+        }
+        let (op, cause) = p.clone().unwrap_or((f.op, String::new()));
+        Error::Poisoned { op, cause }
+    }
+
+    fn check(&self, records: &[Record]) -> Result<()> {
+        let mut t = self.tracker.clone();
+        for r in records {
+            let size = match r {
+                Record::Entry { payload, .. } | Record::State(payload) => payload.len() as u64,
+                Record::Truncate { .. } => 0,
+            };
+            if size > self.config.max_record_bytes {
+                return Err(Error::RecordTooLarge {
+                    size,
+                    limit: self.config.max_record_bytes,
+                });
+            }
+            t.check(r)?;
+            t.apply(r, None);
+        }
+        Ok(())
+    }
+
+    /// Encodes `records` (already checked), rotating segments as they fill.
+    fn stage(&mut self, records: &[Record]) -> Result<Appended, IoFail> {
+        let mut first_index = None;
+        for r in records {
+            let (kind, index, payload): (FrameKind, u64, &[u8]) = match r {
+                Record::Entry { index, payload } => {
+                    first_index = first_index.or(Some(*index));
+                    (FrameKind::Entry, index.0, payload)
+                }
+                Record::State(payload) => (FrameKind::State, 0, payload),
+                Record::Truncate { from } => (FrameKind::Truncate, from.0, &[]),
+            };
+            let used = self.offset + self.buf.len() as u64;
+            if self.records_in_segment > 0 && used + framed_len(payload.len()) as u64 > self.config.segment_size {
+                self.rotate()?;
+            }
+            self.last_crc = encode_frame(&mut self.buf, kind, index, payload, self.last_crc);
+            self.buf_records += 1;
+            self.records_in_segment += 1;
+            let segment = self.segments.last_mut();
+            self.tracker.apply(r, segment);
+        }
+        Ok(Appended {
+            first_index,
+            last_index: self.tracker.last_index,
+        })
+    }
+
+    fn flush(&mut self) -> Result<(), IoFail> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all_at(&self.buf, self.offset).map_err(io("write"))?;
+        self.offset += self.buf.len() as u64;
+        self.stats.on_write(self.buf.len() as u64, self.buf_records);
+        self.unsynced_records += self.buf_records;
+        self.buf.clear();
+        self.buf_records = 0;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), IoFail> {
+        if !self.dirty {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.file.sync_data().map_err(io("fdatasync"))?;
+        self.stats.on_fsync(started.elapsed(), self.unsynced_records);
+        self.unsynced_records = 0;
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> Result<(), IoFail> {
+        self.flush()?;
+        self.sync()?;
+        let last = self.segments.last().map_or(SegmentSeq(0), |s| SegmentSeq(s.seq.0 + 1));
+        let header = SegmentHeader {
+            seq: last,
+            first_index: self.tracker.last_index.map_or(LogIndex(1), LogIndex::next),
+            crc_seed: self.last_crc,
+        };
+        let (meta, file) = install_segment(self.fs.as_ref(), &self.dir, &self.pipeline, header)?;
+        tracing::debug!(segment = %meta.path.display(), "wal rotated to a new segment");
+        self.segments.push(meta);
+        self.file = file;
+        self.offset = HEADER_LEN as u64;
+        self.records_in_segment = 0;
+        if let Some(state) = &self.tracker.latest_state {
+            self.last_crc = encode_frame(&mut self.buf, FrameKind::CarriedState, 0, state, self.last_crc);
+            self.buf_records += 1;
+        }
+        Ok(())
+    }
+
+    /// Removes the oldest segments whose entries all lie below `below`; never the last one.
+    /// Oldest first, with a directory sync after each removal, so a crash part-way leaves a
+    /// contiguous run of segments.
+    fn release(&mut self, below: LogIndex) -> Result<usize, IoFail> {
+        let mut released = 0;
+        while self.segments.len() > 1 {
+            let Some(first) = self.segments.first() else { break };
+            if first.max_entry.is_some_and(|m| m >= below) {
+                break;
+            }
+            self.fs.remove(&first.path).map_err(io("remove segment"))?;
+            self.fs.sync_dir(&self.dir).map_err(io("sync wal dir"))?;
+            self.segments.remove(0);
+            released += 1;
+        }
+        Ok(released)
+    }
+}
+
+/// Turns the preallocated file into segment `header.seq`: header written and synced, then
+/// renamed into place, then the directory synced.
+fn install_segment(
+    fs: &dyn FileSystem,
+    dir: &std::path::Path,
+    pipeline: &Pipeline,
+    header: SegmentHeader,
+) -> Result<(SegmentMeta, Box<dyn WalFile>), IoFail> {
+    let (tmp, mut file) = pipeline.take().map_err(io("preallocate segment"))?;
+    file.write_all_at(&header.encode(), 0)
+        .map_err(io("write segment header"))?;
+    file.sync_data().map_err(io("fdatasync"))?;
+    let path = dir.join(segment_name(header.seq, header.first_index));
+    fs.rename(&tmp, &path).map_err(io("rename segment"))?;
+    fs.sync_dir(dir).map_err(io("sync wal dir"))?;
+    Ok((
+        SegmentMeta {
+            seq: header.seq,
+            first_index: header.first_index,
+            path,
+            max_entry: None,
+        },
+        file,
+    ))
+}
+
+fn fail(op: Op, err: &Error) {
+    match op {
+        Op::Append { reply, .. } | Op::AppendNext { reply, .. } | Op::Sync { reply } => {
+            let _ = reply.send(Err(err.clone_poison()));
+        }
+        Op::Release { reply, .. } => {
+            let _ = reply.send(Err(err.clone_poison()));
+        }
+    }
+}
+
+impl Error {
+    /// A copy of a poisoned error (io errors are not `Clone`; poison is all we copy).
+    pub(crate) fn clone_poison(&self) -> Error {
+        match self {
+            Error::Poisoned { op, cause } => Error::Poisoned {
+                op,
+                cause: cause.clone(),
+            },
+            other => Error::Poisoned {
+                op: "write",
+                cause: other.to_string(),
+            },
+        }
+    }
+}
