@@ -31,7 +31,7 @@ pub use frame::{decode_frame, encode_frame, framed_len, Frame, FrameKind, FRAME_
 pub use fs::{DirLock, FileSystem, StdFs, WalFile};
 pub use recovery::{repair, repair_with, RepairReport, Replay};
 pub use segment::{parse_segment_name, segment_name, SegmentHeader, HEADER_LEN as SEGMENT_HEADER_LEN};
-pub use sim::{SimFs, SECTOR};
+pub use sim::{SimFs, SyncGate, SECTOR};
 pub use stats::StatsSnapshot;
 pub use types::{Appended, Durability, LogIndex, Record, SegmentSeq};
 pub use wal::{Ticket, TicketFuture, Wal};

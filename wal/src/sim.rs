@@ -15,7 +15,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::fs::{DirLock, FileSystem, WalFile};
 
@@ -44,6 +44,57 @@ struct SimState {
     syncs_left: Option<u64>,
     /// Successful writes left before writes start failing; `None` never fails.
     writes_left: Option<u64>,
+    /// While set, file syncs wait at this gate.
+    gate: Option<Arc<GateState>>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// (closed, syncs waiting)
+    state: Mutex<(bool, usize)>,
+    changed: Condvar,
+}
+
+impl GateState {
+    fn pass(&self) {
+        let mut st = self.state.lock();
+        st.1 += 1;
+        self.changed.notify_all();
+        while st.0 {
+            self.changed.wait(&mut st);
+        }
+        st.1 -= 1;
+    }
+}
+
+/// Holds file syncs back until released: lets a test line requests up behind a sync in
+/// progress, deterministically. Dropping the gate releases it.
+#[derive(Debug)]
+pub struct SyncGate {
+    gate: Arc<GateState>,
+    fs: SimFs,
+}
+
+impl SyncGate {
+    /// Blocks until at least one sync is waiting at the gate.
+    pub fn wait_for_blocked_sync(&self) {
+        let mut st = self.gate.state.lock();
+        while st.1 == 0 {
+            self.gate.changed.wait(&mut st);
+        }
+    }
+
+    /// Lets every held and later sync through.
+    pub fn release(self) {}
+}
+
+impl Drop for SyncGate {
+    fn drop(&mut self) {
+        self.fs.state.lock().gate = None;
+        let mut st = self.gate.state.lock();
+        st.0 = false;
+        self.gate.changed.notify_all();
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -111,6 +162,14 @@ impl SimFs {
     /// Writes start failing after `n` more successful ones.
     pub fn fail_writes_after(&self, n: u64) {
         self.state.lock().writes_left = Some(n);
+    }
+
+    /// Makes file syncs wait until the returned gate is released or dropped.
+    pub fn hold_syncs(&self) -> SyncGate {
+        let gate = Arc::new(GateState::default());
+        gate.state.lock().0 = true;
+        self.state.lock().gate = Some(gate.clone());
+        SyncGate { gate, fs: self.clone() }
     }
 
     pub fn clear_faults(&self) {
@@ -242,6 +301,10 @@ impl WalFile for SimFile {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
+        let gate = self.state.lock().gate.clone();
+        if let Some(gate) = gate {
+            gate.pass();
+        }
         let id = self.id;
         self.with(|st| {
             if !take_budget(&mut st.syncs_left) {

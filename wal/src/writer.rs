@@ -166,7 +166,12 @@ impl Writer {
         let pipeline = Pipeline::start(init.fs.clone(), init.dir.clone(), init.config.segment_size)?;
         let mut segments = init.segments;
         let (file, offset) = match init.file {
-            Some(file) => (file, init.offset),
+            Some(mut file) => {
+                // What replay returned may sit unsynced in the page cache (the previous process
+                // exited without syncing): make it durable before anything builds on it.
+                file.sync_data().map_err(Error::io("fdatasync"))?;
+                (file, init.offset)
+            }
             None => {
                 // A new log: its first segment, installed like any other.
                 let header = SegmentHeader {
@@ -174,8 +179,8 @@ impl Writer {
                     first_index: LogIndex(1),
                     crc_seed: 0,
                 };
-                let (meta, file) =
-                    install_segment(init.fs.as_ref(), &init.dir, &pipeline, header).map_err(|f| Error::Io {
+                let (meta, file) = install_segment(init.fs.as_ref(), &init.dir, &pipeline, header, &header.encode())
+                    .map_err(|f| Error::Io {
                         op: f.op,
                         source: f.err,
                     })?;
@@ -405,16 +410,20 @@ impl Writer {
             first_index: self.tracker.last_index.map_or(LogIndex(1), LogIndex::next),
             crc_seed: self.last_crc,
         };
-        let (meta, file) = install_segment(self.fs.as_ref(), &self.dir, &self.pipeline, header)?;
+        // The latest state leads the new segment, synced with its header before the rename, so
+        // a segment in the log always carries it: releasing older segments cannot lose it.
+        let mut head = header.encode().to_vec();
+        let mut crc = self.last_crc;
+        if let Some(state) = &self.tracker.latest_state {
+            crc = encode_frame(&mut head, FrameKind::CarriedState, 0, state, crc);
+        }
+        let (meta, file) = install_segment(self.fs.as_ref(), &self.dir, &self.pipeline, header, &head)?;
         tracing::debug!(segment = %meta.path.display(), "wal rotated to a new segment");
         self.segments.push(meta);
         self.file = file;
-        self.offset = HEADER_LEN as u64;
+        self.offset = head.len() as u64;
+        self.last_crc = crc;
         self.records_in_segment = 0;
-        if let Some(state) = &self.tracker.latest_state {
-            self.last_crc = encode_frame(&mut self.buf, FrameKind::CarriedState, 0, state, self.last_crc);
-            self.buf_records += 1;
-        }
         Ok(())
     }
 
@@ -437,17 +446,18 @@ impl Writer {
     }
 }
 
-/// Turns the preallocated file into segment `header.seq`: header written and synced, then
-/// renamed into place, then the directory synced.
+/// Turns the preallocated file into segment `header.seq`: its `head` (the encoded header and
+/// any carried state) written and synced, then the file renamed into place, then the
+/// directory synced.
 fn install_segment(
     fs: &dyn FileSystem,
     dir: &std::path::Path,
     pipeline: &Pipeline,
     header: SegmentHeader,
+    head: &[u8],
 ) -> Result<(SegmentMeta, Box<dyn WalFile>), IoFail> {
     let (tmp, mut file) = pipeline.take().map_err(io("preallocate segment"))?;
-    file.write_all_at(&header.encode(), 0)
-        .map_err(io("write segment header"))?;
+    file.write_all_at(head, 0).map_err(io("write segment header"))?;
     file.sync_data().map_err(io("fdatasync"))?;
     let path = dir.join(segment_name(header.seq, header.first_index));
     fs.rename(&tmp, &path).map_err(io("rename segment"))?;
