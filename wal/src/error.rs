@@ -107,6 +107,53 @@ pub enum CorruptionReason {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A copy of this error (`io::Error` is not `Clone`; its kind and text are kept).
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Io { op, source } => Error::Io {
+                op,
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Poisoned { op, cause } => Error::Poisoned {
+                op,
+                cause: cause.clone(),
+            },
+            Error::Corruption {
+                segment,
+                offset,
+                reason,
+            } => Error::Corruption {
+                segment: segment.clone(),
+                offset: *offset,
+                reason: reason.clone(),
+            },
+            Error::TornTail {
+                segment,
+                offset,
+                reason,
+            } => Error::TornTail {
+                segment: segment.clone(),
+                offset: *offset,
+                reason: *reason,
+            },
+            Error::NonContiguous { last, got } => Error::NonContiguous { last: *last, got: *got },
+            Error::TruncateBeyondEnd { from, last } => Error::TruncateBeyondEnd {
+                from: *from,
+                last: *last,
+            },
+            Error::RecordTooLarge { size, limit } => Error::RecordTooLarge {
+                size: *size,
+                limit: *limit,
+            },
+            Error::Locked { dir, source } => Error::Locked {
+                dir: dir.clone(),
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::InvalidConfig(why) => Error::InvalidConfig(why),
+            Error::Closed => Error::Closed,
+        }
+    }
+
     pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> Error {
         move |source| Error::Io { op, source }
     }

@@ -187,7 +187,8 @@ mod tests {
     fn damage_is_detected() {
         let mut good = Vec::new();
         encode_frame(&mut good, FrameKind::Entry, 3, b"payload bytes", 0);
-        let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>, fn(&FrameError) -> bool)> = vec![
+        type Case = (&'static str, Box<dyn Fn(&mut Vec<u8>)>, fn(&FrameError) -> bool);
+        let cases: Vec<Case> = vec![
             ("flipped payload bit", Box::new(|b| b[30] ^= 1), |e| {
                 matches!(e, FrameError::Crc { .. })
             }),

@@ -64,6 +64,8 @@ pub struct Replay {
     end_offset: u64,
     damage: Option<Damage>,
     done: bool,
+    /// A copy of the error replay stopped at: `finish` refuses to append after it.
+    failed: Option<Error>,
 }
 
 /// What [`repair`] did.
@@ -108,10 +110,36 @@ fn list_segments(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<SegmentMeta>> {
     Ok(segments)
 }
 
+/// Creates `dir` and any missing ancestors, syncing each new entry's parent so a crash cannot
+/// take the directory (and the log in it) away after it was acknowledged.
+fn create_dir_durably(fs: &dyn FileSystem, dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = dir;
+    while fs.list(cur).is_err() {
+        missing.push(cur);
+        match cur.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => cur = parent,
+            _ => break,
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    fs.create_dir_all(dir)?;
+    for created in missing.iter().rev() {
+        let parent = created
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fs.sync_dir(parent)?;
+    }
+    Ok(())
+}
+
 impl Replay {
     pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: PathBuf, config: Config) -> Result<Replay> {
         config.validate()?;
-        fs.create_dir_all(&dir).map_err(Error::io("create wal dir"))?;
+        create_dir_durably(fs.as_ref(), &dir).map_err(Error::io("create wal dir"))?;
         let lock = fs.lock_dir(&dir).map_err(|source| Error::Locked {
             dir: dir.clone(),
             source,
@@ -131,6 +159,7 @@ impl Replay {
             end_offset: HEADER_LEN as u64,
             damage: None,
             done: false,
+            failed: None,
         })
     }
 
@@ -261,6 +290,9 @@ impl Replay {
         for record in self.by_ref() {
             record?;
         }
+        if let Some(err) = self.failed.take() {
+            return Err(err);
+        }
         if let Some(damage) = self.damage.take() {
             let meta = self.segments.get(damage.segment).ok_or(Error::Closed)?;
             tracing::warn!(
@@ -307,6 +339,7 @@ impl Iterator for Replay {
             }
             Err(e) => {
                 self.done = true;
+                self.failed = Some(e.duplicate());
                 Some(Err(e))
             }
         }

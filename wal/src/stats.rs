@@ -26,7 +26,7 @@ struct Histograms {
 /// A point-in-time copy of the log's statistics.
 #[derive(Debug, Clone)]
 pub struct StatsSnapshot {
-    /// Bytes written to segments (frames and headers of carried state; not segment headers).
+    /// Bytes of appended frames written to segments (segment heads not included).
     pub bytes_written: u64,
     /// Records written.
     pub records_written: u64,

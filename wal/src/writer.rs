@@ -306,10 +306,10 @@ impl Writer {
             Err(f) => {
                 let err = self.poison_with(f);
                 for (reply, _) in done {
-                    let _ = reply.send(Err(err.clone_poison()));
+                    let _ = reply.send(Err(err.duplicate()));
                 }
                 for (_, reply) in releases {
-                    let _ = reply.send(Err(err.clone_poison()));
+                    let _ = reply.send(Err(err.duplicate()));
                 }
                 for op in ops {
                     fail(op, &err);
@@ -328,19 +328,10 @@ impl Writer {
         Error::Poisoned { op, cause }
     }
 
+    /// Validates a request against the log as it will stand; sizes were checked by the handle.
     fn check(&self, records: &[Record]) -> Result<()> {
         let mut t = self.tracker.clone();
         for r in records {
-            let size = match r {
-                Record::Entry { payload, .. } | Record::State(payload) => payload.len() as u64,
-                Record::Truncate { .. } => 0,
-            };
-            if size > self.config.max_record_bytes {
-                return Err(Error::RecordTooLarge {
-                    size,
-                    limit: self.config.max_record_bytes,
-                });
-            }
             t.check(r)?;
             t.apply(r, None);
         }
@@ -476,26 +467,10 @@ fn install_segment(
 fn fail(op: Op, err: &Error) {
     match op {
         Op::Append { reply, .. } | Op::AppendNext { reply, .. } | Op::Sync { reply } => {
-            let _ = reply.send(Err(err.clone_poison()));
+            let _ = reply.send(Err(err.duplicate()));
         }
         Op::Release { reply, .. } => {
-            let _ = reply.send(Err(err.clone_poison()));
-        }
-    }
-}
-
-impl Error {
-    /// A copy of a poisoned error (io errors are not `Clone`; poison is all we copy).
-    pub(crate) fn clone_poison(&self) -> Error {
-        match self {
-            Error::Poisoned { op, cause } => Error::Poisoned {
-                op,
-                cause: cause.clone(),
-            },
-            other => Error::Poisoned {
-                op: "write",
-                cause: other.to_string(),
-            },
+            let _ = reply.send(Err(err.duplicate()));
         }
     }
 }

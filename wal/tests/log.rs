@@ -1,6 +1,9 @@
 //! Behaviour of the log through its public API, on the simulated file system: appending,
 //! rotation, truncation, release, group commit, poisoning and simulated crashes.
 
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -87,7 +90,8 @@ fn invalid_requests_fail_alone_and_write_nothing() {
     let fs = SimFs::new();
     let (_, wal) = open(&fs, small());
     append(&wal, vec![entry(1, "a")]);
-    let cases: Vec<(Vec<Record>, fn(&Error) -> bool)> = vec![
+    type Case = (Vec<Record>, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         (vec![entry(2, "ok"), entry(4, "gap")], |e| {
             matches!(
                 e,
@@ -318,4 +322,27 @@ fn real_files_roundtrip_with_preallocation() {
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(replayed, written);
+}
+
+#[test]
+fn corruption_before_the_tail_is_refused_and_finish_will_not_append_after_it() {
+    let fs = SimFs::new();
+    let (_, wal) = open(&fs, small());
+    append(&wal, (1..=40).map(|i| entry(i, "payload payload")).collect());
+    drop(wal);
+    let first = Path::new(DIR).join(&segments(&fs)[0]);
+    let mut bytes = fs.read_file(&first).unwrap();
+    bytes[cairn_wal::SEGMENT_HEADER_LEN + cairn_wal::FRAME_HEADER_LEN] ^= 0x01; // first payload byte
+    fs.write_file(&first, &bytes);
+    let mut replay = Wal::open_with(Arc::new(fs.clone()), DIR, small()).unwrap();
+    let err = replay.by_ref().find_map(Result::err).unwrap();
+    match &err {
+        Error::Corruption { segment, offset, .. } => {
+            assert_eq!(segment, &first);
+            assert_eq!(*offset, cairn_wal::SEGMENT_HEADER_LEN as u64);
+        }
+        other => panic!("expected corruption, got {other}"),
+    }
+    let refused = replay.finish().unwrap_err();
+    assert!(matches!(refused, Error::Corruption { .. }), "{refused}");
 }

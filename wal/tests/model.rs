@@ -7,6 +7,9 @@
 //! a damaged record; after releases it starts at a segment boundary at or before the oldest
 //! entry still needed, led by the latest state written before that boundary.
 
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
 use bytes::Bytes;
