@@ -373,16 +373,28 @@ fn is_torn(rest: &[u8], at: usize) -> bool {
     false
 }
 
-/// Copies the segment at `path` to `<path>.broken`, then cuts it at `offset` and restores its
-/// zero-filled preallocation.
+/// A name to keep a damaged segment under: `<path>.broken`, or `<path>.broken.N` when earlier
+/// copies exist, so evidence from an earlier repair is never overwritten.
+fn broken_path(fs: &dyn FileSystem, path: &Path) -> PathBuf {
+    let taken: Vec<String> = path.parent().and_then(|dir| fs.list(dir).ok()).unwrap_or_default();
+    let base = format!("{}{BROKEN_SUFFIX}", path.display());
+    let candidate = |n: u32| if n == 0 { base.clone() } else { format!("{base}.{n}") };
+    let is_free = |c: &String| {
+        let name = Path::new(c).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        !taken.iter().any(|t| t == name)
+    };
+    let free = (0u32..).map(candidate).find(is_free).unwrap_or_else(|| candidate(0));
+    PathBuf::from(free)
+}
+
+/// Copies the segment at `path` aside (see [`broken_path`]), then cuts it at `offset` and
+/// restores its zero-filled preallocation.
 fn truncate_segment(fs: &dyn FileSystem, path: &Path, offset: u64, segment_size: u64) -> Result<()> {
     let mut file = fs.open(path).map_err(Error::io("open segment"))?;
     let bytes = file.read_all().map_err(Error::io("read segment"))?;
     let keep_len = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-    let mut broken_path = path.as_os_str().to_owned();
-    broken_path.push(BROKEN_SUFFIX);
     let mut broken = fs
-        .create(Path::new(&broken_path))
+        .create(&broken_path(fs, path))
         .map_err(Error::io("create .broken copy"))?;
     broken
         .write_all_at(bytes.get(..keep_len).unwrap_or_default(), 0)
@@ -442,28 +454,23 @@ pub fn repair_with(fs: Arc<dyn FileSystem>, dir: &Path, config: Config) -> Resul
     let mut set_aside = Vec::new();
     // Newest first, each rename synced, so a crash leaves a contiguous run of segments.
     for meta in later.iter().rev() {
-        let mut to = meta.path.as_os_str().to_owned();
-        to.push(BROKEN_SUFFIX);
-        fs.rename(&meta.path, Path::new(&to))
-            .map_err(Error::io("set segment aside"))?;
+        let to = broken_path(fs.as_ref(), &meta.path);
+        fs.rename(&meta.path, &to).map_err(Error::io("set segment aside"))?;
         fs.sync_dir(dir).map_err(Error::io("sync wal dir"))?;
         set_aside.push(meta.path.clone());
     }
-    let offset = if offset == 0 {
-        // A bad header: set the whole segment aside, unless it is the only one left.
-        let mut to = segment.as_os_str().to_owned();
-        to.push(BROKEN_SUFFIX);
-        fs.rename(&segment, Path::new(&to))
-            .map_err(Error::io("set segment aside"))?;
+    if offset == 0 {
+        // A bad header: nothing in the segment can be trusted, so it goes aside whole (a log
+        // left without segments starts afresh on the next open).
+        let to = broken_path(fs.as_ref(), &segment);
+        fs.rename(&segment, &to).map_err(Error::io("set segment aside"))?;
         fs.sync_dir(dir).map_err(Error::io("sync wal dir"))?;
         set_aside.push(segment);
         return Ok(RepairReport {
             truncated: None,
             set_aside,
         });
-    } else {
-        offset
-    };
+    }
     truncate_segment(fs.as_ref(), &segment, offset, config.segment_size)?;
     Ok(RepairReport {
         truncated: Some((segment, offset)),
@@ -503,6 +510,18 @@ mod tests {
         for (name, bytes, at, torn) in cases {
             assert_eq!(is_torn(&bytes, at), torn, "{name}");
         }
+    }
+
+    #[test]
+    fn broken_copies_never_overwrite_earlier_ones() {
+        let fs = crate::SimFs::new();
+        let seg = Path::new("/wal/0000000000000000-0000000000000001.wal");
+        fs.write_file(seg, b"segment");
+        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken"));
+        fs.write_file(&broken_path(&fs, seg), b"first copy");
+        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken.1"));
+        fs.write_file(&broken_path(&fs, seg), b"second copy");
+        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken.2"));
     }
 
     #[test]

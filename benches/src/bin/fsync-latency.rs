@@ -1,0 +1,666 @@
+//! `fsync-latency`: etcd's disk check ("is fdatasync fast enough to carry a WAL?") run against
+//! the bare disk and against cairn's WAL in the same run, so the WAL's overhead and its
+//! group-commit gain come out as ratios to a baseline measured on the same disk, minutes apart.
+//!
+//! Phase `raw`: pwrite `--record-size` bytes at the next offset of a preallocated file, then
+//! fdatasync, one at a time. This is the floor for one durable append. Phase `wal N`: N threads
+//! each append one record durably and wait for it, in a loop. Group commit should let the N
+//! threads share each fdatasync, so records/s grows with N while fsyncs/s stays near the raw
+//! rate.
+//!
+//! ```text
+//! cargo run --release -p cairn-benches --bin fsync-latency -- --dir /var/lib/cairn --seconds 2
+//! ```
+//!
+//! Every file lives in a new `fsync-latency-<pid>` directory under `--dir`. The tool removes it
+//! at the end, also after an error. Killed mid-run, it leaves that directory behind and nothing
+//! else.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_wal::{Config, Durability, Replay, Ticket, Wal};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use serde_json::{Map, Value};
+
+/// Measures fdatasync latency in a directory, raw and through cairn's WAL.
+#[derive(Debug, Parser)]
+#[command(name = "fsync-latency", version)]
+struct Args {
+    /// An existing directory on the disk to measure (the WAL's future home).
+    #[arg(long)]
+    dir: PathBuf,
+    /// How long each phase is measured, in seconds (fractions allowed, e.g. 0.5).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds, allow_negative_numbers = true)]
+    seconds: f64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Numbers of concurrent appender threads to measure the WAL with, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256", value_parser = parse_appenders)]
+    appenders: Vec<usize>,
+    /// Payload bytes per record (and per raw write).
+    #[arg(long, default_value_t = 256, value_parser = parse_record_size)]
+    record_size: usize,
+}
+
+/// Longest accepted phase: a day is already more than anyone means.
+const MAX_SECONDS: f64 = 86_400.0;
+/// Most appender threads accepted; the WAL's queue holds 4096 requests by default.
+const MAX_APPENDERS: usize = 4096;
+/// Largest accepted record: 16 MiB, well inside the WAL's default 64 MiB limit.
+const MAX_RECORD_SIZE: usize = 16 << 20;
+/// Unmeasured warm-up before each phase (capped at the phase length).
+const WARMUP: Duration = Duration::from_millis(300);
+/// The raw file grows by this much at a time, preallocated like a WAL segment of default size.
+const RAW_CHUNK: u64 = 64 << 20;
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
+        return Err(format!("must be more than 0 and at most {MAX_SECONDS}"));
+    }
+    Ok(v)
+}
+
+fn parse_appenders(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number of threads"))?;
+    if !(1..=MAX_APPENDERS).contains(&v) {
+        return Err(format!("thread counts must be between 1 and {MAX_APPENDERS}"));
+    }
+    Ok(v)
+}
+
+fn parse_record_size(s: &str) -> Result<usize, String> {
+    let v: usize = s.parse().map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    if !(1..=MAX_RECORD_SIZE).contains(&v) {
+        return Err(format!("must be between 1 and {MAX_RECORD_SIZE} bytes"));
+    }
+    Ok(v)
+}
+
+/// Why the tool gave up, said for a person: what it was doing, then the cause.
+#[derive(Debug)]
+struct Failure(String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure>;
+}
+
+impl<T, E: fmt::Display> Context<T> for Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure> {
+        self.map_err(|e| Failure(format!("{}: {e}", what())))
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsync-latency: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    let window = Duration::from_secs_f64(args.seconds);
+    let warmup = WARMUP.min(window);
+    let mut appenders = args.appenders.clone();
+    dedup_in_order(&mut appenders);
+
+    let work = WorkDir::create(&args.dir)?;
+    eprintln!(
+        "fsync-latency: measuring in {} ({} s per phase, {}-byte records)",
+        work.path.display(),
+        args.seconds,
+        args.record_size
+    );
+    eprintln!("  raw pwrite + fdatasync ...");
+    let raw = measure_raw(&work.path, args.record_size, warmup, window)?;
+    let mut wal = Vec::with_capacity(appenders.len());
+    for &n in &appenders {
+        eprintln!("  wal, {n} appender(s) ...");
+        wal.push(measure_wal(&work.path, n, args.record_size, warmup, window)?);
+    }
+    work.remove()?;
+
+    let report = Report { raw, wal };
+    if args.json {
+        let json = serde_json::to_string_pretty(&report.to_json(args)).context(|| "encode JSON".to_string())?;
+        println!("{json}");
+    } else {
+        report.print_table(args);
+    }
+    Ok(())
+}
+
+fn dedup_in_order(v: &mut Vec<usize>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|n| seen.insert(*n));
+}
+
+/// The tool's own directory under `--dir`. Removed when dropped, so an error leaves nothing.
+#[derive(Debug)]
+struct WorkDir {
+    path: PathBuf,
+    removed: bool,
+}
+
+impl WorkDir {
+    fn create(parent: &Path) -> Result<WorkDir, Failure> {
+        let meta = fs::metadata(parent).context(|| format!("cannot use --dir {}", parent.display()))?;
+        if !meta.is_dir() {
+            return Err(Failure(format!("--dir {} is not a directory", parent.display())));
+        }
+        let path = parent.join(format!("fsync-latency-{}", std::process::id()));
+        fs::create_dir(&path).context(|| format!("cannot create {}", path.display()))?;
+        Ok(WorkDir { path, removed: false })
+    }
+
+    /// Removes the directory, reporting a failure (drop only warns).
+    fn remove(mut self) -> Result<(), Failure> {
+        self.removed = true;
+        fs::remove_dir_all(&self.path).context(|| format!("cannot remove {}", self.path.display()))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.removed {
+            if let Err(e) = fs::remove_dir_all(&self.path) {
+                eprintln!("fsync-latency: warning: cannot remove {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// A latency histogram in microseconds: 1 µs up to an hour, 3 significant digits (as the WAL's).
+fn histogram() -> Result<Histogram<u64>, Failure> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).context(|| "create a histogram".to_string())
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Record contents: not all zeros, so no layer can shortcut them.
+fn payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 ^ 0xA5).collect()
+}
+
+/// Latency percentiles of one phase, in microseconds; `None` when nothing completed.
+#[derive(Debug, Clone, Copy)]
+struct Percentiles {
+    p50: Option<u64>,
+    p99: Option<u64>,
+    p999: Option<u64>,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Percentiles {
+        let at = |q| (!h.is_empty()).then(|| h.value_at_quantile(q));
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+fn per_sec(count: u64, elapsed: Duration) -> f64 {
+    let secs = elapsed.as_secs_f64();
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// The raw phase's outcome.
+#[derive(Debug)]
+struct RawResult {
+    latency: Percentiles,
+    syncs: u64,
+    elapsed: Duration,
+}
+
+impl RawResult {
+    fn syncs_per_sec(&self) -> f64 {
+        per_sec(self.syncs, self.elapsed)
+    }
+}
+
+/// Allocates `offset..offset + len` of `file` the way the WAL preallocates a segment: fallocate
+/// (a sized sparse file where unsupported), then fsync, so the size change is not paid for by
+/// the first measured fdatasync.
+fn preallocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), offset, len) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+            let end = offset.saturating_add(len);
+            if file.metadata()?.len() < end {
+                file.set_len(end)?;
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    file.sync_all()
+}
+
+/// An append-only file written and fdatasynced one small record at a time.
+#[derive(Debug)]
+struct RawLog {
+    file: File,
+    path: PathBuf,
+    buf: Vec<u8>,
+    offset: u64,
+    allocated: u64,
+}
+
+impl RawLog {
+    /// Writes the next record and fdatasyncs; returns how long those two calls took (growing
+    /// the file, when due, is not timed: the WAL does it ahead of need on another thread).
+    fn append(&mut self) -> Result<Duration, Failure> {
+        let len = self.buf.len() as u64;
+        if self.offset + len > self.allocated {
+            preallocate(&self.file, self.allocated, RAW_CHUNK)
+                .context(|| format!("preallocate {}", self.path.display()))?;
+            self.allocated += RAW_CHUNK;
+        }
+        let started = Instant::now();
+        self.file
+            .write_all_at(&self.buf, self.offset)
+            .context(|| format!("write {}", self.path.display()))?;
+        self.file
+            .sync_data()
+            .context(|| format!("fdatasync {}", self.path.display()))?;
+        let took = started.elapsed();
+        self.offset += len;
+        Ok(took)
+    }
+}
+
+fn measure_raw(dir: &Path, record_size: usize, warmup: Duration, window: Duration) -> Result<RawResult, Failure> {
+    let path = dir.join("raw.log");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .context(|| format!("create {}", path.display()))?;
+    let mut log = RawLog {
+        file,
+        path,
+        buf: payload(record_size),
+        offset: 0,
+        allocated: 0,
+    };
+    let mut latency = histogram()?;
+
+    let started = Instant::now();
+    while started.elapsed() < warmup {
+        log.append()?;
+    }
+    let mut syncs = 0u64;
+    let started = Instant::now();
+    while started.elapsed() < window {
+        let took = log.append()?;
+        latency.saturating_record(micros(took));
+        syncs += 1;
+    }
+    let elapsed = started.elapsed();
+
+    let RawLog { file, path, .. } = log;
+    drop(file);
+    fs::remove_file(&path).context(|| format!("remove {}", path.display()))?;
+    Ok(RawResult {
+        latency: Percentiles::of(&latency),
+        syncs,
+        elapsed,
+    })
+}
+
+/// One WAL phase's outcome.
+#[derive(Debug)]
+struct WalResult {
+    appenders: usize,
+    latency: Percentiles,
+    /// Appends completed inside the measured window.
+    records: u64,
+    /// fdatasyncs the WAL made during the window.
+    fsyncs: u64,
+    /// The WAL's own timing of those fdatasyncs (its stats), to split append latency into the
+    /// fsync and everything around it.
+    fsync_latency: Percentiles,
+    elapsed: Duration,
+}
+
+impl WalResult {
+    fn records_per_sec(&self) -> f64 {
+        per_sec(self.records, self.elapsed)
+    }
+
+    fn fsyncs_per_sec(&self) -> f64 {
+        per_sec(self.fsyncs, self.elapsed)
+    }
+
+    fn records_per_fsync(&self) -> Option<f64> {
+        ratio(self.records as f64, self.fsyncs as f64)
+    }
+}
+
+/// The phase appenders are in. Appends count when they complete during `MEASURING`.
+const WARMING: u8 = 0;
+const MEASURING: u8 = 1;
+const STOPPED: u8 = 2;
+
+/// What one appender thread measured: its latency histogram and completed appends.
+type AppenderResult = Result<(Histogram<u64>, u64), Failure>;
+
+/// Appends one record durably and waits, until the phase is `STOPPED`. A failed append stops
+/// every appender.
+fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
+    let mut latency = histogram()?;
+    let mut completed = 0u64;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let started = Instant::now();
+        let appended = wal
+            .append_next(vec![payload.clone()], Durability::Durable)
+            .and_then(Ticket::wait);
+        let took = started.elapsed();
+        if let Err(e) = appended {
+            phase.store(STOPPED, Ordering::SeqCst);
+            return Err(Failure(format!(
+                "durable append to the wal in {}: {e}",
+                wal.dir().display()
+            )));
+        }
+        if phase.load(Ordering::SeqCst) == MEASURING {
+            latency.saturating_record(micros(took));
+            completed += 1;
+        }
+    }
+    Ok((latency, completed))
+}
+
+/// Sleeps for `d`, waking early if an appender failed and stopped the phase.
+fn sleep_unless_stopped(phase: &AtomicU8, d: Duration) {
+    let until = Instant::now() + d;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+fn measure_wal(
+    dir: &Path,
+    appenders: usize,
+    record_size: usize,
+    warmup: Duration,
+    window: Duration,
+) -> Result<WalResult, Failure> {
+    let wal_dir = dir.join(format!("wal-{appenders}"));
+    fs::create_dir(&wal_dir).context(|| format!("create {}", wal_dir.display()))?;
+    let wal = Wal::open(&wal_dir, Config::default())
+        .and_then(Replay::finish)
+        .context(|| format!("open a wal in {}", wal_dir.display()))?;
+    let wal = Arc::new(wal);
+    let phase = Arc::new(AtomicU8::new(WARMING));
+    let payload = Bytes::from(payload(record_size));
+
+    // Appenders start right away; the warm-up is timed from the last one's start.
+    let mut threads: Vec<JoinHandle<AppenderResult>> = Vec::with_capacity(appenders);
+    let mut spawn_error = None;
+    for i in 0..appenders {
+        let (wal, their_phase, payload) = (wal.clone(), phase.clone(), payload.clone());
+        let spawned = thread::Builder::new()
+            .name(format!("appender-{i}"))
+            .stack_size(256 << 10)
+            .spawn(move || appender(&wal, &their_phase, &payload));
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                phase.store(STOPPED, Ordering::SeqCst);
+                spawn_error = Some(Failure(format!("spawn appender thread {i} of {appenders}: {e}")));
+                break;
+            }
+        }
+    }
+
+    let mut window_fsyncs = 0;
+    let mut fsync_latency = histogram()?;
+    let mut elapsed = Duration::ZERO;
+    if spawn_error.is_none() {
+        sleep_unless_stopped(&phase, warmup);
+        let before = wal.stats();
+        if phase
+            .compare_exchange(WARMING, MEASURING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let started = Instant::now();
+            sleep_unless_stopped(&phase, window);
+            phase.store(STOPPED, Ordering::SeqCst);
+            elapsed = started.elapsed();
+            let after = wal.stats();
+            window_fsyncs = after.fsyncs.saturating_sub(before.fsyncs);
+            fsync_latency = after.fsync_latency_us;
+            // Only the window's fsyncs; a failure here only means the warm-up ones stay in.
+            let _ = fsync_latency.subtract(&before.fsync_latency_us);
+        }
+    }
+
+    let mut latency = histogram()?;
+    let mut records = 0u64;
+    let mut first_error = spawn_error;
+    for t in threads {
+        let outcome = t
+            .join()
+            .unwrap_or_else(|_| Err(Failure("an appender thread panicked".to_string())));
+        match outcome {
+            Ok((h, n)) => {
+                latency.add(&h).context(|| "merge latency histograms".to_string())?;
+                records += n;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+
+    // Every thread is joined, so this is the last handle: close syncs and stops the writer.
+    if let Ok(wal) = Arc::try_unwrap(wal) {
+        wal.close()
+            .context(|| format!("close the wal in {}", wal_dir.display()))?;
+    }
+    fs::remove_dir_all(&wal_dir).context(|| format!("remove {}", wal_dir.display()))?;
+    Ok(WalResult {
+        appenders,
+        latency: Percentiles::of(&latency),
+        records,
+        fsyncs: window_fsyncs,
+        fsync_latency: Percentiles::of(&fsync_latency),
+        elapsed,
+    })
+}
+
+/// `num / den`, or `None` when the denominator is zero.
+fn ratio(num: f64, den: f64) -> Option<f64> {
+    (den > 0.0).then(|| num / den)
+}
+
+fn rounded(v: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale
+}
+
+/// Everything measured, ready to print.
+#[derive(Debug)]
+struct Report {
+    raw: RawResult,
+    wal: Vec<WalResult>,
+}
+
+impl Report {
+    fn wal(&self, appenders: usize) -> Option<&WalResult> {
+        self.wal.iter().find(|w| w.appenders == appenders)
+    }
+
+    /// WAL p50 with one appender over raw p50: the cost of the log's machinery per append.
+    fn wal_1_p50_over_raw_p50(&self) -> Option<f64> {
+        let wal = self.wal(1)?.latency.p50?;
+        ratio(wal as f64, self.raw.latency.p50? as f64)
+    }
+
+    /// Records/s with 64 appenders over 1: what group commit buys.
+    fn wal_64_records_over_wal_1_records(&self) -> Option<f64> {
+        ratio(self.wal(64)?.records_per_sec(), self.wal(1)?.records_per_sec())
+    }
+
+    /// The WAL's fsyncs/s with 64 appenders over raw syncs/s: how close the writer keeps the
+    /// disk to its fdatasync rate.
+    fn wal_64_fsyncs_over_raw_syncs(&self) -> Option<f64> {
+        ratio(self.wal(64)?.fsyncs_per_sec(), self.raw.syncs_per_sec())
+    }
+
+    fn to_json(&self, args: &Args) -> Value {
+        fn opt(v: Option<f64>) -> Value {
+            v.map_or(Value::Null, |v| Value::from(rounded(v, 4)))
+        }
+        let mut m = Map::new();
+        m.insert("seconds".into(), Value::from(args.seconds));
+        m.insert("record_size".into(), Value::from(args.record_size));
+        m.insert("raw_p50_us".into(), Value::from(self.raw.latency.p50));
+        m.insert("raw_p99_us".into(), Value::from(self.raw.latency.p99));
+        m.insert("raw_p999_us".into(), Value::from(self.raw.latency.p999));
+        m.insert("raw_syncs".into(), Value::from(self.raw.syncs));
+        m.insert(
+            "raw_syncs_per_sec".into(),
+            Value::from(rounded(self.raw.syncs_per_sec(), 2)),
+        );
+        for w in &self.wal {
+            let n = w.appenders;
+            m.insert(format!("wal_{n}_p50_us"), Value::from(w.latency.p50));
+            m.insert(format!("wal_{n}_p99_us"), Value::from(w.latency.p99));
+            m.insert(format!("wal_{n}_p999_us"), Value::from(w.latency.p999));
+            m.insert(format!("wal_{n}_records"), Value::from(w.records));
+            m.insert(format!("wal_{n}_fsyncs"), Value::from(w.fsyncs));
+            m.insert(
+                format!("wal_{n}_records_per_sec"),
+                Value::from(rounded(w.records_per_sec(), 2)),
+            );
+            m.insert(
+                format!("wal_{n}_fsyncs_per_sec"),
+                Value::from(rounded(w.fsyncs_per_sec(), 2)),
+            );
+            m.insert(format!("wal_{n}_records_per_fsync"), opt(w.records_per_fsync()));
+            m.insert(format!("wal_{n}_fsync_p50_us"), Value::from(w.fsync_latency.p50));
+            m.insert(format!("wal_{n}_fsync_p99_us"), Value::from(w.fsync_latency.p99));
+        }
+        m.insert("wal_1_p50_over_raw_p50".into(), opt(self.wal_1_p50_over_raw_p50()));
+        m.insert(
+            "wal_64_records_over_wal_1_records".into(),
+            opt(self.wal_64_records_over_wal_1_records()),
+        );
+        m.insert(
+            "wal_64_fsyncs_over_raw_syncs".into(),
+            opt(self.wal_64_fsyncs_over_raw_syncs()),
+        );
+        Value::Object(m)
+    }
+
+    fn print_table(&self, args: &Args) {
+        fn us(v: Option<u64>) -> String {
+            v.map_or_else(|| "-".to_string(), |v| v.to_string())
+        }
+        fn times(v: Option<f64>) -> String {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
+        }
+        println!(
+            "fdatasync latency, {} s per phase, {}-byte records, in {}",
+            args.seconds,
+            args.record_size,
+            args.dir.display()
+        );
+        println!();
+        println!(
+            "{:<22} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10}",
+            "phase", "p50 us", "p99 us", "p99.9 us", "records/s", "fsyncs/s", "rec/fsync", "fsync p50", "fsync p99"
+        );
+        let raw = &self.raw;
+        println!(
+            "{:<22} {:>8} {:>8} {:>9} {:>10.0} {:>9.0} {:>9.1} {:>10} {:>10}",
+            "raw pwrite+fdatasync",
+            us(raw.latency.p50),
+            us(raw.latency.p99),
+            us(raw.latency.p999),
+            raw.syncs_per_sec(),
+            raw.syncs_per_sec(),
+            1.0,
+            "-",
+            "-"
+        );
+        for w in &self.wal {
+            let label = match w.appenders {
+                1 => "wal, 1 appender".to_string(),
+                n => format!("wal, {n} appenders"),
+            };
+            println!(
+                "{:<22} {:>8} {:>8} {:>9} {:>10.0} {:>9.0} {:>9} {:>10} {:>10}",
+                label,
+                us(w.latency.p50),
+                us(w.latency.p99),
+                us(w.latency.p999),
+                w.records_per_sec(),
+                w.fsyncs_per_sec(),
+                w.records_per_fsync()
+                    .map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
+                us(w.fsync_latency.p50),
+                us(w.fsync_latency.p99),
+            );
+        }
+        println!("(fsync p50/p99: the wal's own timing of its fdatasync calls, from its stats)");
+        println!();
+        println!(
+            "{:<44} {:>8}",
+            "wal p50 (1 appender) / raw p50",
+            times(self.wal_1_p50_over_raw_p50())
+        );
+        println!(
+            "{:<44} {:>8}",
+            "wal records/s, 64 appenders / 1 appender",
+            times(self.wal_64_records_over_wal_1_records())
+        );
+        println!(
+            "{:<44} {:>8}",
+            "wal fsyncs/s (64 appenders) / raw syncs/s",
+            times(self.wal_64_fsyncs_over_raw_syncs())
+        );
+    }
+}
