@@ -517,11 +517,20 @@ mod tests {
         let fs = crate::SimFs::new();
         let seg = Path::new("/wal/0000000000000000-0000000000000001.wal");
         fs.write_file(seg, b"segment");
-        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken"));
+        assert_eq!(
+            broken_path(&fs, seg),
+            Path::new("/wal/0000000000000000-0000000000000001.wal.broken")
+        );
         fs.write_file(&broken_path(&fs, seg), b"first copy");
-        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken.1"));
+        assert_eq!(
+            broken_path(&fs, seg),
+            Path::new("/wal/0000000000000000-0000000000000001.wal.broken.1")
+        );
         fs.write_file(&broken_path(&fs, seg), b"second copy");
-        assert_eq!(broken_path(&fs, seg), Path::new("/wal/0000000000000000-0000000000000001.wal.broken.2"));
+        assert_eq!(
+            broken_path(&fs, seg),
+            Path::new("/wal/0000000000000000-0000000000000001.wal.broken.2")
+        );
     }
 
     #[test]
