@@ -14,6 +14,7 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
 step "cargo fmt --check"
 cargo fmt --all --check
+(cd fuzz && cargo fmt --check)
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings

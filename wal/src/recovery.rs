@@ -95,12 +95,12 @@ fn list_segments(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<SegmentMeta>> {
     segments.sort_by_key(|s| s.seq);
     for pair in segments.windows(2) {
         if let [a, b] = pair {
-            if b.seq.0 != a.seq.0 + 1 {
+            if a.seq.0.checked_add(1) != Some(b.seq.0) {
                 return Err(Error::Corruption {
                     segment: b.path.clone(),
                     offset: 0,
                     reason: CorruptionReason::SequenceGap {
-                        expected: a.seq.0 + 1,
+                        expected: a.seq.0.saturating_add(1),
                         found: b.seq.0,
                     },
                 });

@@ -93,7 +93,8 @@ pub fn segment_name(seq: SegmentSeq, first_index: LogIndex) -> String {
 pub fn parse_segment_name(name: &str) -> Option<(SegmentSeq, LogIndex)> {
     let stem = name.strip_suffix(SUFFIX)?;
     let (seq, first) = stem.split_once('-')?;
-    if seq.len() != 16 || first.len() != 16 {
+    let hex16 = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex16(seq) || !hex16(first) {
         return None;
     }
     let seq = u64::from_str_radix(seq, 16).ok()?;
@@ -129,6 +130,7 @@ mod tests {
             "0000000000000002-0000000000000010.wal.broken",
             "0000000000000002.tmp",
             "2-10.wal",
+            "+000000000000001-0000000000000010.wal",
             "zzzzzzzzzzzzzzzz-0000000000000010.wal",
             "LOCK",
             "",

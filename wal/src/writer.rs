@@ -395,9 +395,18 @@ impl Writer {
     fn rotate(&mut self) -> Result<(), IoFail> {
         self.flush()?;
         self.sync()?;
-        let last = self.segments.last().map_or(SegmentSeq(0), |s| SegmentSeq(s.seq.0 + 1));
+        let seq = match self.segments.last().map(|s| s.seq.0.checked_add(1)) {
+            Some(Some(next)) => SegmentSeq(next),
+            // A recovered log whose last segment claims sequence u64::MAX: refuse rather than wrap.
+            Some(None) => {
+                return Err(io("rotate")(std::io::Error::other(
+                    "segment sequence numbers exhausted",
+                )))
+            }
+            None => SegmentSeq(0),
+        };
         let header = SegmentHeader {
-            seq: last,
+            seq,
             first_index: self.tracker.last_index.map_or(LogIndex(1), LogIndex::next),
             crc_seed: self.last_crc,
         };

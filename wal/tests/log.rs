@@ -346,3 +346,53 @@ fn corruption_before_the_tail_is_refused_and_finish_will_not_append_after_it() {
     let refused = replay.finish().unwrap_err();
     assert!(matches!(refused, Error::Corruption { .. }), "{refused}");
 }
+
+#[test]
+fn hostile_sequence_numbers_neither_panic_nor_wrap() {
+    // Found by the wal_recovery fuzz target: segment sequence u64::MAX.
+    let fs = SimFs::new();
+    for first in [1u64, 2] {
+        let h = cairn_wal::SegmentHeader {
+            seq: cairn_wal::SegmentSeq(u64::MAX),
+            first_index: LogIndex(first),
+            crc_seed: 0,
+        };
+        fs.write_file(
+            &Path::new(DIR).join(cairn_wal::segment_name(h.seq, h.first_index)),
+            &h.encode(),
+        );
+    }
+    let err = Wal::open_with(Arc::new(fs), DIR, small()).unwrap_err();
+    assert!(matches!(err, Error::Corruption { .. }), "{err}");
+
+    let fs = SimFs::new();
+    let h = cairn_wal::SegmentHeader {
+        seq: cairn_wal::SegmentSeq(u64::MAX),
+        first_index: LogIndex(1),
+        crc_seed: 0,
+    };
+    fs.write_file(
+        &Path::new(DIR).join(cairn_wal::segment_name(h.seq, h.first_index)),
+        &h.encode(),
+    );
+    let (_, wal) = open(&fs, small());
+    let results: Vec<_> = (0..4)
+        .map(|_| {
+            wal.append_next(vec![Bytes::from(vec![7u8; 200])], Durability::Durable)
+                .and_then(cairn_wal::Ticket::wait)
+        })
+        .collect();
+    // The segment fills, rotation cannot number the next one: the log is poisoned, not wrapped.
+    assert!(
+        results.iter().any(|r| matches!(r, Err(Error::Poisoned { .. }))),
+        "{results:?}"
+    );
+    drop(wal);
+    let (replayed, _) = open(&fs, small());
+    let acked = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        replayed.len(),
+        acked,
+        "every acknowledged entry, and only those, is there"
+    );
+}
