@@ -10,18 +10,19 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// A file opened for reading and writing.
-pub trait WalFile: Send + fmt::Debug {
+/// A file opened for reading and writing. Calls take `&self`: the log writes a segment from one
+/// thread and fdatasyncs it from another.
+pub trait WalFile: Send + Sync + fmt::Debug {
     /// Reads the whole file.
-    fn read_all(&mut self) -> io::Result<Vec<u8>>;
+    fn read_all(&self) -> io::Result<Vec<u8>>;
     /// Writes all of `buf` at `offset`.
-    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// fdatasync: makes written data, and the size needed to read it, durable.
-    fn sync_data(&mut self) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
     /// Sets the file's length; new bytes read as zero. Not durable until synced.
-    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
     /// Reserves `len` zero-filled bytes for the file and makes the new size durable.
-    fn preallocate(&mut self, len: u64) -> io::Result<()>;
+    fn preallocate(&self, len: u64) -> io::Result<()>;
 }
 
 /// A held lock on a log directory; dropping it releases the lock.
@@ -52,7 +53,7 @@ pub struct StdFs;
 struct StdFile(File);
 
 impl WalFile for StdFile {
-    fn read_all(&mut self) -> io::Result<Vec<u8>> {
+    fn read_all(&self) -> io::Result<Vec<u8>> {
         let mut buf = Vec::new();
         let mut f = &self.0;
         let _ = io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
@@ -60,19 +61,19 @@ impl WalFile for StdFile {
         Ok(buf)
     }
 
-    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.0.write_all_at(buf, offset)
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
 
-    fn set_len(&mut self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
     }
 
-    fn preallocate(&mut self, len: u64) -> io::Result<()> {
+    fn preallocate(&self, len: u64) -> io::Result<()> {
         match rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), 0, len) {
             Ok(()) => {}
             // Some file systems (tmpfs on old kernels, some FUSE) cannot fallocate: a sized

@@ -16,6 +16,7 @@ mod config;
 mod error;
 mod frame;
 mod fs;
+mod notifier;
 mod pipeline;
 mod recovery;
 mod segment;

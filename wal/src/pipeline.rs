@@ -30,7 +30,7 @@ impl fmt::Debug for Pipeline {
 
 fn prepare(fs: &dyn FileSystem, dir: &Path, n: u64, size: u64) -> Prepared {
     let path = dir.join(tmp_name(n));
-    let mut file = fs.create(&path)?;
+    let file = fs.create(&path)?;
     file.preallocate(size)?;
     Ok((path, file))
 }

@@ -173,7 +173,7 @@ impl Replay {
 
     fn load(&mut self, segment: usize) -> Result<Loaded> {
         let meta = self.segments.get(segment).ok_or(Error::Closed)?;
-        let mut file = self.fs.open(&meta.path).map_err(Error::io("open segment"))?;
+        let file = self.fs.open(&meta.path).map_err(Error::io("open segment"))?;
         let bytes = Bytes::from(file.read_all().map_err(Error::io("read segment"))?);
         let header = SegmentHeader::decode(&bytes).map_err(|r| self.corruption(segment, 0, r))?;
         if header.seq != meta.seq || header.first_index != meta.first_index {
@@ -307,7 +307,7 @@ impl Replay {
             (None, Vec::new(), HEADER_LEN as u64)
         } else {
             let last = self.segments.last().ok_or(Error::Closed)?;
-            let file: Box<dyn WalFile> = self.fs.open(&last.path).map_err(Error::io("open segment"))?;
+            let file: Arc<dyn WalFile> = self.fs.open(&last.path).map_err(Error::io("open segment"))?.into();
             (Some(file), std::mem::take(&mut self.segments), self.end_offset)
         };
         Wal::start(WriterInit {
@@ -390,10 +390,10 @@ fn broken_path(fs: &dyn FileSystem, path: &Path) -> PathBuf {
 /// Copies the segment at `path` aside (see [`broken_path`]), then cuts it at `offset` and
 /// restores its zero-filled preallocation.
 fn truncate_segment(fs: &dyn FileSystem, path: &Path, offset: u64, segment_size: u64) -> Result<()> {
-    let mut file = fs.open(path).map_err(Error::io("open segment"))?;
+    let file = fs.open(path).map_err(Error::io("open segment"))?;
     let bytes = file.read_all().map_err(Error::io("read segment"))?;
     let keep_len = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-    let mut broken = fs
+    let broken = fs
         .create(&broken_path(fs, path))
         .map_err(Error::io("create .broken copy"))?;
     broken

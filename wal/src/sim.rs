@@ -274,12 +274,12 @@ fn file_mut(st: &mut SimState, id: u64) -> io::Result<&mut SimData> {
 }
 
 impl WalFile for SimFile {
-    fn read_all(&mut self) -> io::Result<Vec<u8>> {
+    fn read_all(&self) -> io::Result<Vec<u8>> {
         let id = self.id;
         self.with(|st| Ok(file_mut(st, id)?.data.clone()))
     }
 
-    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let id = self.id;
         self.with(|st| {
             let ok = take_budget(&mut st.writes_left);
@@ -300,7 +300,7 @@ impl WalFile for SimFile {
         })
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         let gate = self.state.lock().gate.clone();
         if let Some(gate) = gate {
             gate.pass();
@@ -316,7 +316,7 @@ impl WalFile for SimFile {
         })
     }
 
-    fn set_len(&mut self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> io::Result<()> {
         let id = self.id;
         self.with(|st| {
             let len = usize::try_from(len).map_err(io::Error::other)?;
@@ -325,7 +325,7 @@ impl WalFile for SimFile {
         })
     }
 
-    fn preallocate(&mut self, len: u64) -> io::Result<()> {
+    fn preallocate(&self, len: u64) -> io::Result<()> {
         let id = self.id;
         self.with(|st| {
             if !take_budget(&mut st.syncs_left) {
@@ -472,12 +472,12 @@ mod tests {
         let fs = SimFs::new();
         let dir = Path::new("/d");
         fs.create_dir_all(dir).unwrap();
-        let mut a = fs.create(&dir.join("a")).unwrap();
+        let a = fs.create(&dir.join("a")).unwrap();
         a.write_all_at(b"durable", 0).unwrap();
         a.sync_data().unwrap();
         fs.sync_dir(dir).unwrap();
         a.write_all_at(b" and not", 7).unwrap();
-        let mut b = fs.create(&dir.join("b")).unwrap();
+        let b = fs.create(&dir.join("b")).unwrap();
         b.write_all_at(b"never named durably", 0).unwrap();
         b.sync_data().unwrap();
         fs.crash_tearing(|_, _| 0);
@@ -491,7 +491,7 @@ mod tests {
         let fs = SimFs::new();
         let dir = Path::new("/d");
         fs.write_file(&dir.join("f"), &[0u8; 16]);
-        let mut f = fs.open(&dir.join("f")).unwrap();
+        let f = fs.open(&dir.join("f")).unwrap();
         f.write_all_at(b"abcdefgh", 4).unwrap();
         fs.crash_tearing(|_, len| {
             assert_eq!(len, 8);
@@ -504,7 +504,7 @@ mod tests {
     fn faults_fire_after_the_budget() {
         let fs = SimFs::new();
         fs.write_file(Path::new("/d/f"), b"");
-        let mut f = fs.open(Path::new("/d/f")).unwrap();
+        let f = fs.open(Path::new("/d/f")).unwrap();
         fs.fail_syncs_after(1);
         f.sync_data().unwrap();
         assert!(f.sync_data().is_err());

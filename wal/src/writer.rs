@@ -1,9 +1,11 @@
 //! The group-commit writer: the one thread that writes the log.
 //!
 //! Appenders queue requests on a bounded channel. The writer takes one request, drains every
-//! other request already queued, encodes them all into one buffer, writes it with one call,
-//! and calls fdatasync once if any of them asked for durability; then it answers them all.
-//! While it syncs, new requests queue up and form the next group.
+//! other request already queued, encodes them all into one buffer and writes it with one
+//! call, answers the requests that only wanted their bytes written, and calls fdatasync once if
+//! any asked for durability; then it answers those (large groups through the notifier,
+//! `notifier.rs`, so waking their waiters overlaps the next write and fsync). While it syncs,
+//! new requests queue up and form the next group.
 //!
 //! Rotation: when the current segment is full the writer writes and syncs what it has, takes
 //! the preallocated file, writes and syncs the new header (seeded with the last crc), renames
@@ -26,6 +28,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::frame::{encode_frame, framed_len, FrameKind};
 use crate::fs::{DirLock, FileSystem, WalFile};
+use crate::notifier::{Completed, Notifier};
 use crate::pipeline::Pipeline;
 use crate::segment::{segment_name, SegmentHeader, HEADER_LEN};
 use crate::stats::Stats;
@@ -118,7 +121,7 @@ pub(crate) struct WriterInit {
     pub(crate) config: Config,
     pub(crate) lock: Box<dyn DirLock>,
     /// The last segment, open; `None` for a new log.
-    pub(crate) file: Option<Box<dyn WalFile>>,
+    pub(crate) file: Option<Arc<dyn WalFile>>,
     pub(crate) segments: Vec<SegmentMeta>,
     /// End of the valid data in the last segment.
     pub(crate) offset: u64,
@@ -143,7 +146,7 @@ pub(crate) struct Writer {
     pipeline: Pipeline,
     stats: Arc<Stats>,
     poison: Poison,
-    file: Box<dyn WalFile>,
+    file: Arc<dyn WalFile>,
     /// Oldest first. Invariant: non-empty, and the last one is `file`.
     segments: Vec<SegmentMeta>,
     /// Where `buf` goes in the current segment. Invariant: a multiple of 8, >= HEADER_LEN.
@@ -157,16 +160,19 @@ pub(crate) struct Writer {
     records_in_segment: u64,
     /// Records written since the last fdatasync.
     unsynced_records: u64,
+    /// Whether bytes were written since the last fdatasync.
     dirty: bool,
     tracker: LogTracker,
+    notifier: Notifier,
 }
 
 impl Writer {
     pub(crate) fn new(init: WriterInit, stats: Arc<Stats>, poison: Poison) -> Result<Writer> {
         let pipeline = Pipeline::start(init.fs.clone(), init.dir.clone(), init.config.segment_size)?;
+        let notifier = Notifier::start().map_err(Error::io("spawn wal notifier"))?;
         let mut segments = init.segments;
         let (file, offset) = match init.file {
-            Some(mut file) => {
+            Some(file) => {
                 // What replay returned may sit unsynced in the page cache (the previous process
                 // exited without syncing): make it durable before anything builds on it.
                 file.sync_data().map_err(Error::io("fdatasync"))?;
@@ -185,7 +191,7 @@ impl Writer {
                         source: f.err,
                     })?;
                 segments.push(meta);
-                (file, HEADER_LEN as u64)
+                (Arc::from(file), HEADER_LEN as u64)
             }
         };
         Ok(Writer {
@@ -207,6 +213,7 @@ impl Writer {
             unsynced_records: 0,
             dirty: false,
             tracker: init.tracker,
+            notifier,
         })
     }
 
@@ -226,9 +233,10 @@ impl Writer {
             }
             return;
         }
-        let mut done: Vec<(Reply, Appended)> = Vec::with_capacity(group.len());
+        // Requests answered once their bytes are written, and once they are durable.
+        let mut written: Vec<(Reply, Appended)> = Vec::new();
+        let mut durable: Vec<(Reply, Appended)> = Vec::with_capacity(group.len());
         let mut releases = Vec::new();
-        let mut need_sync = false;
         let mut failure = None;
         let mut ops = group.into_iter();
         for op in ops.by_ref() {
@@ -255,12 +263,11 @@ impl Writer {
                     (records, durability, reply)
                 }
                 Op::Sync { reply } => {
-                    need_sync = true;
                     let appended = Appended {
                         first_index: None,
                         last_index: self.tracker.last_index,
                     };
-                    done.push((reply, appended));
+                    durable.push((reply, appended));
                     continue;
                 }
                 Op::Release { below, reply } => {
@@ -273,12 +280,12 @@ impl Writer {
                 continue;
             }
             match self.stage(&records) {
-                Ok(appended) => {
-                    need_sync |= durability == Durability::Durable;
-                    done.push((reply, appended));
-                }
+                Ok(appended) => match durability {
+                    Durability::Durable => durable.push((reply, appended)),
+                    Durability::Buffered => written.push((reply, appended)),
+                },
                 Err(f) => {
-                    done.push((
+                    durable.push((
                         reply,
                         Appended {
                             first_index: None,
@@ -290,22 +297,32 @@ impl Writer {
                 }
             }
         }
-        let result = match failure {
+        let mut result = match failure {
             Some(f) => Err(f),
-            None => self.flush().and_then(|()| if need_sync { self.sync() } else { Ok(()) }),
+            None => self.flush(),
         };
+        if result.is_ok() {
+            self.notifier.answer(Completed {
+                replies: std::mem::take(&mut written),
+                result: Ok(()),
+            });
+            if !durable.is_empty() {
+                result = self.sync();
+            }
+        }
         match result {
             Ok(()) => {
-                for (reply, appended) in done {
-                    let _ = reply.send(Ok(appended));
-                }
+                self.notifier.answer(Completed {
+                    replies: durable,
+                    result: Ok(()),
+                });
                 for (below, reply) in releases {
                     let _ = reply.send(self.release(below).map_err(|f| self.poison_with(f)));
                 }
             }
             Err(f) => {
                 let err = self.poison_with(f);
-                for (reply, _) in done {
+                for (reply, _) in durable.into_iter().chain(written) {
                     let _ = reply.send(Err(err.duplicate()));
                 }
                 for (_, reply) in releases {
@@ -319,13 +336,7 @@ impl Writer {
     }
 
     fn poison_with(&self, f: IoFail) -> Error {
-        tracing::error!(op = f.op, error = %f.err, "wal i/o failed; the log is poisoned");
-        let mut p = self.poison.lock();
-        if p.is_none() {
-            *p = Some((f.op, f.err.to_string()));
-        }
-        let (op, cause) = p.clone().unwrap_or((f.op, String::new()));
-        Error::Poisoned { op, cause }
+        poison_with(&self.poison, f.op, &f.err)
     }
 
     /// Validates a request against the log as it will stand; sizes were checked by the handle.
@@ -418,6 +429,7 @@ impl Writer {
             crc = encode_frame(&mut head, FrameKind::CarriedState, 0, state, crc);
         }
         let (meta, file) = install_segment(self.fs.as_ref(), &self.dir, &self.pipeline, header, &head)?;
+        let file: Arc<dyn WalFile> = Arc::from(file);
         tracing::debug!(segment = %meta.path.display(), "wal rotated to a new segment");
         self.segments.push(meta);
         self.file = file;
@@ -456,7 +468,7 @@ fn install_segment(
     header: SegmentHeader,
     head: &[u8],
 ) -> Result<(SegmentMeta, Box<dyn WalFile>), IoFail> {
-    let (tmp, mut file) = pipeline.take().map_err(io("preallocate segment"))?;
+    let (tmp, file) = pipeline.take().map_err(io("preallocate segment"))?;
     file.write_all_at(head, 0).map_err(io("write segment header"))?;
     file.sync_data().map_err(io("fdatasync"))?;
     let path = dir.join(segment_name(header.seq, header.first_index));
@@ -482,4 +494,15 @@ fn fail(op: Op, err: &Error) {
             let _ = reply.send(Err(err.duplicate()));
         }
     }
+}
+
+/// Records why the log is poisoned (the first failure wins) and returns the error to report.
+pub(crate) fn poison_with(poison: &Poison, op: &'static str, err: &std::io::Error) -> Error {
+    tracing::error!(op, error = %err, "wal i/o failed; the log is poisoned");
+    let mut p = poison.lock();
+    if p.is_none() {
+        *p = Some((op, err.to_string()));
+    }
+    let (op, cause) = p.clone().unwrap_or((op, String::new()));
+    Error::Poisoned { op, cause }
 }

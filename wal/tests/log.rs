@@ -200,6 +200,7 @@ fn group_commit_makes_queued_appends_share_one_fsync() {
     let gate = fs.hold_syncs();
     let first = wal.append_next(vec!["first".into()], Durability::Durable).unwrap();
     gate.wait_for_blocked_sync();
+    // The writer is inside the fsync for `first`: these all queue behind it.
     let queued: Vec<_> = (0..50)
         .map(|i| {
             wal.append_next(vec![Bytes::from(format!("queued-{i}"))], Durability::Durable)
@@ -214,6 +215,24 @@ fn group_commit_makes_queued_appends_share_one_fsync() {
     let stats = wal.stats();
     assert_eq!(stats.fsyncs - before, 2, "one fsync for `first`, one for all 50 queued");
     assert_eq!(stats.batch_records.max(), 50);
+}
+
+#[test]
+fn buffered_appends_complete_without_waiting_for_a_sync() {
+    // A buffered append is answered once written, even while a durable one waits on fsync.
+    let fs = SimFs::new();
+    let (_, wal) = open(&fs, Config::default());
+    let gate = fs.hold_syncs();
+    let durable = wal.append_next(vec!["durable".into()], Durability::Durable).unwrap();
+    gate.wait_for_blocked_sync();
+    let buffered = wal.append_next(vec!["buffered".into()], Durability::Buffered).unwrap();
+    let durable = match durable.try_wait() {
+        Err(pending) => pending,
+        Ok(done) => panic!("completed before its fsync: {done:?}"),
+    };
+    gate.release();
+    assert_eq!(buffered.wait().unwrap().last_index, Some(LogIndex(2)));
+    assert_eq!(durable.wait().unwrap().last_index, Some(LogIndex(1)));
 }
 
 #[test]
