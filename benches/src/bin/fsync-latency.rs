@@ -52,6 +52,16 @@ struct Args {
     /// Payload bytes per record (and per raw write).
     #[arg(long, default_value_t = 256, value_parser = parse_record_size)]
     record_size: usize,
+    /// What an appender is: an OS thread blocking on `Ticket::wait`, or a task on a 2-thread
+    /// tokio runtime awaiting the ticket (as the server's request handlers do).
+    #[arg(long, value_enum, default_value_t = AppenderKind::Threads)]
+    appender_kind: AppenderKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AppenderKind {
+    Threads,
+    Tasks,
 }
 
 /// Longest accepted phase: a day is already more than anyone means.
@@ -141,7 +151,14 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut wal = Vec::with_capacity(appenders.len());
     for &n in &appenders {
         eprintln!("  wal, {n} appender(s) ...");
-        wal.push(measure_wal(&work.path, n, args.record_size, warmup, window)?);
+        wal.push(measure_wal(
+            &work.path,
+            n,
+            args.record_size,
+            args.appender_kind,
+            warmup,
+            window,
+        )?);
     }
     work.remove()?;
 
@@ -378,18 +395,29 @@ const STOPPED: u8 = 2;
 /// What one appender thread measured: its latency histogram and completed appends.
 type AppenderResult = Result<(Histogram<u64>, u64), Failure>;
 
-/// Appends one record durably and waits, until the phase is `STOPPED`. A failed append stops
-/// every appender.
-fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
-    let mut latency = histogram()?;
-    let mut completed = 0u64;
-    while phase.load(Ordering::SeqCst) != STOPPED {
-        let started = Instant::now();
-        let appended = wal
-            .append_next(vec![payload.clone()], Durability::Durable)
-            .and_then(Ticket::wait);
-        let took = started.elapsed();
-        if let Err(e) = appended {
+/// One appender's latency histogram and appends completed inside the window.
+struct Tally {
+    latency: Histogram<u64>,
+    completed: u64,
+}
+
+impl Tally {
+    fn new() -> Result<Tally, Failure> {
+        Ok(Tally {
+            latency: histogram()?,
+            completed: 0,
+        })
+    }
+
+    /// Counts one append that took `took`; a failed append stops every appender.
+    fn count(
+        &mut self,
+        wal: &Wal,
+        phase: &AtomicU8,
+        took: Duration,
+        outcome: cairn_wal::Result<()>,
+    ) -> Result<(), Failure> {
+        if let Err(e) = outcome {
             phase.store(STOPPED, Ordering::SeqCst);
             return Err(Failure(format!(
                 "durable append to the wal in {}: {e}",
@@ -397,11 +425,68 @@ fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
             )));
         }
         if phase.load(Ordering::SeqCst) == MEASURING {
-            latency.saturating_record(micros(took));
-            completed += 1;
+            self.latency.saturating_record(micros(took));
+            self.completed += 1;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> AppenderResult {
+        Ok((self.latency, self.completed))
+    }
+}
+
+/// An appender thread: appends one record durably and blocks on its ticket, until the phase is
+/// `STOPPED`.
+fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
+    let mut tally = Tally::new()?;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let started = Instant::now();
+        let appended = wal
+            .append_next(vec![payload.clone()], Durability::Durable)
+            .and_then(Ticket::wait);
+        tally.count(wal, phase, started.elapsed(), appended.map(drop))?;
+    }
+    tally.finish()
+}
+
+/// An appender task: the same, awaiting the ticket instead of blocking.
+async fn appender_task(wal: Arc<Wal>, phase: Arc<AtomicU8>, payload: Bytes) -> AppenderResult {
+    let mut tally = Tally::new()?;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let started = Instant::now();
+        let appended = match wal.append_next(vec![payload.clone()], Durability::Durable) {
+            Ok(ticket) => ticket.await.map(drop),
+            Err(e) => Err(e),
+        };
+        tally.count(&wal, &phase, started.elapsed(), appended)?;
+    }
+    tally.finish()
+}
+
+/// The running appenders of a phase.
+enum Appenders {
+    Threads(Vec<JoinHandle<AppenderResult>>),
+    Tasks(tokio::runtime::Runtime, Vec<tokio::task::JoinHandle<AppenderResult>>),
+}
+
+impl Appenders {
+    fn join(self) -> Vec<AppenderResult> {
+        let panicked = || Err(Failure("an appender panicked".to_string()));
+        match self {
+            Appenders::Threads(threads) => threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| panicked()))
+                .collect(),
+            Appenders::Tasks(runtime, tasks) => runtime.block_on(async {
+                let mut results = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    results.push(t.await.unwrap_or_else(|_| panicked()));
+                }
+                results
+            }),
         }
     }
-    Ok((latency, completed))
 }
 
 /// Sleeps for `d`, waking early if an appender failed and stopped the phase.
@@ -420,6 +505,7 @@ fn measure_wal(
     dir: &Path,
     appenders: usize,
     record_size: usize,
+    kind: AppenderKind,
     warmup: Duration,
     window: Duration,
 ) -> Result<WalResult, Failure> {
@@ -433,23 +519,38 @@ fn measure_wal(
     let payload = Bytes::from(payload(record_size));
 
     // Appenders start right away; the warm-up is timed from the last one's start.
-    let mut threads: Vec<JoinHandle<AppenderResult>> = Vec::with_capacity(appenders);
     let mut spawn_error = None;
-    for i in 0..appenders {
-        let (wal, their_phase, payload) = (wal.clone(), phase.clone(), payload.clone());
-        let spawned = thread::Builder::new()
-            .name(format!("appender-{i}"))
-            .stack_size(256 << 10)
-            .spawn(move || appender(&wal, &their_phase, &payload));
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                phase.store(STOPPED, Ordering::SeqCst);
-                spawn_error = Some(Failure(format!("spawn appender thread {i} of {appenders}: {e}")));
-                break;
+    let running = match kind {
+        AppenderKind::Threads => {
+            let mut threads: Vec<JoinHandle<AppenderResult>> = Vec::with_capacity(appenders);
+            for i in 0..appenders {
+                let (wal, their_phase, payload) = (wal.clone(), phase.clone(), payload.clone());
+                let spawned = thread::Builder::new()
+                    .name(format!("appender-{i}"))
+                    .stack_size(256 << 10)
+                    .spawn(move || appender(&wal, &their_phase, &payload));
+                match spawned {
+                    Ok(t) => threads.push(t),
+                    Err(e) => {
+                        phase.store(STOPPED, Ordering::SeqCst);
+                        spawn_error = Some(Failure(format!("spawn appender thread {i} of {appenders}: {e}")));
+                        break;
+                    }
+                }
             }
+            Appenders::Threads(threads)
         }
-    }
+        AppenderKind::Tasks => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .build()
+                .context(|| "start a tokio runtime".to_string())?;
+            let tasks = (0..appenders)
+                .map(|_| runtime.spawn(appender_task(wal.clone(), phase.clone(), payload.clone())))
+                .collect();
+            Appenders::Tasks(runtime, tasks)
+        }
+    };
 
     let mut window_fsyncs = 0;
     let mut fsync_latency = histogram()?;
@@ -476,10 +577,7 @@ fn measure_wal(
     let mut latency = histogram()?;
     let mut records = 0u64;
     let mut first_error = spawn_error;
-    for t in threads {
-        let outcome = t
-            .join()
-            .unwrap_or_else(|_| Err(Failure("an appender thread panicked".to_string())));
+    for outcome in running.join() {
         match outcome {
             Ok((h, n)) => {
                 latency.add(&h).context(|| "merge latency histograms".to_string())?;
@@ -556,6 +654,11 @@ impl Report {
         let mut m = Map::new();
         m.insert("seconds".into(), Value::from(args.seconds));
         m.insert("record_size".into(), Value::from(args.record_size));
+        let kind = match args.appender_kind {
+            AppenderKind::Threads => "threads",
+            AppenderKind::Tasks => "tasks",
+        };
+        m.insert("appender_kind".into(), Value::from(kind));
         m.insert("raw_p50_us".into(), Value::from(self.raw.latency.p50));
         m.insert("raw_p99_us".into(), Value::from(self.raw.latency.p99));
         m.insert("raw_p999_us".into(), Value::from(self.raw.latency.p999));
@@ -603,10 +706,11 @@ impl Report {
             v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
         }
         println!(
-            "fdatasync latency, {} s per phase, {}-byte records, in {}",
+            "fdatasync latency, {} s per phase, {}-byte records, in {}; wal appenders are {:?}",
             args.seconds,
             args.record_size,
-            args.dir.display()
+            args.dir.display(),
+            args.appender_kind
         );
         println!();
         println!(
