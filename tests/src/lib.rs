@@ -59,3 +59,23 @@ pub fn check_crash_log(records: impl IntoIterator<Item = cairn_wal::Result<Recor
     }
     Ok(log)
 }
+
+/// The records of the committed WAL fixtures (`tests/fixtures/wal/`), shared by their generator
+/// and their test.
+pub mod fixtures {
+    use bytes::Bytes;
+    use cairn_wal::{LogIndex, Record};
+
+    /// Entry `index`, with payload `entry-<index>`.
+    pub fn entry(index: u64) -> Record {
+        Record::Entry {
+            index: LogIndex(index),
+            payload: Bytes::from(format!("entry-{index}")),
+        }
+    }
+
+    /// A state record holding `text`.
+    pub fn state(text: &'static str) -> Record {
+        Record::State(Bytes::from_static(text.as_bytes()))
+    }
+}

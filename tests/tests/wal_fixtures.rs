@@ -10,8 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
-use cairn_wal::{repair, Config, CorruptionReason, Durability, Error, FrameError, LogIndex, Record, RecoveryMode, Wal};
+use cairn_wal::{repair, Config, CorruptionReason, Durability, Error, FrameError, Record, RecoveryMode, Wal};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/wal");
 
@@ -74,16 +73,7 @@ fn cut_at(bytes: &[u8], cut: u64) -> Vec<u8> {
     out
 }
 
-fn entry(index: u64) -> Record {
-    Record::Entry {
-        index: LogIndex(index),
-        payload: Bytes::from(format!("entry-{index}")),
-    }
-}
-
-fn state(text: &'static str) -> Record {
-    Record::State(Bytes::from_static(text.as_bytes()))
-}
+use cairn_tests::fixtures::{entry, state};
 
 /// Everything before the torn entry 20: the carried copy of the second state at the head of
 /// segment 1 is not replayed again.

@@ -21,10 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use bytes::Bytes;
-use cairn_wal::{
-    decode_frame, Config, Durability, LogIndex, Record, SegmentHeader, Wal, FRAME_HEADER_LEN, SEGMENT_HEADER_LEN,
-};
+use cairn_wal::{decode_frame, Config, Durability, Record, SegmentHeader, Wal, FRAME_HEADER_LEN, SEGMENT_HEADER_LEN};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -50,16 +47,7 @@ fn config() -> Config {
     }
 }
 
-fn entry(index: u64) -> Record {
-    Record::Entry {
-        index: LogIndex(index),
-        payload: Bytes::from(format!("entry-{index}")),
-    }
-}
-
-fn state(text: &'static str) -> Record {
-    Record::State(Bytes::from_static(text.as_bytes()))
-}
+use cairn_tests::fixtures::{entry, state};
 
 fn run(out: &Path) -> Result<()> {
     let mut torn = vec![state("hard-state term=1 vote=1 commit=0")];
