@@ -1,0 +1,24 @@
+//! The one error type of the `engine` crate.
+//!
+//! Variants are what a caller branches on; the server maps each to etcd's gRPC code and exact
+//! message in one place (ETCD-COMPAT.md).
+
+/// Errors returned by the engine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty (etcd: "key is not provided").
+    #[error("key is not provided")]
+    EmptyKey,
+    /// The requested revision is at or below the compacted one (etcd: ErrCompacted).
+    #[error("mvcc: required revision has been compacted")]
+    Compacted { requested: i64, compacted: i64 },
+    /// The requested revision is after the current one (etcd: ErrFutureRev).
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision { requested: i64, current: i64 },
+    /// The store's own invariants would break: a bug or a damaged state, never a bad request.
+    #[error("internal consistency error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

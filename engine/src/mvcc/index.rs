@@ -1,0 +1,217 @@
+//! The key index: an in-memory B-tree from each key to its [`KeyIndex`].
+//!
+//! It answers which keys of a range existed at a revision, and which revision holds each
+//! one's value, without reading any value: `count` and `limit` are decided here. Values live
+//! in the backend, found by revision.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use super::key_index::{Found, KeyIndex, KeyIndexError};
+use super::revision::Revision;
+
+/// The keys a request names, in etcd's encoding of `(key, range_end)`:
+/// an empty `range_end` is the single key, `range_end == [0]` is every key `>= key`, anything
+/// else the half-open range `[key, range_end)`; `key == [0]` with `range_end == [0]` is every key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyRange {
+    pub(crate) start: Vec<u8>,
+    /// Exclusive end; `None` for "no end".
+    pub(crate) end: Option<Vec<u8>>,
+    /// A single key rather than a range.
+    pub(crate) single: bool,
+}
+
+impl KeyRange {
+    pub(crate) fn new(key: &[u8], range_end: &[u8]) -> KeyRange {
+        match range_end {
+            [] => KeyRange {
+                start: key.to_vec(),
+                end: None,
+                single: true,
+            },
+            [0] => KeyRange {
+                start: key.to_vec(),
+                end: None,
+                single: false,
+            },
+            end => KeyRange {
+                start: key.to_vec(),
+                end: Some(end.to_vec()),
+                single: false,
+            },
+        }
+    }
+
+    fn bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
+        let start = Bound::Included(self.start.as_slice());
+        if self.single {
+            return (start, Bound::Included(self.start.as_slice()));
+        }
+        match &self.end {
+            // An end at or before the start is an empty range.
+            Some(end) if end.as_slice() <= self.start.as_slice() => (start, Bound::Excluded(self.start.as_slice())),
+            Some(end) => (start, Bound::Excluded(end.as_slice())),
+            None => (start, Bound::Unbounded),
+        }
+    }
+}
+
+/// The end of the range of every key starting with `prefix` (its last byte incremented, trailing
+/// 0xff bytes dropped; `[0]`, "no end", when the prefix is all 0xff or empty).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// What a range read finds in the index.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct IndexRange {
+    /// Up to `limit` keys that existed at the revision, in key order, with where to find them.
+    pub(crate) keys: Vec<(Vec<u8>, Found)>,
+    /// Every key of the range that existed at the revision, whatever the limit.
+    pub(crate) count: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TreeIndex {
+    tree: BTreeMap<Vec<u8>, KeyIndex>,
+}
+
+impl TreeIndex {
+    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
+        match self.tree.get_mut(key) {
+            Some(ki) => ki.put(rev),
+            None => {
+                let mut ki = KeyIndex::default();
+                ki.put(rev)?;
+                self.tree.insert(key.to_vec(), ki);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
+        self.tree.get_mut(key).ok_or(KeyIndexError::NotLive)?.tombstone(rev)
+    }
+
+    pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {
+        self.tree.get(key)?.get(at)
+    }
+
+    /// The keys of `range` that existed at revision `at`; at most `limit` of them (0: no limit)
+    /// returned, all of them counted.
+    pub(crate) fn range(&self, range: &KeyRange, at: i64, limit: usize) -> IndexRange {
+        let mut out = IndexRange::default();
+        for (key, ki) in self.tree.range::<[u8], _>(range.bounds()) {
+            if let Some(found) = ki.get(at) {
+                out.count += 1;
+                if limit == 0 || out.keys.len() < limit {
+                    out.keys.push((key.clone(), found));
+                }
+            }
+        }
+        out
+    }
+
+    /// The keys of `range` that exist now, for a delete.
+    pub(crate) fn live_keys(&self, range: &KeyRange) -> Vec<Vec<u8>> {
+        self.tree
+            .range::<[u8], _>(range.bounds())
+            .filter(|(_, ki)| ki.is_live())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Compacts every key at revision `at` (see [`KeyIndex::compact`]) and drops keys with
+    /// nothing left. Returns the revisions whose values must be kept.
+    pub(crate) fn compact(&mut self, at: i64) -> Vec<Revision> {
+        let mut keep = Vec::new();
+        self.tree.retain(|_, ki| {
+            ki.compact(at, &mut keep);
+            !ki.is_empty()
+        });
+        keep.sort_unstable();
+        keep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(main: i64) -> Revision {
+        Revision::new(main, 0)
+    }
+
+    fn contains(r: &KeyRange, key: &[u8]) -> bool {
+        <(Bound<&[u8]>, Bound<&[u8]>) as std::ops::RangeBounds<[u8]>>::contains(&r.bounds(), key)
+    }
+
+    #[test]
+    fn key_ranges_follow_etcd() {
+        // (key, range_end, keys inside, keys outside)
+        type Case<'a> = (&'a [u8], &'a [u8], &'a [&'a [u8]], &'a [&'a [u8]]);
+        let cases: [Case<'_>; 5] = [
+            (b"a", b"", &[b"a"], &[b"", b"a\0", b"b"]),
+            (b"a", b"\0", &[b"a", b"b", b"\xff\xff"], &[b"", b"\0"]),
+            (b"\0", b"\0", &[b"\0", b"a", b"zzz"], &[b""]),
+            (b"a", b"c", &[b"a", b"b", b"bzz"], &[b"c", b"c\0", b"\0"]),
+            (b"c", b"a", &[], &[b"a", b"b", b"c"]),
+        ];
+        for (key, end, inside, outside) in cases {
+            let r = KeyRange::new(key, end);
+            for k in inside {
+                assert!(contains(&r, k), "{key:?}..{end:?} contains {k:?}");
+            }
+            for k in outside {
+                assert!(!contains(&r, k), "{key:?}..{end:?} excludes {k:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_end_increments_the_last_byte() {
+        assert_eq!(prefix_end(b"abc"), b"abd");
+        assert_eq!(prefix_end(b"ab\xff"), b"ac");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
+    }
+
+    #[test]
+    fn range_counts_past_the_limit_and_reads_history() {
+        let mut idx = TreeIndex::default();
+        for (i, key) in [b"a", b"b", b"c", b"d"].iter().enumerate() {
+            idx.put(*key, rev(i as i64 + 1)).unwrap();
+        }
+        idx.tombstone(b"b", rev(5)).unwrap();
+        let all = KeyRange::new(b"a", b"\0");
+        let now = idx.range(&all, 5, 2);
+        assert_eq!(now.count, 3);
+        assert_eq!(
+            now.keys.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(),
+            [b"a", b"c"]
+        );
+        let then = idx.range(&all, 2, 0);
+        assert_eq!(then.count, 2, "at revision 2 only a and b existed");
+        assert_eq!(idx.live_keys(&KeyRange::new(b"a", b"c")), vec![b"a".to_vec()]);
+    }
+
+    #[test]
+    fn compaction_drops_deleted_keys_and_keeps_current_values() {
+        let mut idx = TreeIndex::default();
+        idx.put(b"a", rev(1)).unwrap();
+        idx.put(b"a", rev(2)).unwrap();
+        idx.put(b"b", rev(3)).unwrap();
+        idx.tombstone(b"b", rev(4)).unwrap();
+        assert_eq!(idx.compact(4), vec![rev(2)]);
+        assert_eq!(idx.tree.len(), 1);
+        assert_eq!(idx.get(b"a", 4).map(|f| f.version), Some(2));
+    }
+}

@@ -1,0 +1,285 @@
+//! The history of one key: its generations of revisions.
+//!
+//! A generation is a key's life from creation to deletion. Each put adds a revision to the
+//! current generation; a delete adds a tombstone revision and closes it, opening an empty one.
+//! For example, a key put at 1.0, 2.0 and 3.0, deleted at 4.0, put again at 5.0 and 6.0:
+//!
+//! ```text
+//! generations, oldest first:
+//!     {1.0, 2.0, 3.0, 4.0(t)}    closed by the tombstone 4.0
+//!     {5.0, 6.0}                 current: the key lives (after a delete it is {}, empty)
+//! ```
+//!
+//! Reading at revision 3 finds 3.0 (version 3, created 1.0); at 4 the key does not exist (its
+//! tombstone is at or before 4); at 5 it finds 5.0, version 1, created 5.0.
+//!
+//! Compacting at revision `r` keeps, in the generation that holds `r`, the newest revision at
+//! or below `r` and everything after it, and drops older generations. A kept revision that is a
+//! tombstone is dropped too, with its generation: nothing can read it any more. Compacting the
+//! example at 4 leaves `[{5.0, 6.0}]`; at 2 it leaves `[{2.0, 3.0, 4.0(t)}, {5.0, 6.0}]`.
+
+use super::revision::Revision;
+
+/// One life of a key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Generation {
+    /// Puts in this generation (the key's version is reset by a delete).
+    /// Invariant: `ver >= revs.len()` once compaction has dropped early revisions.
+    pub(crate) ver: i64,
+    /// The revision that created the key in this generation.
+    pub(crate) created: Revision,
+    /// Ascending; in a closed generation the last one is the tombstone.
+    pub(crate) revs: Vec<Revision>,
+}
+
+impl Generation {
+    fn is_empty(&self) -> bool {
+        self.revs.is_empty()
+    }
+
+    /// Index of the newest revision with `main <= at`, if any.
+    fn newest_at(&self, at: i64) -> Option<usize> {
+        self.revs.iter().rposition(|r| r.main <= at)
+    }
+}
+
+/// Why a change to a key's history was refused: the store would be inconsistent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum KeyIndexError {
+    #[error("revision {given} is not after the key's last revision {last}")]
+    NotAfterLast { given: Revision, last: Revision },
+    #[error("cannot delete a key that does not exist")]
+    NotLive,
+}
+
+/// The revisions of one key. Invariant: `generations` is non-empty, only the last generation
+/// may be empty, and all revisions ascend across generations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyIndex {
+    /// The last revision that changed the key (a put or its tombstone).
+    pub(crate) modified: Revision,
+    pub(crate) generations: Vec<Generation>,
+}
+
+/// What a read of a key at a revision finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// The revision holding the value that was current then.
+    pub(crate) modified: Revision,
+    pub(crate) created: Revision,
+    pub(crate) version: i64,
+}
+
+impl Default for KeyIndex {
+    fn default() -> Self {
+        KeyIndex {
+            modified: Revision::default(),
+            generations: vec![Generation::default()],
+        }
+    }
+}
+
+impl KeyIndex {
+    /// Records a put at `rev`.
+    pub(crate) fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+        if rev <= self.modified {
+            return Err(KeyIndexError::NotAfterLast {
+                given: rev,
+                last: self.modified,
+            });
+        }
+        if self.generations.is_empty() {
+            self.generations.push(Generation::default());
+        }
+        if let Some(g) = self.generations.last_mut() {
+            if g.revs.is_empty() {
+                g.created = rev;
+            }
+            g.revs.push(rev);
+            g.ver += 1;
+        }
+        self.modified = rev;
+        Ok(())
+    }
+
+    /// Records a delete at `rev`, closing the current generation.
+    pub(crate) fn tombstone(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+        if !self.is_live() {
+            return Err(KeyIndexError::NotLive);
+        }
+        self.put(rev)?;
+        self.generations.push(Generation::default());
+        Ok(())
+    }
+
+    /// Whether the key exists at the newest revision.
+    pub(crate) fn is_live(&self) -> bool {
+        self.generations.last().is_some_and(|g| !g.is_empty())
+    }
+
+    /// Whether nothing is left of the key (after compaction).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.generations.iter().all(Generation::is_empty)
+    }
+
+    /// The generation in which the key existed at revision `at`, if it did.
+    fn generation_at(&self, at: i64) -> Option<&Generation> {
+        let last = self.generations.len().checked_sub(1)?;
+        for (i, g) in self.generations.iter().enumerate().rev() {
+            let (Some(first), Some(tomb)) = (g.revs.first(), g.revs.last()) else {
+                continue;
+            };
+            if i != last && tomb.main <= at {
+                return None; // deleted at or before `at`
+            }
+            if first.main <= at {
+                return Some(g);
+            }
+        }
+        None
+    }
+
+    /// The key as it was at revision `at`, if it existed then.
+    pub(crate) fn get(&self, at: i64) -> Option<Found> {
+        let g = self.generation_at(at)?;
+        let n = g.newest_at(at)?;
+        let newer = (g.revs.len() - n - 1) as i64;
+        Some(Found {
+            modified: *g.revs.get(n)?,
+            created: g.created,
+            version: g.ver - newer,
+        })
+    }
+
+    /// Drops history that no read at or after revision `at` can see (see the module docs).
+    /// Adds to `keep` the revision still holding the key's value at `at`, if it is not a
+    /// tombstone: compaction of the value files must keep it.
+    pub(crate) fn compact(&mut self, at: i64, keep: &mut Vec<Revision>) {
+        let last = self.generations.len().saturating_sub(1);
+        // The first generation still alive at `at`: its tombstone is after `at`, or it is the
+        // current one.
+        let mut gi = 0;
+        while gi < last {
+            match self.generations.get(gi).and_then(|g| g.revs.last()) {
+                Some(tomb) if tomb.main > at => break,
+                _ => gi += 1,
+            }
+        }
+        if let Some(g) = self.generations.get_mut(gi) {
+            if let Some(n) = g.newest_at(at) {
+                g.revs.drain(..n);
+                if g.revs.len() == 1 && gi != last {
+                    // Only the tombstone is left: the key did not exist at `at`.
+                    gi += 1;
+                } else if let Some(r) = g.revs.first() {
+                    keep.push(*r);
+                }
+            }
+        }
+        self.generations.drain(..gi);
+        if self.generations.is_empty() {
+            self.generations.push(Generation::default());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(main: i64) -> Revision {
+        Revision::new(main, 0)
+    }
+
+    /// The module docs' example: put 1, 2, 3; delete 4; put 5, 6.
+    fn example() -> KeyIndex {
+        let mut ki = KeyIndex::default();
+        for m in [1, 2, 3] {
+            ki.put(rev(m)).unwrap();
+        }
+        ki.tombstone(rev(4)).unwrap();
+        for m in [5, 6] {
+            ki.put(rev(m)).unwrap();
+        }
+        ki
+    }
+
+    #[test]
+    fn get_sees_the_key_as_it_was() {
+        // etcd's data model: version counts puts since creation; a delete resets it.
+        let ki = example();
+        let cases = [
+            (0, None),
+            (1, Some((1, 1, 1))),
+            (3, Some((3, 1, 3))),
+            (4, None),
+            (5, Some((5, 5, 1))),
+            (6, Some((6, 5, 2))),
+            (100, Some((6, 5, 2))),
+        ];
+        for (at, expected) in cases {
+            let got = ki.get(at).map(|f| (f.modified.main, f.created.main, f.version));
+            assert_eq!(got, expected, "get at {at}");
+        }
+    }
+
+    #[test]
+    fn revisions_must_ascend_and_only_live_keys_can_be_deleted() {
+        let mut ki = example();
+        assert!(matches!(ki.put(rev(6)), Err(KeyIndexError::NotAfterLast { .. })));
+        ki.tombstone(rev(7)).unwrap();
+        assert_eq!(ki.tombstone(rev(8)), Err(KeyIndexError::NotLive));
+        assert!(!ki.is_live());
+        assert_eq!(ki.get(7), None);
+    }
+
+    #[test]
+    fn compaction_keeps_what_later_reads_see() {
+        // Table: compact the example at `at`; the generations left, the revision kept for its
+        // value, and reads at or after `at` are unchanged.
+        let cases: [(i64, Vec<Vec<i64>>, Vec<i64>); 7] = [
+            (0, vec![vec![1, 2, 3, 4], vec![5, 6]], vec![]),
+            (1, vec![vec![1, 2, 3, 4], vec![5, 6]], vec![1]),
+            (2, vec![vec![2, 3, 4], vec![5, 6]], vec![2]),
+            (3, vec![vec![3, 4], vec![5, 6]], vec![3]),
+            (4, vec![vec![5, 6]], vec![]),
+            (5, vec![vec![5, 6]], vec![5]),
+            (7, vec![vec![6]], vec![6]),
+        ];
+        for (at, generations, kept) in cases {
+            let before = example();
+            let mut ki = before.clone();
+            let mut keep = Vec::new();
+            ki.compact(at, &mut keep);
+            let left: Vec<Vec<i64>> = ki
+                .generations
+                .iter()
+                .filter(|g| !g.is_empty())
+                .map(|g| g.revs.iter().map(|r| r.main).collect())
+                .collect();
+            assert_eq!(left, generations, "compact at {at}");
+            assert_eq!(keep.iter().map(|r| r.main).collect::<Vec<_>>(), kept, "kept at {at}");
+            for read in at..=8 {
+                assert_eq!(
+                    ki.get(read),
+                    before.get(read),
+                    "read at {read} after compacting at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_deleted_key_compacts_away_entirely() {
+        let mut ki = KeyIndex::default();
+        ki.put(rev(1)).unwrap();
+        ki.tombstone(rev(2)).unwrap();
+        let mut keep = Vec::new();
+        ki.compact(2, &mut keep);
+        assert!(ki.is_empty());
+        assert!(keep.is_empty());
+        // It can be created again afterwards.
+        ki.put(rev(3)).unwrap();
+        assert_eq!(ki.get(3).map(|f| f.version), Some(1));
+    }
+}

@@ -1,0 +1,276 @@
+//! The MVCC store: keys with their full history, written at revisions.
+//!
+//! A write request runs as one [`WriteTxn`]: every change it makes shares the main revision
+//! `current + 1`, with sub-revisions 0, 1, 2… in order, and the store's revision moves only if
+//! something changed (a delete of nothing, or a read-only request, leaves it). Reads name a
+//! revision (0 for the current one) and see the store exactly as it was then, unless
+//! compaction has dropped that history.
+//!
+//! Values are kept per revision in a [`ValueStore`]; today that is an in-memory map, and the
+//! memory-mapped backend replaces it behind the same calls.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::index::{KeyRange, TreeIndex};
+use super::key_index::{Found, KeyIndexError};
+use super::revision::Revision;
+use crate::error::{Error, Result};
+
+/// A key as a read returns it (etcd's `mvccpb.KeyValue`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: Bytes,
+    /// The revision of the put that created the key (in its current generation).
+    pub create_revision: i64,
+    /// The revision of the last put.
+    pub mod_revision: i64,
+    /// Puts since creation: 1 on create.
+    pub version: i64,
+    pub value: Bytes,
+    /// The attached lease, 0 for none.
+    pub lease: i64,
+}
+
+/// What a value store keeps per revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stored {
+    value: Bytes,
+    lease: i64,
+}
+
+/// Per-revision values. Invariant: holds a value for every put revision the index can still
+/// return.
+#[derive(Clone, Debug, Default)]
+struct ValueStore {
+    values: BTreeMap<Revision, Stored>,
+}
+
+/// How to read a range (etcd's `RangeRequest` options, less sorting and filters, which the
+/// request layer applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// The revision to read at; 0 or less for the current one.
+    pub revision: i64,
+    /// At most this many keys; 0 for no limit.
+    pub limit: usize,
+    /// Return keys without values.
+    pub keys_only: bool,
+    /// Return only the count.
+    pub count_only: bool,
+}
+
+/// The answer to a range read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeResult {
+    pub kvs: Vec<KeyValue>,
+    /// Keys in the range at that revision, ignoring the limit.
+    pub count: usize,
+    /// Whether keys remain beyond the limit.
+    pub more: bool,
+    /// The revision the read was served at.
+    pub revision: i64,
+}
+
+/// The store's state.
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    index: TreeIndex,
+    values: ValueStore,
+    /// The newest revision. Invariant: `compacted <= current`.
+    current: i64,
+    /// History below this revision is gone.
+    compacted: i64,
+}
+
+fn internal(e: KeyIndexError) -> Error {
+    Error::Internal(e.to_string())
+}
+
+impl Store {
+    pub fn new() -> Store {
+        Store::default()
+    }
+
+    /// The newest revision (0 for an empty, never written store).
+    pub fn current_revision(&self) -> i64 {
+        self.current
+    }
+
+    /// The revision history was compacted at (0 if never).
+    pub fn compacted_revision(&self) -> i64 {
+        self.compacted
+    }
+
+    fn read_revision(&self, requested: i64) -> Result<i64> {
+        if requested <= 0 {
+            return Ok(self.current);
+        }
+        if requested > self.current {
+            return Err(Error::FutureRevision {
+                requested,
+                current: self.current,
+            });
+        }
+        if requested < self.compacted {
+            return Err(Error::Compacted {
+                requested,
+                compacted: self.compacted,
+            });
+        }
+        Ok(requested)
+    }
+
+    fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
+        let stored = self
+            .values
+            .values
+            .get(&found.modified)
+            .ok_or_else(|| Error::Internal(format!("no value stored for revision {}", found.modified)))?;
+        Ok(KeyValue {
+            key: Bytes::copy_from_slice(key),
+            create_revision: found.created.main,
+            mod_revision: found.modified.main,
+            version: found.version,
+            value: if keys_only { Bytes::new() } else { stored.value.clone() },
+            lease: stored.lease,
+        })
+    }
+
+    /// Reads the keys of `range` as of `opts.revision`.
+    pub fn range(&self, key: &[u8], range_end: &[u8], opts: ReadOptions) -> Result<RangeResult> {
+        let at = self.read_revision(opts.revision)?;
+        self.range_at(&KeyRange::new(key, range_end), at, opts)
+    }
+
+    fn range_at(&self, range: &KeyRange, at: i64, opts: ReadOptions) -> Result<RangeResult> {
+        let limit = if opts.count_only { 1 } else { opts.limit };
+        let found = self.index.range(range, at, limit);
+        let mut kvs = Vec::new();
+        if !opts.count_only {
+            kvs.reserve(found.keys.len());
+            for (key, f) in &found.keys {
+                kvs.push(self.key_value(key, *f, opts.keys_only)?);
+            }
+        }
+        Ok(RangeResult {
+            more: opts.limit != 0 && found.count > opts.limit,
+            count: found.count,
+            kvs,
+            revision: at,
+        })
+    }
+
+    /// Starts a write request. Its changes share one revision; drop it or call
+    /// [`WriteTxn::end`] to finish.
+    pub fn write(&mut self) -> WriteTxn<'_> {
+        let main = self.current + 1;
+        WriteTxn {
+            store: self,
+            main,
+            sub: 0,
+        }
+    }
+
+    /// Drops the history below `revision`: reads below it fail with [`Error::Compacted`], and
+    /// each key keeps its newest version at or below it.
+    pub fn compact(&mut self, revision: i64) -> Result<()> {
+        if revision <= self.compacted {
+            return Err(Error::Compacted {
+                requested: revision,
+                compacted: self.compacted,
+            });
+        }
+        if revision > self.current {
+            return Err(Error::FutureRevision {
+                requested: revision,
+                current: self.current,
+            });
+        }
+        let keep = self.index.compact(revision);
+        self.values
+            .values
+            .retain(|rev, _| rev.main > revision || keep.binary_search(rev).is_ok());
+        self.compacted = revision;
+        Ok(())
+    }
+}
+
+/// One write request in progress (see the module docs).
+#[derive(Debug)]
+pub struct WriteTxn<'a> {
+    store: &'a mut Store,
+    main: i64,
+    /// Changes made so far; the next one's sub-revision.
+    sub: i64,
+}
+
+impl WriteTxn<'_> {
+    fn next_revision(&mut self) -> Revision {
+        let rev = Revision::new(self.main, self.sub);
+        self.sub += 1;
+        rev
+    }
+
+    /// The revision reads inside this request see: its own writes included.
+    fn read_at(&self) -> i64 {
+        if self.sub > 0 {
+            self.main
+        } else {
+            self.store.current
+        }
+    }
+
+    /// Puts `value` at `key`; returns the previous key-value, if the key existed.
+    pub fn put(&mut self, key: &[u8], value: Bytes, lease: i64) -> Result<Option<KeyValue>> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        let at = self.read_at();
+        let prev = match self.store.index.get(key, at) {
+            Some(found) => Some(self.store.key_value(key, found, false)?),
+            None => None,
+        };
+        let rev = self.next_revision();
+        self.store.index.put(key, rev).map_err(internal)?;
+        self.store.values.values.insert(rev, Stored { value, lease });
+        Ok(prev)
+    }
+
+    /// Deletes the keys of the range; returns the deleted key-values.
+    pub fn delete_range(&mut self, key: &[u8], range_end: &[u8]) -> Result<Vec<KeyValue>> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        let at = self.read_at();
+        let keys = self.store.index.live_keys(&KeyRange::new(key, range_end));
+        let mut deleted = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(found) = self.store.index.get(&k, at) {
+                deleted.push(self.store.key_value(&k, found, false)?);
+            }
+            let rev = self.next_revision();
+            self.store.index.tombstone(&k, rev).map_err(internal)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Reads inside the request, seeing its earlier writes.
+    pub fn range(&self, key: &[u8], range_end: &[u8], opts: ReadOptions) -> Result<RangeResult> {
+        let at = if opts.revision <= 0 {
+            self.read_at()
+        } else {
+            self.store.read_revision(opts.revision)?
+        };
+        self.store.range_at(&KeyRange::new(key, range_end), at, opts)
+    }
+
+    /// Finishes the request; returns the store's revision after it.
+    pub fn end(self) -> i64 {
+        if self.sub > 0 {
+            self.store.current = self.main;
+        }
+        self.store.current
+    }
+}
