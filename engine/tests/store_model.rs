@@ -77,10 +77,13 @@ fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
     }
 }
 
-/// Every write ever made: (main revision, key, value and lease or None for a delete).
+/// One write: (main revision, key, value and lease, or None for a delete).
+type Write = (i64, Vec<u8>, Option<(u8, i64)>);
+
+/// Every write ever made, and the revisions.
 #[derive(Debug, Default)]
 struct Model {
-    writes: Vec<(i64, Vec<u8>, Option<(u8, i64)>)>,
+    writes: Vec<Write>,
     current: i64,
     compacted: i64,
 }
