@@ -16,6 +16,21 @@ pub enum Error {
     /// The requested revision is after the current one (etcd: ErrFutureRev).
     #[error("mvcc: required revision is a future revision")]
     FutureRevision { requested: i64, current: i64 },
+    /// `ignore_value`/`ignore_lease` on a key that does not exist (etcd: "key not found").
+    #[error("key not found")]
+    KeyNotFound,
+    /// `ignore_value` together with a value (etcd: "value is provided").
+    #[error("value is provided")]
+    ValueProvided,
+    /// `ignore_lease` together with a lease (etcd: "lease is provided").
+    #[error("lease is provided")]
+    LeaseProvided,
+    /// A txn with more operations than allowed (etcd: "too many operations in txn request").
+    #[error("too many operations in txn request")]
+    TooManyOps { ops: usize, limit: usize },
+    /// A txn that writes a key twice in one branch (etcd: "duplicate key given in txn request").
+    #[error("duplicate key given in txn request")]
+    DuplicateKey,
     /// The store's own invariants would break: a bug or a damaged state, never a bad request.
     #[error("internal consistency error: {0}")]
     Internal(String),

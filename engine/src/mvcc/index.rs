@@ -43,6 +43,11 @@ impl KeyRange {
         }
     }
 
+    /// Whether `key` falls in the range.
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        <(Bound<&[u8]>, Bound<&[u8]>) as std::ops::RangeBounds<[u8]>>::contains(&self.bounds(), key)
+    }
+
     fn bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
         let start = Bound::Included(self.start.as_slice());
         if self.single {
@@ -150,10 +155,6 @@ mod tests {
         Revision::new(main, 0)
     }
 
-    fn contains(r: &KeyRange, key: &[u8]) -> bool {
-        <(Bound<&[u8]>, Bound<&[u8]>) as std::ops::RangeBounds<[u8]>>::contains(&r.bounds(), key)
-    }
-
     #[test]
     fn key_ranges_follow_etcd() {
         // (key, range_end, keys inside, keys outside)
@@ -168,10 +169,10 @@ mod tests {
         for (key, end, inside, outside) in cases {
             let r = KeyRange::new(key, end);
             for k in inside {
-                assert!(contains(&r, k), "{key:?}..{end:?} contains {k:?}");
+                assert!(r.contains(k), "{key:?}..{end:?} contains {k:?}");
             }
             for k in outside {
-                assert!(!contains(&r, k), "{key:?}..{end:?} excludes {k:?}");
+                assert!(!r.contains(k), "{key:?}..{end:?} excludes {k:?}");
             }
         }
     }

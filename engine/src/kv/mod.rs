@@ -1,0 +1,5 @@
+//! etcd's KV requests (Range, Put, DeleteRange, Txn) over the MVCC store: their validation,
+//! options and responses, independent of any wire format.
+
+pub(crate) mod range;
+pub(crate) mod txn;

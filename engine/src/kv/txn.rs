@@ -1,0 +1,589 @@
+//! Write requests: Put, DeleteRange and Txn, with etcd's validation and semantics.
+//!
+//! A Txn's compares are all evaluated first, against the store as it was before the request
+//! (nested txns included: the whole branch path is chosen up front, as etcd does); then the
+//! chosen branch's operations run in order inside one write request, so they share one
+//! revision and a range sees the writes before it. A missing key compares as 0 for VERSION,
+//! CREATE and MOD, and fails every VALUE compare.
+
+use bytes::Bytes;
+
+use super::range::{RangeRequest, RangeResponse};
+use crate::error::{Error, Result};
+use crate::mvcc::index::KeyRange;
+use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
+
+/// etcd's `PutRequest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutRequest {
+    pub key: Vec<u8>,
+    pub value: Bytes,
+    pub lease: i64,
+    pub prev_kv: bool,
+    /// Keep the key's current value (the key must exist).
+    pub ignore_value: bool,
+    /// Keep the key's current lease (the key must exist).
+    pub ignore_lease: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutResponse {
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// etcd's `DeleteRangeRequest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteRangeRequest {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub prev_kv: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteRangeResponse {
+    pub deleted: i64,
+    pub prev_kvs: Vec<KeyValue>,
+}
+
+/// What a compare looks at, with the operand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompareTarget {
+    Version(i64),
+    Create(i64),
+    Mod(i64),
+    Value(Bytes),
+    Lease(i64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareResult {
+    Equal,
+    Greater,
+    Less,
+    NotEqual,
+}
+
+/// etcd's `Compare`: every key of the range must satisfy it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compare {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub target: CompareTarget,
+    pub result: CompareResult,
+}
+
+/// One operation of a Txn branch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestOp {
+    Range(RangeRequest),
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    Txn(TxnRequest),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResponseOp {
+    Range(RangeResponse),
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+}
+
+/// etcd's `TxnRequest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxnRequest {
+    pub compare: Vec<Compare>,
+    pub success: Vec<RequestOp>,
+    pub failure: Vec<RequestOp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxnResponse {
+    /// Whether every compare held (the success branch ran).
+    pub succeeded: bool,
+    pub responses: Vec<ResponseOp>,
+}
+
+impl Compare {
+    fn holds_for(&self, kv: Option<&KeyValue>) -> bool {
+        let ordering = match (&self.target, kv) {
+            // A missing key has no value to compare: every VALUE compare fails.
+            (CompareTarget::Value(_), None) => return false,
+            (CompareTarget::Value(v), Some(kv)) => kv.value.as_ref().cmp(v.as_ref()),
+            (CompareTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
+            (CompareTarget::Create(v), kv) => kv.map_or(0, |kv| kv.create_revision).cmp(v),
+            (CompareTarget::Mod(v), kv) => kv.map_or(0, |kv| kv.mod_revision).cmp(v),
+            (CompareTarget::Lease(v), kv) => kv.map_or(0, |kv| kv.lease).cmp(v),
+        };
+        match self.result {
+            CompareResult::Equal => ordering.is_eq(),
+            CompareResult::NotEqual => ordering.is_ne(),
+            CompareResult::Greater => ordering.is_gt(),
+            CompareResult::Less => ordering.is_lt(),
+        }
+    }
+
+    fn holds(&self, store: &Store) -> Result<bool> {
+        let found = store.range(&self.key, &self.range_end, ReadOptions::default())?;
+        if found.kvs.is_empty() {
+            return Ok(self.holds_for(None));
+        }
+        Ok(found.kvs.iter().all(|kv| self.holds_for(Some(kv))))
+    }
+}
+
+impl TxnRequest {
+    /// Checks the request as etcd does before applying it: no empty keys, at most `max_ops`
+    /// operations in any branch or compare list (nested txns counting against what is left),
+    /// and no key written twice in a branch.
+    pub fn validate(&self, max_ops: usize) -> Result<()> {
+        self.check_ops(max_ops)?;
+        check_intervals(&self.success)?;
+        check_intervals(&self.failure)?;
+        Ok(())
+    }
+
+    fn check_ops(&self, max_ops: usize) -> Result<()> {
+        let ops = self.compare.len().max(self.success.len()).max(self.failure.len());
+        if ops > max_ops {
+            return Err(Error::TooManyOps { ops, limit: max_ops });
+        }
+        if self.compare.iter().any(|c| c.key.is_empty()) {
+            return Err(Error::EmptyKey);
+        }
+        for op in self.success.iter().chain(&self.failure) {
+            match op {
+                RequestOp::Range(r) if r.key.is_empty() => return Err(Error::EmptyKey),
+                RequestOp::Put(p) => p.validate()?,
+                RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(Error::EmptyKey),
+                RequestOp::Txn(t) => t.check_ops(max_ops - ops)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The branch chosen at each level, outermost first, decided before anything is written.
+    fn path(&self, store: &Store, path: &mut Vec<bool>) -> Result<()> {
+        let mut succeeded = true;
+        for c in &self.compare {
+            if !c.holds(store)? {
+                succeeded = false;
+                break;
+            }
+        }
+        path.push(succeeded);
+        let branch = if succeeded { &self.success } else { &self.failure };
+        for op in branch {
+            if let RequestOp::Txn(nested) = op {
+                nested.path(store, path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks, before anything is written, that every put on the chosen path that keeps the
+    /// current value or lease has a key to keep it from (etcd checks against the same view).
+    fn check_puts(&self, store: &Store, path: &mut std::slice::Iter<'_, bool>) -> Result<()> {
+        let branch = if path.next().copied().unwrap_or(false) {
+            &self.success
+        } else {
+            &self.failure
+        };
+        for op in branch {
+            match op {
+                RequestOp::Put(p)
+                    if (p.ignore_value || p.ignore_lease)
+                        && store.range(&p.key, &[], ReadOptions::default())?.count == 0 =>
+                {
+                    return Err(Error::KeyNotFound);
+                }
+                RequestOp::Txn(t) => t.check_puts(store, path)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, w: &mut WriteTxn<'_>, path: &mut std::slice::Iter<'_, bool>) -> Result<TxnResponse> {
+        let succeeded = path.next().copied().unwrap_or(false);
+        let branch = if succeeded { &self.success } else { &self.failure };
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            responses.push(match op {
+                RequestOp::Range(r) => ResponseOp::Range(r.apply_in(w)?),
+                RequestOp::Put(p) => ResponseOp::Put(p.run(w)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(d.run(w)?),
+                RequestOp::Txn(t) => ResponseOp::Txn(t.run(w, path)?),
+            });
+        }
+        Ok(TxnResponse { succeeded, responses })
+    }
+
+    /// Applies the request as one write request; returns the response and the store's
+    /// revision after it. Validate it first ([`TxnRequest::validate`]).
+    pub fn apply(&self, store: &mut Store) -> Result<(TxnResponse, i64)> {
+        let mut path = Vec::new();
+        self.path(store, &mut path)?;
+        self.check_puts(store, &mut path.iter())?;
+        let mut w = store.write();
+        let response = self.run(&mut w, &mut path.iter())?;
+        Ok((response, w.end()))
+    }
+}
+
+/// Rejects a branch that puts a key twice, or puts a key a delete in it also covers; nested
+/// txns count, and a key put in both branches of one nested txn is fine (only one runs).
+/// Returns the keys put and the ranges deleted.
+fn check_intervals(ops: &[RequestOp]) -> Result<(Vec<Vec<u8>>, Vec<KeyRange>)> {
+    let mut dels: Vec<KeyRange> = ops
+        .iter()
+        .filter_map(|op| match op {
+            RequestOp::DeleteRange(d) => Some(KeyRange::new(&d.key, &d.range_end)),
+            _ => None,
+        })
+        .collect();
+    let deleted = |dels: &[KeyRange], key: &[u8]| dels.iter().any(|r| r.contains(key));
+    let mut puts: Vec<Vec<u8>> = Vec::new();
+    for op in ops {
+        let RequestOp::Txn(t) = op else { continue };
+        let (puts_then, dels_then) = check_intervals(&t.success)?;
+        let (puts_else, dels_else) = check_intervals(&t.failure)?;
+        for k in &puts_then {
+            if puts.contains(k) || deleted(&dels, k) {
+                return Err(Error::DuplicateKey);
+            }
+            puts.push(k.clone());
+        }
+        for k in &puts_else {
+            if (puts.contains(k) && !puts_then.contains(k)) || deleted(&dels, k) {
+                return Err(Error::DuplicateKey);
+            }
+            if !puts.contains(k) {
+                puts.push(k.clone());
+            }
+        }
+        dels.extend(dels_then);
+        dels.extend(dels_else);
+    }
+    for op in ops {
+        let RequestOp::Put(p) = op else { continue };
+        if puts.contains(&p.key) || deleted(&dels, &p.key) {
+            return Err(Error::DuplicateKey);
+        }
+        puts.push(p.key.clone());
+    }
+    Ok((puts, dels))
+}
+
+impl PutRequest {
+    pub fn validate(&self) -> Result<()> {
+        if self.key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if self.ignore_value && !self.value.is_empty() {
+            return Err(Error::ValueProvided);
+        }
+        if self.ignore_lease && self.lease != 0 {
+            return Err(Error::LeaseProvided);
+        }
+        Ok(())
+    }
+
+    fn run(&self, w: &mut WriteTxn<'_>) -> Result<PutResponse> {
+        let (mut value, mut lease) = (self.value.clone(), self.lease);
+        if self.ignore_value || self.ignore_lease {
+            let current = w.range(&self.key, &[], ReadOptions::default())?;
+            let kv = current.kvs.first().ok_or(Error::KeyNotFound)?;
+            if self.ignore_value {
+                value = kv.value.clone();
+            }
+            if self.ignore_lease {
+                lease = kv.lease;
+            }
+        }
+        let prev = w.put(&self.key, value, lease)?;
+        Ok(PutResponse {
+            prev_kv: if self.prev_kv { prev } else { None },
+        })
+    }
+
+    /// Applies the put as its own write request; returns the response and the new revision.
+    pub fn apply(&self, store: &mut Store) -> Result<(PutResponse, i64)> {
+        self.validate()?;
+        let mut w = store.write();
+        let response = self.run(&mut w)?;
+        Ok((response, w.end()))
+    }
+}
+
+impl DeleteRangeRequest {
+    fn run(&self, w: &mut WriteTxn<'_>) -> Result<DeleteRangeResponse> {
+        let deleted = w.delete_range(&self.key, &self.range_end)?;
+        Ok(DeleteRangeResponse {
+            deleted: i64::try_from(deleted.len()).unwrap_or(i64::MAX),
+            prev_kvs: if self.prev_kv { deleted } else { Vec::new() },
+        })
+    }
+
+    /// Applies the delete as its own write request; returns the response and the revision
+    /// after it (unchanged if nothing was deleted).
+    pub fn apply(&self, store: &mut Store) -> Result<(DeleteRangeResponse, i64)> {
+        let mut w = store.write();
+        let response = self.run(&mut w)?;
+        Ok((response, w.end()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value: &str) -> RequestOp {
+        RequestOp::Put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            ..PutRequest::default()
+        })
+    }
+
+    fn get(key: &str) -> RequestOp {
+        RequestOp::Range(RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..RangeRequest::default()
+        })
+    }
+
+    fn del(key: &str, end: &str) -> RequestOp {
+        RequestOp::DeleteRange(DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: end.as_bytes().to_vec(),
+            prev_kv: false,
+        })
+    }
+
+    fn cmp(key: &str, target: CompareTarget, result: CompareResult) -> Compare {
+        Compare {
+            key: key.as_bytes().to_vec(),
+            range_end: Vec::new(),
+            target,
+            result,
+        }
+    }
+
+    fn txn(compare: Vec<Compare>, success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
+        TxnRequest {
+            compare,
+            success,
+            failure,
+        }
+    }
+
+    fn apply(store: &mut Store, t: &TxnRequest) -> Result<(TxnResponse, i64)> {
+        t.validate(128)?;
+        t.apply(store)
+    }
+
+    #[test]
+    fn kube_apiserver_create_and_update() {
+        // ETCD-COMPAT.md: create is MOD(key) == 0 -> Put; update is MOD(key) == rev -> Put / Range.
+        let mut store = Store::new();
+        let create = txn(
+            vec![cmp("k", CompareTarget::Mod(0), CompareResult::Equal)],
+            vec![put("k", "v1")],
+            vec![],
+        );
+        let (resp, rev) = apply(&mut store, &create).unwrap();
+        assert!(resp.succeeded);
+        assert_eq!(rev, 1);
+        let (resp, rev) = apply(&mut store, &create).unwrap();
+        assert!(!resp.succeeded, "the key exists now");
+        assert_eq!(rev, 1, "a txn that writes nothing does not bump the revision");
+        let update = |at| {
+            txn(
+                vec![cmp("k", CompareTarget::Mod(at), CompareResult::Equal)],
+                vec![put("k", "v2")],
+                vec![get("k")],
+            )
+        };
+        let (resp, _) = apply(&mut store, &update(7)).unwrap();
+        assert!(!resp.succeeded);
+        let ResponseOp::Range(current) = &resp.responses[0] else {
+            panic!("{resp:?}")
+        };
+        assert_eq!(current.kvs[0].mod_revision, 1);
+        let (resp, rev) = apply(&mut store, &update(1)).unwrap();
+        assert!(resp.succeeded);
+        assert_eq!(rev, 2);
+    }
+
+    #[test]
+    fn compare_targets_and_results() {
+        let mut store = Store::new();
+        apply(&mut store, &txn(vec![], vec![put("k", "b")], vec![])).unwrap();
+        apply(&mut store, &txn(vec![], vec![put("k", "b")], vec![])).unwrap();
+        // k: value "b", version 2, create 1, mod 2, lease 0. "missing" does not exist.
+        use CompareResult::*;
+        use CompareTarget::*;
+        let cases = [
+            ("k", Value("b".into()), Equal, true),
+            ("k", Value("a".into()), Greater, true),
+            ("k", Value("c".into()), Less, true),
+            ("k", Value("b".into()), NotEqual, false),
+            ("k", Version(2), Equal, true),
+            ("k", Version(1), Greater, true),
+            ("k", Create(1), Equal, true),
+            ("k", Mod(3), Less, true),
+            ("k", Lease(0), Equal, true),
+            ("missing", Version(0), Equal, true),
+            ("missing", Create(0), Equal, true),
+            ("missing", Mod(1), Less, true),
+            ("missing", Value("".into()), Equal, false),
+            ("missing", Value("".into()), NotEqual, false),
+        ];
+        for (key, target, result, expected) in cases {
+            let t = txn(vec![cmp(key, target.clone(), result)], vec![], vec![]);
+            let (resp, _) = apply(&mut store, &t).unwrap();
+            assert_eq!(resp.succeeded, expected, "{key} {target:?} {result:?}");
+        }
+    }
+
+    #[test]
+    fn range_compare_must_hold_for_every_key() {
+        let mut store = Store::new();
+        apply(&mut store, &txn(vec![], vec![put("a/1", "x"), put("a/2", "y")], vec![])).unwrap();
+        let all = |value: &str, result| Compare {
+            key: b"a/".to_vec(),
+            range_end: b"a0".to_vec(),
+            target: CompareTarget::Value(Bytes::copy_from_slice(value.as_bytes())),
+            result,
+        };
+        let (resp, _) = apply(&mut store, &txn(vec![all("x", CompareResult::Equal)], vec![], vec![])).unwrap();
+        assert!(!resp.succeeded, "a/2 is not x");
+        let (resp, _) = apply(&mut store, &txn(vec![all("z", CompareResult::Less)], vec![], vec![])).unwrap();
+        assert!(resp.succeeded);
+    }
+
+    #[test]
+    fn writes_share_one_revision_and_later_ops_see_earlier_ones() {
+        let mut store = Store::new();
+        apply(&mut store, &txn(vec![], vec![put("c", "old")], vec![])).unwrap();
+        let t = txn(
+            vec![],
+            vec![put("a", "1"), get("a"), put("b", "2"), del("c", "")],
+            vec![],
+        );
+        let (resp, rev) = apply(&mut store, &t).unwrap();
+        assert_eq!(rev, 2);
+        let ResponseOp::Range(seen) = &resp.responses[1] else {
+            panic!("{resp:?}")
+        };
+        assert_eq!(seen.kvs[0].value, "1", "a range sees the put before it");
+        let ResponseOp::DeleteRange(d) = &resp.responses[3] else {
+            panic!("{resp:?}")
+        };
+        assert_eq!(d.deleted, 1);
+        for key in [&b"a"[..], b"b"] {
+            let kv = store.range(key, b"", ReadOptions::default()).unwrap();
+            assert_eq!((kv.kvs[0].mod_revision, kv.revision), (2, 2), "{key:?}");
+        }
+        assert_eq!(store.range(b"c", b"", ReadOptions::default()).unwrap().count, 0);
+    }
+
+    #[test]
+    fn nested_compares_see_the_store_before_the_txn() {
+        let mut store = Store::new();
+        // The outer branch creates k; the nested compare still sees k missing, as in etcd.
+        let nested = txn(
+            vec![cmp("k", CompareTarget::Version(0), CompareResult::Equal)],
+            vec![put("n", "then")],
+            vec![put("n", "else")],
+        );
+        let t = txn(vec![], vec![put("k", "v"), RequestOp::Txn(nested)], vec![]);
+        let (resp, _) = apply(&mut store, &t).unwrap();
+        let ResponseOp::Txn(inner) = &resp.responses[1] else {
+            panic!("{resp:?}")
+        };
+        assert!(inner.succeeded);
+        assert_eq!(
+            store.range(b"n", b"", ReadOptions::default()).unwrap().kvs[0].value,
+            "then"
+        );
+    }
+
+    #[test]
+    fn validation_follows_etcd() {
+        let many: Vec<RequestOp> = (0..129).map(|i| put(&format!("k{i}"), "v")).collect();
+        let nested_both = txn(vec![], vec![put("x", "1")], vec![put("x", "2")]);
+        let cases: Vec<(TxnRequest, Option<Error>)> = vec![
+            (
+                txn(vec![], many, vec![]),
+                Some(Error::TooManyOps { ops: 129, limit: 128 }),
+            ),
+            (
+                txn(vec![], vec![put("a", "1"), put("a", "2")], vec![]),
+                Some(Error::DuplicateKey),
+            ),
+            (
+                txn(vec![], vec![del("a", "c"), put("b", "1")], vec![]),
+                Some(Error::DuplicateKey),
+            ),
+            (
+                txn(vec![], vec![del("a", "\0"), put("z", "1")], vec![]),
+                Some(Error::DuplicateKey),
+            ),
+            (txn(vec![], vec![del("a", "b"), put("b", "1")], vec![]), None),
+            (txn(vec![], vec![put("a", "1")], vec![put("a", "2")]), None),
+            (txn(vec![], vec![RequestOp::Txn(nested_both.clone())], vec![]), None),
+            (
+                txn(vec![], vec![RequestOp::Txn(nested_both), put("x", "3")], vec![]),
+                Some(Error::DuplicateKey),
+            ),
+            (
+                txn(
+                    vec![cmp("", CompareTarget::Version(0), CompareResult::Equal)],
+                    vec![],
+                    vec![],
+                ),
+                Some(Error::EmptyKey),
+            ),
+            (txn(vec![], vec![put("", "v")], vec![]), Some(Error::EmptyKey)),
+        ];
+        for (i, (t, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(t.validate(128).err(), expected, "case {i}");
+        }
+    }
+
+    #[test]
+    fn ignore_value_and_lease_need_an_existing_key_and_write_nothing_otherwise() {
+        let mut store = Store::new();
+        let keep = |key: &str| {
+            RequestOp::Put(PutRequest {
+                key: key.as_bytes().to_vec(),
+                ignore_value: true,
+                ..PutRequest::default()
+            })
+        };
+        let t = txn(vec![], vec![put("a", "1"), keep("missing")], vec![]);
+        assert_eq!(apply(&mut store, &t).err(), Some(Error::KeyNotFound));
+        assert_eq!(store.current_revision(), 0, "nothing of the failed txn was written");
+        apply(&mut store, &txn(vec![], vec![put("a", "1")], vec![])).unwrap();
+        apply(&mut store, &txn(vec![], vec![keep("a")], vec![])).unwrap();
+        let a = store.range(b"a", b"", ReadOptions::default()).unwrap();
+        assert_eq!((a.kvs[0].value.as_ref(), a.kvs[0].version), (&b"1"[..], 2));
+        let bad = PutRequest {
+            key: b"a".to_vec(),
+            value: "v".into(),
+            ignore_value: true,
+            ..PutRequest::default()
+        };
+        assert_eq!(bad.validate(), Err(Error::ValueProvided));
+        let bad = PutRequest {
+            key: b"a".to_vec(),
+            lease: 5,
+            ignore_lease: true,
+            ..PutRequest::default()
+        };
+        assert_eq!(bad.validate(), Err(Error::LeaseProvided));
+    }
+}
