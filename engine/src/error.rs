@@ -31,9 +31,31 @@ pub enum Error {
     /// A txn that writes a key twice in one branch (etcd: "duplicate key given in txn request").
     #[error("duplicate key given in txn request")]
     DuplicateKey,
+    /// The configuration failed validation.
+    #[error("invalid engine config: {0}")]
+    InvalidConfig(String),
+    /// The write-ahead log failed. When `poisoned`, no write can succeed until the engine is
+    /// reopened.
+    #[error("wal: {message}")]
+    Wal { poisoned: bool, message: String },
+    /// A logged request could not be decoded: the log is damaged.
+    #[error("corrupt log entry {index}: {reason}")]
+    CorruptEntry { index: u64, reason: String },
+    /// The engine has been closed.
+    #[error("engine is closed")]
+    Closed,
     /// The store's own invariants would break: a bug or a damaged state, never a bad request.
     #[error("internal consistency error: {0}")]
     Internal(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<cairn_wal::Error> for Error {
+    fn from(e: cairn_wal::Error) -> Error {
+        Error::Wal {
+            poisoned: matches!(e, cairn_wal::Error::Poisoned { .. }),
+            message: e.to_string(),
+        }
+    }
+}

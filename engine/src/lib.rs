@@ -6,11 +6,16 @@
 //! it. The durable backend, leases, watch, snapshots and the embedded `Engine` arrive with
 //! issue #3 (see README.md's status table).
 
+mod config;
+mod engine;
 mod error;
 mod kv;
 mod mvcc;
+mod request;
 
 pub use cairn_wal as wal;
+pub use config::Config;
+pub use engine::{Applied, Engine};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

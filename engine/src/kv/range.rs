@@ -11,7 +11,7 @@
 use crate::error::Result;
 use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SortOrder {
     #[default]
     None,
@@ -19,7 +19,7 @@ pub enum SortOrder {
     Descend,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SortTarget {
     #[default]
     Key,
@@ -30,7 +30,7 @@ pub enum SortTarget {
 }
 
 /// etcd's `RangeRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeRequest {
     pub key: Vec<u8>,
     pub range_end: Vec<u8>,
@@ -52,7 +52,7 @@ pub struct RangeRequest {
 }
 
 /// etcd's `RangeResponse`, less the header.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeResponse {
     pub kvs: Vec<KeyValue>,
     pub more: bool,

@@ -14,7 +14,7 @@ use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
 
 /// etcd's `PutRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PutRequest {
     pub key: Vec<u8>,
     pub value: Bytes,
@@ -26,27 +26,27 @@ pub struct PutRequest {
     pub ignore_lease: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PutResponse {
     pub prev_kv: Option<KeyValue>,
 }
 
 /// etcd's `DeleteRangeRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeleteRangeRequest {
     pub key: Vec<u8>,
     pub range_end: Vec<u8>,
     pub prev_kv: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeleteRangeResponse {
     pub deleted: i64,
     pub prev_kvs: Vec<KeyValue>,
 }
 
 /// What a compare looks at, with the operand.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CompareTarget {
     Version(i64),
     Create(i64),
@@ -55,7 +55,7 @@ pub enum CompareTarget {
     Lease(i64),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CompareResult {
     Equal,
     Greater,
@@ -64,7 +64,7 @@ pub enum CompareResult {
 }
 
 /// etcd's `Compare`: every key of the range must satisfy it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Compare {
     pub key: Vec<u8>,
     pub range_end: Vec<u8>,
@@ -73,7 +73,7 @@ pub struct Compare {
 }
 
 /// One operation of a Txn branch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RequestOp {
     Range(RangeRequest),
     Put(PutRequest),
@@ -81,7 +81,7 @@ pub enum RequestOp {
     Txn(TxnRequest),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ResponseOp {
     Range(RangeResponse),
     Put(PutResponse),
@@ -90,14 +90,14 @@ pub enum ResponseOp {
 }
 
 /// etcd's `TxnRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TxnRequest {
     pub compare: Vec<Compare>,
     pub success: Vec<RequestOp>,
     pub failure: Vec<RequestOp>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TxnResponse {
     /// Whether every compare held (the success branch ran).
     pub succeeded: bool,

@@ -19,7 +19,7 @@ use super::revision::Revision;
 use crate::error::{Error, Result};
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyValue {
     pub key: Bytes,
     /// The revision of the put that created the key (in its current generation).

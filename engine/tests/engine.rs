@@ -1,0 +1,150 @@
+//! The embedded engine end to end: writes survive a reopen with their full history, concurrent
+//! writers get unique, dense revisions, and etcd's errors come back.
+
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_engine::{
+    Compare, CompareResult, CompareTarget, Config, DeleteRangeRequest, Engine, Error, PutRequest, RangeRequest,
+    RangeResponse, RequestOp, TxnRequest,
+};
+
+fn small() -> Config {
+    Config {
+        wal: cairn_engine::wal::Config {
+            segment_size: 4096,
+            ..Default::default()
+        },
+        ..Config::default()
+    }
+}
+
+fn put(key: &str, value: &str) -> PutRequest {
+    PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        ..PutRequest::default()
+    }
+}
+
+fn all_at(engine: &Engine, revision: i64) -> RangeResponse {
+    engine
+        .range(&RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            revision,
+            ..RangeRequest::default()
+        })
+        .unwrap()
+}
+
+#[test]
+fn writes_and_their_history_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    for i in 0..50 {
+        let r = engine
+            .put(put(&format!("key/{:02}", i % 10), &format!("v{i}")))
+            .unwrap();
+        assert_eq!(r.revision, i + 1);
+    }
+    let deleted = engine
+        .delete_range(DeleteRangeRequest {
+            key: b"key/00".to_vec(),
+            range_end: b"key/05".to_vec(),
+            prev_kv: true,
+        })
+        .unwrap();
+    assert_eq!((deleted.response.deleted, deleted.revision), (5, 51));
+    let txn = TxnRequest {
+        compare: vec![Compare {
+            key: b"key/09".to_vec(),
+            range_end: vec![],
+            target: CompareTarget::Version(5),
+            result: CompareResult::Equal,
+        }],
+        success: vec![RequestOp::Put(put("txn", "yes"))],
+        failure: vec![],
+    };
+    assert!(engine.txn(txn).unwrap().response.succeeded);
+    engine.compact(20).unwrap();
+    let before: Vec<RangeResponse> = [0, 20, 35, 51].iter().map(|rev| all_at(&engine, *rev)).collect();
+    engine.close().unwrap();
+
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    let after: Vec<RangeResponse> = [0, 20, 35, 51].iter().map(|rev| all_at(&engine, *rev)).collect();
+    assert_eq!(before, after);
+    assert_eq!(engine.current_revision(), 52);
+    let compacted = engine.range(&RangeRequest {
+        key: b"key/00".to_vec(),
+        revision: 19,
+        ..RangeRequest::default()
+    });
+    assert!(
+        matches!(
+            compacted,
+            Err(Error::Compacted {
+                requested: 19,
+                compacted: 20
+            })
+        ),
+        "{compacted:?}"
+    );
+    // The log continues where it left off.
+    assert_eq!(engine.put(put("after", "reopen")).unwrap().revision, 53);
+}
+
+#[test]
+fn concurrent_writers_get_unique_dense_revisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(Engine::open(dir.path(), small()).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|i| engine.put(put(&format!("t{t}/{i}"), "v")).unwrap().revision)
+                    .collect::<Vec<i64>>()
+            })
+        })
+        .collect();
+    let mut revisions: Vec<i64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    revisions.sort_unstable();
+    assert_eq!(revisions, (1..=200).collect::<Vec<i64>>());
+    assert_eq!(all_at(&engine, 0).count, 200);
+}
+
+#[test]
+fn etcd_errors_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    assert_eq!(engine.put(put("", "v")).unwrap_err(), Error::EmptyKey);
+    engine.put(put("a", "1")).unwrap();
+    let future = engine.range(&RangeRequest {
+        key: b"a".to_vec(),
+        revision: 5,
+        ..RangeRequest::default()
+    });
+    assert!(
+        matches!(
+            future,
+            Err(Error::FutureRevision {
+                requested: 5,
+                current: 1
+            })
+        ),
+        "{future:?}"
+    );
+    assert!(matches!(engine.compact(3), Err(Error::FutureRevision { .. })));
+    engine.compact(1).unwrap();
+    assert!(matches!(engine.compact(1), Err(Error::Compacted { .. })));
+    let keep_missing = PutRequest {
+        key: b"missing".to_vec(),
+        ignore_value: true,
+        ..PutRequest::default()
+    };
+    assert_eq!(engine.put(keep_missing).unwrap_err(), Error::KeyNotFound);
+}
