@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
-use crate::mvcc::store::Store;
+use crate::mvcc::store::{HashKv, Store};
 use crate::request::{Request, Response};
 
 /// A response with the store's revision after the request (etcd's `header.revision`).
@@ -216,6 +216,12 @@ impl Engine {
             return Err(Error::EmptyKey);
         }
         request.apply(&self.store.read())
+    }
+
+    /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
+    /// equal on members that applied the same log, and across restarts.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        self.store.read().hash_kv(revision)
     }
 
     /// The store's current revision.

@@ -24,4 +24,4 @@ pub use kv::txn::{
 };
 pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
-pub use mvcc::store::{KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
+pub use mvcc::store::{HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};

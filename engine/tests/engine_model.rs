@@ -113,10 +113,13 @@ proptest! {
                     prop_assert_eq!(got, reference.compact(rev).map(|()| reference.current_revision()));
                 }
                 Op::Reopen => {
+                    let hash = engine.hash_kv(0).unwrap();
+                    prop_assert_eq!(hash, reference.hash_kv(0).unwrap());
                     engine.close().unwrap();
                     engine = Engine::open(dir.path(), config()).unwrap();
                     prop_assert_eq!(engine.current_revision(), reference.current_revision());
                     prop_assert_eq!(history(&engine, &reference), vec![], "revisions whose reads differ after reopening");
+                    prop_assert_eq!(engine.hash_kv(0).unwrap(), hash, "HashKV is stable across a restart");
                 }
             }
         }

@@ -33,18 +33,29 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// What a value store keeps per revision.
+/// One change as the revision log keeps it: a put's value and lease, or a tombstone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Stored {
-    value: Bytes,
-    lease: i64,
+struct Change {
+    key: Bytes,
+    /// `None` for a delete.
+    put: Option<(Bytes, i64)>,
 }
 
-/// Per-revision values. Invariant: holds a value for every put revision the index can still
-/// return.
+/// Every change still in history, by revision (what etcd keeps in its key bucket, and what
+/// the memory-mapped backend will keep in its data files). Invariant: holds the change of every
+/// revision the index can still return.
 #[derive(Clone, Debug, Default)]
-struct ValueStore {
-    values: BTreeMap<Revision, Stored>,
+struct RevisionLog {
+    changes: BTreeMap<Revision, Change>,
+}
+
+/// etcd's `HashKV` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashKv {
+    /// CRC-32 over every change still in history up to `hash_revision`.
+    pub hash: u32,
+    pub compact_revision: i64,
+    pub hash_revision: i64,
 }
 
 /// How to read a range (etcd's `RangeRequest` options, less sorting and filters, which the
@@ -77,7 +88,7 @@ pub struct RangeResult {
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     index: TreeIndex,
-    values: ValueStore,
+    log: RevisionLog,
     /// The newest revision. Invariant: `compacted <= current`.
     current: i64,
     /// History below this revision is gone.
@@ -123,18 +134,19 @@ impl Store {
     }
 
     fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
-        let stored = self
-            .values
-            .values
+        let (value, lease) = self
+            .log
+            .changes
             .get(&found.modified)
+            .and_then(|c| c.put.as_ref())
             .ok_or_else(|| Error::Internal(format!("no value stored for revision {}", found.modified)))?;
         Ok(KeyValue {
             key: Bytes::copy_from_slice(key),
             create_revision: found.created.main,
             mod_revision: found.modified.main,
             version: found.version,
-            value: if keys_only { Bytes::new() } else { stored.value.clone() },
-            lease: stored.lease,
+            value: if keys_only { Bytes::new() } else { value.clone() },
+            lease: *lease,
         })
     }
 
@@ -189,11 +201,37 @@ impl Store {
             });
         }
         let keep = self.index.compact(revision);
-        self.values
-            .values
+        self.log
+            .changes
             .retain(|rev, _| rev.main > revision || keep.binary_search(rev).is_ok());
         self.compacted = revision;
         Ok(())
+    }
+
+    /// A hash of the history still kept, up to `revision` (0 for the current one): members that
+    /// applied the same log, and compacted at the same revision, agree on it, across restarts.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        let at = self.read_revision(revision)?;
+        let mut h = crc32fast::Hasher::new();
+        for (rev, change) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
+            h.update(&rev.encode());
+            h.update(&(change.key.len() as u64).to_be_bytes());
+            h.update(&change.key);
+            match &change.put {
+                Some((value, lease)) => {
+                    h.update(&[1]);
+                    h.update(&(value.len() as u64).to_be_bytes());
+                    h.update(value);
+                    h.update(&lease.to_be_bytes());
+                }
+                None => h.update(&[0]),
+            }
+        }
+        Ok(HashKv {
+            hash: h.finalize(),
+            compact_revision: self.compacted,
+            hash_revision: at,
+        })
     }
 }
 
@@ -234,7 +272,14 @@ impl WriteTxn<'_> {
         };
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
-        self.store.values.values.insert(rev, Stored { value, lease });
+        let key = Bytes::copy_from_slice(key);
+        self.store.log.changes.insert(
+            rev,
+            Change {
+                key,
+                put: Some((value, lease)),
+            },
+        );
         Ok(prev)
     }
 
@@ -252,6 +297,13 @@ impl WriteTxn<'_> {
             }
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
+            self.store.log.changes.insert(
+                rev,
+                Change {
+                    key: Bytes::from(k),
+                    put: None,
+                },
+            );
         }
         Ok(deleted)
     }
@@ -272,5 +324,55 @@ impl WriteTxn<'_> {
             self.store.current = self.main;
         }
         self.store.current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(store: &mut Store, key: &str, value: Option<&str>) {
+        let mut w = store.write();
+        match value {
+            Some(v) => {
+                w.put(key.as_bytes(), Bytes::copy_from_slice(v.as_bytes()), 0).unwrap();
+            }
+            None => {
+                w.delete_range(key.as_bytes(), &[]).unwrap();
+            }
+        }
+        w.end();
+    }
+
+    #[test]
+    fn hash_kv_is_a_function_of_the_history() {
+        let build = |last: &str| {
+            let mut s = Store::new();
+            write(&mut s, "a", Some("1"));
+            write(&mut s, "b", Some("2"));
+            write(&mut s, "a", None);
+            write(&mut s, "c", Some(last));
+            s
+        };
+        let (x, y, z) = (build("3"), build("3"), build("4"));
+        assert_eq!(x.hash_kv(0).unwrap(), y.hash_kv(0).unwrap(), "same history, same hash");
+        assert_ne!(x.hash_kv(0).unwrap().hash, z.hash_kv(0).unwrap().hash);
+        assert_eq!(
+            x.hash_kv(3).unwrap(),
+            z.hash_kv(3).unwrap(),
+            "they agree up to revision 3"
+        );
+        assert_ne!(
+            x.hash_kv(2).unwrap().hash,
+            x.hash_kv(3).unwrap().hash,
+            "the tombstone counts"
+        );
+        assert!(matches!(x.hash_kv(5), Err(Error::FutureRevision { .. })));
+        let (mut cx, mut cz) = (x.clone(), z.clone());
+        cx.compact(3).unwrap();
+        cz.compact(3).unwrap();
+        assert_eq!(cx.hash_kv(3).unwrap(), cz.hash_kv(3).unwrap());
+        assert_eq!(cx.hash_kv(3).unwrap().compact_revision, 3);
+        assert!(matches!(cx.hash_kv(2), Err(Error::Compacted { .. })));
     }
 }
