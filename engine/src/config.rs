@@ -1,5 +1,9 @@
 //! Tunables of an [`crate::Engine`], with their defaults.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 
 /// Configuration of an [`crate::Engine`].
@@ -9,6 +13,17 @@ pub struct Config {
     pub wal: cairn_wal::Config,
     /// The most operations one Txn may hold (etcd's `--max-txn-ops`). Default 128.
     pub max_txn_ops: usize,
+    /// Lease grants below this TTL, in seconds, are raised to it (etcd: ceil(1.5 × election
+    /// timeout), 2 s by default).
+    pub min_lease_ttl: i64,
+    /// How often expired leases are looked for; `None` leaves it to explicit
+    /// `Engine::expire_leases` calls (tests with a manual clock). Default 500 ms.
+    pub lease_check_interval: Option<Duration>,
+    /// At most this many expired leases are revoked per check, so mass expiry is spread over
+    /// many small writes. Default 1000.
+    pub lease_revoke_batch: usize,
+    /// The clock leases expire by. Default: the system's monotonic clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for Config {
@@ -16,6 +31,10 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             max_txn_ops: 128,
+            min_lease_ttl: 2,
+            lease_check_interval: Some(Duration::from_millis(500)),
+            lease_revoke_batch: 1000,
+            clock: Arc::new(SystemClock::default()),
         }
     }
 }
@@ -23,6 +42,11 @@ impl Default for Config {
 impl Config {
     pub fn validate(&self) -> Result<()> {
         self.wal.validate().map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        if self.lease_revoke_batch == 0 || self.min_lease_ttl < 1 {
+            return Err(Error::InvalidConfig(
+                "lease_revoke_batch and min_lease_ttl must be at least 1".into(),
+            ));
+        }
         if self.max_txn_ops == 0 {
             return Err(Error::InvalidConfig("max_txn_ops must be at least 1".into()));
         }

@@ -1,31 +1,36 @@
-//! The embedded engine: a directory holding a durable, revisioned key-value store.
+//! The embedded engine: a directory holding a durable, revisioned key-value store with leases.
 //!
 //! A write is validated, encoded as a [`Request`], appended to the WAL at the next log index,
 //! and queued for the apply thread. The apply thread takes requests in log order, waits until
 //! each is durable (the WAL's group commit makes one fdatasync serve many), applies it to the
-//! store, and answers the caller. Reads take the store's read lock and are served
-//! concurrently with other reads; a write's answer comes after it is applied, so a read that
-//! starts after a write returns sees it.
+//! state (store and lessor), and answers the caller. Reads take the state's read lock and are
+//! served concurrently with other reads; a write's answer comes after it is applied, so a read
+//! that starts after a write returns sees it.
 //!
-//! On disk: `<dir>/wal/`, the log of every request. Opening replays it into the in-memory store,
-//! so a crash at any point recovers every acknowledged write (and possibly some that were
-//! logged but not yet answered). The memory-mapped backend with checkpoints (so that opening
-//! does not replay the whole history) comes next; this seam, log then apply in order, is the
-//! one Raft will drive.
+//! Leases expire on this member's clock: a checker thread (or an explicit
+//! [`Engine::expire_leases`]) proposes a revoke for each expired lease, a bounded batch at a
+//! time, through the same write path; each revoke deletes its keys in one revision.
+//!
+//! On disk: `<dir>/wal/`, the log of every request. Opening replays it, so a crash at any point
+//! recovers every acknowledged write (and possibly some that were logged but not yet answered).
+//! The memory-mapped backend with checkpoints (so that opening does not replay the whole
+//! history) comes next; this seam, log then apply in order, is the one Raft will drive.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
 use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
+use crate::lease::lessor::{LeaseStatus, Lessor};
 use crate::mvcc::store::{HashKv, Store};
 use crate::request::{Request, Response};
 
@@ -36,13 +41,21 @@ pub struct Applied<T> {
     pub revision: i64,
 }
 
-type Reply = oneshot::Sender<Result<(Response, i64)>>;
+/// A granted lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    pub id: i64,
+    /// Seconds, raised to the minimum TTL.
+    pub ttl: i64,
+}
+
+type Answer = Result<(Response, i64)>;
 
 /// A logged request on its way to the apply thread.
 struct Proposal {
     request: Request,
     durable: Ticket,
-    reply: Reply,
+    reply: oneshot::Sender<Answer>,
 }
 
 /// Assigns log indexes; held while a request is appended and queued, so log order and apply
@@ -54,14 +67,28 @@ struct Proposer {
     apply_tx: Sender<Proposal>,
 }
 
+/// What requests change: the store and the lessor, always together.
+struct State {
+    store: Store,
+    lessor: Lessor,
+}
+
+struct Inner {
+    config: Config,
+    /// Lock order: `proposer` before `state`; the apply thread takes only `state`.
+    proposer: Mutex<Option<Proposer>>,
+    state: Arc<RwLock<State>>,
+    /// The next server-chosen lease ID candidate.
+    next_lease_id: AtomicI64,
+}
+
 /// An open engine. `Engine` is `Send + Sync`: share it between threads.
 pub struct Engine {
     dir: PathBuf,
-    config: Config,
-    /// Lock order: `proposer` before `store` (the apply thread takes only `store`).
-    proposer: Mutex<Option<Proposer>>,
-    store: Arc<RwLock<Store>>,
+    inner: Arc<Inner>,
     apply_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Dropping the sender stops the lease checker.
+    checker: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -70,29 +97,127 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Applies one request to the store; its errors are the request's answer, not the engine's.
-fn apply(store: &mut Store, request: &Request, max_txn_ops: usize) -> Result<(Response, i64)> {
+/// Applies one request; its errors are the request's answer, not the engine's.
+fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
+    let State { store, lessor } = state;
     match request {
-        Request::Put(p) => p.apply(store).map(|(r, rev)| (Response::Put(r), rev)),
-        Request::DeleteRange(d) => d.apply(store).map(|(r, rev)| (Response::DeleteRange(r), rev)),
+        Request::Put(p) => {
+            let (r, rev, changes) = p.apply_checked(store, &|id| lessor.exists(id))?;
+            lessor.apply_changes(&changes);
+            Ok((Response::Put(r), rev))
+        }
+        Request::DeleteRange(d) => {
+            let (r, rev, changes) = d.apply_checked(store)?;
+            lessor.apply_changes(&changes);
+            Ok((Response::DeleteRange(r), rev))
+        }
         Request::Txn(t) => {
             t.validate(max_txn_ops)?;
-            t.apply(store).map(|(r, rev)| (Response::Txn(r), rev))
+            let (r, rev, changes) = t.apply_checked(store, &|id| lessor.exists(id))?;
+            lessor.apply_changes(&changes);
+            Ok((Response::Txn(r), rev))
         }
         Request::Compact { revision } => {
             store.compact(*revision)?;
             Ok((Response::Compact, store.current_revision()))
         }
+        Request::LeaseGrant { id, ttl } => {
+            let ttl = lessor.grant(*id, *ttl)?;
+            Ok((Response::LeaseGrant { id: *id, ttl }, store.current_revision()))
+        }
+        Request::LeaseRevoke { id } => {
+            // Every attached key goes in one revision.
+            let keys = lessor.keys(*id)?;
+            let mut w = store.write();
+            for key in &keys {
+                w.delete_range(key, &[])?;
+            }
+            let (rev, _) = w.finish();
+            lessor.revoke(*id)?;
+            Ok((Response::LeaseRevoke, rev))
+        }
+        Request::LeaseCheckpoint { remaining } => {
+            for (id, ttl) in remaining {
+                lessor.checkpoint(*id, *ttl);
+            }
+            Ok((Response::LeaseCheckpoint, store.current_revision()))
+        }
     }
 }
 
-fn apply_loop(rx: Receiver<Proposal>, store: Arc<RwLock<Store>>, max_txn_ops: usize) {
+fn apply_loop(rx: Receiver<Proposal>, state: Arc<RwLock<State>>, max_txn_ops: usize) {
     for p in rx {
         let outcome = match p.durable.wait() {
-            Ok(_) => apply(&mut store.write(), &p.request, max_txn_ops),
+            Ok(_) => apply(&mut state.write(), &p.request, max_txn_ops),
             Err(e) => Err(Error::from(e)),
         };
         let _ = p.reply.send(outcome);
+    }
+}
+
+impl Inner {
+    /// Logs `request` and queues it; the receiver gets its answer once applied.
+    fn submit(&self, request: Request) -> Result<oneshot::Receiver<Answer>> {
+        let mut guard = self.proposer.lock();
+        let p = guard.as_mut().ok_or(Error::Closed)?;
+        let index = p.next_index;
+        let payload = Bytes::from(request.encode());
+        let durable = p.wal.append(
+            vec![Record::Entry {
+                index: LogIndex(index),
+                payload,
+            }],
+            Durability::Durable,
+        )?;
+        p.next_index += 1;
+        let (reply, answer) = oneshot::channel();
+        p.apply_tx
+            .send(Proposal {
+                request,
+                durable,
+                reply,
+            })
+            .map_err(|_| Error::Closed)?;
+        Ok(answer)
+    }
+
+    fn propose(&self, request: Request) -> Answer {
+        self.submit(request)?.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Proposes a revoke for up to a batch of expired leases, all at once so their fsyncs are
+    /// shared, and waits for them. Returns how many were revoked.
+    fn expire_leases(&self) -> usize {
+        let expired = self.state.write().lessor.expired(self.config.lease_revoke_batch);
+        let pending: Vec<(i64, Result<oneshot::Receiver<Answer>>)> = expired
+            .into_iter()
+            .map(|id| (id, self.submit(Request::LeaseRevoke { id })))
+            .collect();
+        let mut revoked = 0;
+        for (id, answer) in pending {
+            let outcome = answer.and_then(|rx| rx.recv().map_err(|_| Error::Closed)?);
+            match outcome {
+                Ok(_) => revoked += 1,
+                // Revoked meanwhile by a client: nothing to retry.
+                Err(Error::LeaseNotFound) => {}
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "revoking an expired lease failed");
+                    self.state.write().lessor.revoke_failed(id);
+                }
+            }
+        }
+        revoked
+    }
+}
+
+fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duration) {
+    loop {
+        match stop.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {
+                inner.expire_leases();
+            }
+            _ => return,
+        }
     }
 }
 
@@ -102,7 +227,10 @@ impl Engine {
         config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let mut replay = Wal::open(dir.join("wal"), config.wal.clone())?;
-        let mut store = Store::new();
+        let mut state = State {
+            store: Store::new(),
+            lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
+        };
         let mut next_index = 1u64;
         for record in replay.by_ref() {
             if let Record::Entry { index, payload } = record? {
@@ -112,31 +240,53 @@ impl Engine {
                 })?;
                 // A request's own failure (a compare, a compacted revision) was its answer then
                 // and is again now: replay only needs the state it leaves.
-                let _ = apply(&mut store, &request, config.max_txn_ops);
+                let _ = apply(&mut state, &request, config.max_txn_ops);
                 next_index = index.0.saturating_add(1);
             }
         }
+        // Lease clocks restart now: a restart can delay expiry, never hasten it.
+        state.lessor.restart_clocks();
         let wal = replay.finish()?;
-        let store = Arc::new(RwLock::new(store));
+        let state = Arc::new(RwLock::new(state));
         let (apply_tx, apply_rx) = unbounded();
-        let thread = {
-            let store = store.clone();
+        let apply_thread = {
+            let state = state.clone();
             let max_txn_ops = config.max_txn_ops;
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn(move || apply_loop(apply_rx, store, max_txn_ops))
+                .spawn(move || apply_loop(apply_rx, state, max_txn_ops))
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
         };
-        Ok(Engine {
-            dir,
-            config,
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+        let inner = Arc::new(Inner {
             proposer: Mutex::new(Some(Proposer {
                 wal,
                 next_index,
                 apply_tx,
             })),
-            store,
-            apply_thread: Mutex::new(Some(thread)),
+            state,
+            next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
+            config,
+        });
+        let checker = match inner.config.lease_check_interval {
+            Some(every) => {
+                let (stop_tx, stop_rx) = bounded(0);
+                let inner = inner.clone();
+                let thread = std::thread::Builder::new()
+                    .name("cairn-lease-check".into())
+                    .spawn(move || checker_loop(inner, stop_rx, every))
+                    .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
+                Some((stop_tx, thread))
+            }
+            None => None,
+        };
+        Ok(Engine {
+            dir,
+            inner,
+            apply_thread: Mutex::new(Some(apply_thread)),
+            checker: Mutex::new(checker),
         })
     }
 
@@ -145,38 +295,10 @@ impl Engine {
         &self.dir
     }
 
-    /// Logs `request`, then waits for it to be applied.
-    fn propose(&self, request: Request) -> Result<(Response, i64)> {
-        let answer = {
-            let mut guard = self.proposer.lock();
-            let p = guard.as_mut().ok_or(Error::Closed)?;
-            let index = p.next_index;
-            let payload = Bytes::from(request.encode());
-            let durable = p.wal.append(
-                vec![Record::Entry {
-                    index: LogIndex(index),
-                    payload,
-                }],
-                Durability::Durable,
-            )?;
-            p.next_index += 1;
-            let (reply, answer) = oneshot::channel();
-            p.apply_tx
-                .send(Proposal {
-                    request,
-                    durable,
-                    reply,
-                })
-                .map_err(|_| Error::Closed)?;
-            answer
-        };
-        answer.recv().map_err(|_| Error::Closed)?
-    }
-
     /// Puts a key (etcd's `Put`).
     pub fn put(&self, request: PutRequest) -> Result<Applied<PutResponse>> {
         request.validate()?;
-        match self.propose(Request::Put(request))? {
+        match self.inner.propose(Request::Put(request))? {
             (Response::Put(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(Error::Internal(format!("put answered with {other:?}"))),
         }
@@ -187,7 +309,7 @@ impl Engine {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        match self.propose(Request::DeleteRange(request))? {
+        match self.inner.propose(Request::DeleteRange(request))? {
             (Response::DeleteRange(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(Error::Internal(format!("delete answered with {other:?}"))),
         }
@@ -195,8 +317,8 @@ impl Engine {
 
     /// Runs a transaction (etcd's `Txn`).
     pub fn txn(&self, request: TxnRequest) -> Result<Applied<TxnResponse>> {
-        request.validate(self.config.max_txn_ops)?;
-        match self.propose(Request::Txn(request))? {
+        request.validate(self.inner.config.max_txn_ops)?;
+        match self.inner.propose(Request::Txn(request))? {
             (Response::Txn(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(Error::Internal(format!("txn answered with {other:?}"))),
         }
@@ -204,7 +326,7 @@ impl Engine {
 
     /// Drops history below `revision` (etcd's `Compact`).
     pub fn compact(&self, revision: i64) -> Result<Applied<()>> {
-        match self.propose(Request::Compact { revision })? {
+        match self.inner.propose(Request::Compact { revision })? {
             (Response::Compact, revision) => Ok(Applied { response: (), revision }),
             (other, _) => Err(Error::Internal(format!("compact answered with {other:?}"))),
         }
@@ -215,18 +337,78 @@ impl Engine {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        request.apply(&self.store.read())
+        request.apply(&self.inner.state.read().store)
+    }
+
+    /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
+    pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
+        if id < 0 {
+            return Err(Error::LeaseNotFound);
+        }
+        let id = if id != 0 {
+            id
+        } else {
+            loop {
+                let candidate = self.inner.next_lease_id.fetch_add(1, Ordering::Relaxed).max(1);
+                if !self.inner.state.read().lessor.exists(candidate) {
+                    break candidate;
+                }
+            }
+        };
+        match self.inner.propose(Request::LeaseGrant { id, ttl })? {
+            (Response::LeaseGrant { id, ttl }, revision) => Ok(Applied {
+                response: LeaseGrant { id, ttl },
+                revision,
+            }),
+            (other, _) => Err(Error::Internal(format!("lease grant answered with {other:?}"))),
+        }
+    }
+
+    /// Revokes a lease, deleting its keys in one revision (etcd's `LeaseRevoke`).
+    pub fn lease_revoke(&self, id: i64) -> Result<Applied<()>> {
+        match self.inner.propose(Request::LeaseRevoke { id })? {
+            (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
+            (other, _) => Err(Error::Internal(format!("lease revoke answered with {other:?}"))),
+        }
+    }
+
+    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL.
+    pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
+        self.inner.state.write().lessor.renew(id)
+    }
+
+    /// A lease's remaining and granted TTL, and optionally its keys (etcd's `LeaseTimeToLive`;
+    /// TTL -1 for an unknown lease).
+    pub fn lease_time_to_live(&self, id: i64, keys: bool) -> LeaseStatus {
+        self.inner.state.read().lessor.time_to_live(id, keys)
+    }
+
+    /// Every lease ID (etcd's `LeaseLeases`).
+    pub fn leases(&self) -> Vec<i64> {
+        self.inner.state.read().lessor.leases()
+    }
+
+    /// Revokes up to a batch of expired leases now; returns how many. The lease checker calls
+    /// this periodically unless `Config::lease_check_interval` is `None`.
+    pub fn expire_leases(&self) -> usize {
+        self.inner.expire_leases()
+    }
+
+    /// Records every lease's remaining TTL durably, so that a restart resumes from it.
+    pub fn checkpoint_leases(&self) -> Result<()> {
+        let remaining = self.inner.state.read().lessor.remaining();
+        self.inner.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
     }
 
     /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
     /// equal on members that applied the same log, and across restarts.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
-        self.store.read().hash_kv(revision)
+        self.inner.state.read().store.hash_kv(revision)
     }
 
     /// The store's current revision.
     pub fn current_revision(&self) -> i64 {
-        self.store.read().current_revision()
+        self.inner.state.read().store.current_revision()
     }
 
     /// Stops accepting writes, lets every queued one finish, and syncs the log.
@@ -235,7 +417,11 @@ impl Engine {
     }
 
     fn shutdown(&self) -> Result<()> {
-        let proposer = self.proposer.lock().take();
+        if let Some((stop, thread)) = self.checker.lock().take() {
+            drop(stop);
+            let _ = thread.join();
+        }
+        let proposer = self.inner.proposer.lock().take();
         let Some(Proposer { wal, apply_tx, .. }) = proposer else {
             return Ok(());
         };

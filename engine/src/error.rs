@@ -31,6 +31,15 @@ pub enum Error {
     /// A txn that writes a key twice in one branch (etcd: "duplicate key given in txn request").
     #[error("duplicate key given in txn request")]
     DuplicateKey,
+    /// The lease does not exist (etcd: "requested lease not found").
+    #[error("requested lease not found")]
+    LeaseNotFound,
+    /// A grant with the ID of an existing lease (etcd: "lease already exists").
+    #[error("lease already exists")]
+    LeaseExists,
+    /// A grant above the largest TTL (etcd: "too large lease TTL").
+    #[error("too large lease TTL")]
+    LeaseTtlTooLarge,
     /// The configuration failed validation.
     #[error("invalid engine config: {0}")]
     InvalidConfig(String),

@@ -6,22 +6,26 @@
 //! it. The durable backend, leases, watch, snapshots and the embedded `Engine` arrive with
 //! issue #3 (see README.md's status table).
 
+mod clock;
 mod config;
 mod engine;
 mod error;
 mod kv;
+mod lease;
 mod mvcc;
 mod request;
 
 pub use cairn_wal as wal;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
-pub use engine::{Applied, Engine};
+pub use engine::{Applied, Engine, LeaseGrant};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RequestOp,
     ResponseOp, TxnRequest, TxnResponse,
 };
+pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
 pub use mvcc::store::{HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};

@@ -19,7 +19,20 @@ pub(crate) enum Request {
     Put(PutRequest),
     DeleteRange(DeleteRangeRequest),
     Txn(TxnRequest),
-    Compact { revision: i64 },
+    Compact {
+        revision: i64,
+    },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
+    /// Remaining TTLs, in seconds, of the listed leases.
+    LeaseCheckpoint {
+        remaining: Vec<(i64, i64)>,
+    },
 }
 
 /// The outcome of applying a [`Request`].
@@ -29,6 +42,9 @@ pub(crate) enum Response {
     DeleteRange(DeleteRangeResponse),
     Txn(TxnResponse),
     Compact,
+    LeaseGrant { id: i64, ttl: i64 },
+    LeaseRevoke,
+    LeaseCheckpoint,
 }
 
 /// Why a logged payload could not be decoded.

@@ -11,7 +11,14 @@ use bytes::Bytes;
 use super::range::{RangeRequest, RangeResponse};
 use crate::error::{Error, Result};
 use crate::mvcc::index::KeyRange;
-use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
+use crate::mvcc::store::{KeyValue, LeaseChange, ReadOptions, Store, WriteTxn};
+
+/// Whether a lease exists, for puts that attach one (etcd: ErrLeaseNotFound otherwise).
+pub(crate) type LeaseExists<'a> = &'a dyn Fn(i64) -> bool;
+
+/// What a write request did: its response, the store's revision after it, and the keys whose
+/// lease changed.
+pub(crate) type Written<T> = (T, i64, Vec<LeaseChange>);
 
 /// etcd's `PutRequest`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -184,7 +191,7 @@ impl TxnRequest {
 
     /// Checks, before anything is written, that every put on the chosen path that keeps the
     /// current value or lease has a key to keep it from (etcd checks against the same view).
-    fn check_puts(&self, store: &Store, path: &mut std::slice::Iter<'_, bool>) -> Result<()> {
+    fn check_puts(&self, store: &Store, leases: LeaseExists<'_>, path: &mut std::slice::Iter<'_, bool>) -> Result<()> {
         let branch = if path.next().copied().unwrap_or(false) {
             &self.success
         } else {
@@ -192,13 +199,14 @@ impl TxnRequest {
         };
         for op in branch {
             match op {
+                RequestOp::Put(p) if p.lease != 0 && !leases(p.lease) => return Err(Error::LeaseNotFound),
                 RequestOp::Put(p)
                     if (p.ignore_value || p.ignore_lease)
                         && store.range(&p.key, &[], ReadOptions::default())?.count == 0 =>
                 {
                     return Err(Error::KeyNotFound);
                 }
-                RequestOp::Txn(t) => t.check_puts(store, path)?,
+                RequestOp::Txn(t) => t.check_puts(store, leases, path)?,
                 _ => {}
             }
         }
@@ -223,12 +231,17 @@ impl TxnRequest {
     /// Applies the request as one write request; returns the response and the store's
     /// revision after it. Validate it first ([`TxnRequest::validate`]).
     pub fn apply(&self, store: &mut Store) -> Result<(TxnResponse, i64)> {
+        self.apply_checked(store, &|_| true).map(|(r, rev, _)| (r, rev))
+    }
+
+    pub(crate) fn apply_checked(&self, store: &mut Store, leases: LeaseExists<'_>) -> Result<Written<TxnResponse>> {
         let mut path = Vec::new();
         self.path(store, &mut path)?;
-        self.check_puts(store, &mut path.iter())?;
+        self.check_puts(store, leases, &mut path.iter())?;
         let mut w = store.write();
         let response = self.run(&mut w, &mut path.iter())?;
-        Ok((response, w.end()))
+        let (rev, changes) = w.finish();
+        Ok((response, rev, changes))
     }
 }
 
@@ -310,10 +323,18 @@ impl PutRequest {
 
     /// Applies the put as its own write request; returns the response and the new revision.
     pub fn apply(&self, store: &mut Store) -> Result<(PutResponse, i64)> {
+        self.apply_checked(store, &|_| true).map(|(r, rev, _)| (r, rev))
+    }
+
+    pub(crate) fn apply_checked(&self, store: &mut Store, leases: LeaseExists<'_>) -> Result<Written<PutResponse>> {
         self.validate()?;
+        if self.lease != 0 && !leases(self.lease) {
+            return Err(Error::LeaseNotFound);
+        }
         let mut w = store.write();
         let response = self.run(&mut w)?;
-        Ok((response, w.end()))
+        let (rev, changes) = w.finish();
+        Ok((response, rev, changes))
     }
 }
 
@@ -329,9 +350,14 @@ impl DeleteRangeRequest {
     /// Applies the delete as its own write request; returns the response and the revision
     /// after it (unchanged if nothing was deleted).
     pub fn apply(&self, store: &mut Store) -> Result<(DeleteRangeResponse, i64)> {
+        self.apply_checked(store).map(|(r, rev, _)| (r, rev))
+    }
+
+    pub(crate) fn apply_checked(&self, store: &mut Store) -> Result<Written<DeleteRangeResponse>> {
         let mut w = store.write();
         let response = self.run(&mut w)?;
-        Ok((response, w.end()))
+        let (rev, changes) = w.finish();
+        Ok((response, rev, changes))
     }
 }
 

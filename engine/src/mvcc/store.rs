@@ -182,6 +182,7 @@ impl Store {
             store: self,
             main,
             sub: 0,
+            lease_changes: Vec::new(),
         }
     }
 
@@ -235,6 +236,14 @@ impl Store {
     }
 }
 
+/// A key whose attached lease a write changed (0: no lease), for the lessor to follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseChange {
+    pub(crate) key: Bytes,
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+}
+
 /// One write request in progress (see the module docs).
 #[derive(Debug)]
 pub struct WriteTxn<'a> {
@@ -242,6 +251,7 @@ pub struct WriteTxn<'a> {
     main: i64,
     /// Changes made so far; the next one's sub-revision.
     sub: i64,
+    lease_changes: Vec<LeaseChange>,
 }
 
 impl WriteTxn<'_> {
@@ -270,6 +280,11 @@ impl WriteTxn<'_> {
             Some(found) => Some(self.store.key_value(key, found, false)?),
             None => None,
         };
+        let from = prev.as_ref().map_or(0, |kv| kv.lease);
+        if from != lease {
+            let key = Bytes::copy_from_slice(key);
+            self.lease_changes.push(LeaseChange { key, from, to: lease });
+        }
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
         let key = Bytes::copy_from_slice(key);
@@ -293,7 +308,15 @@ impl WriteTxn<'_> {
         let mut deleted = Vec::with_capacity(keys.len());
         for k in keys {
             if let Some(found) = self.store.index.get(&k, at) {
-                deleted.push(self.store.key_value(&k, found, false)?);
+                let kv = self.store.key_value(&k, found, false)?;
+                if kv.lease != 0 {
+                    self.lease_changes.push(LeaseChange {
+                        key: kv.key.clone(),
+                        from: kv.lease,
+                        to: 0,
+                    });
+                }
+                deleted.push(kv);
             }
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
@@ -320,10 +343,16 @@ impl WriteTxn<'_> {
 
     /// Finishes the request; returns the store's revision after it.
     pub fn end(self) -> i64 {
+        self.finish().0
+    }
+
+    /// Finishes the request; returns the store's revision after it and the keys whose lease
+    /// changed.
+    pub(crate) fn finish(self) -> (i64, Vec<LeaseChange>) {
         if self.sub > 0 {
             self.store.current = self.main;
         }
-        self.store.current
+        (self.store.current, self.lease_changes)
     }
 }
 

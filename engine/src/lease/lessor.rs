@@ -1,0 +1,330 @@
+//! The lessor: leases, the keys attached to them, and when they expire.
+//!
+//! Two kinds of state live here. What every member agrees on comes from applied requests:
+//! which leases exist, their granted TTL, the keys attached (followed from every write's lease
+//! changes) and the remaining TTL of the last checkpoint. When a lease expires is local: it is
+//! `now + TTL` on the member's own clock, set when the lease is granted or renewed, or when it is
+//! loaded after a restart (then from the checkpointed remaining TTL if there is one). So a
+//! restart can only postpone expiry, never bring it forward.
+//!
+//! Expiry does not delete anything by itself: [`Lessor::expired`] lists up to a batch of
+//! expired leases, and the engine proposes a revoke for each through the normal write path, so
+//! mass expiry becomes many small writes interleaved with everyone else's.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::mvcc::store::LeaseChange;
+
+/// The largest TTL a lease may have, in seconds (etcd's `MaxLeaseTTL`).
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
+#[derive(Debug, Clone)]
+struct Lease {
+    /// Granted TTL in seconds (raised to the minimum).
+    ttl: i64,
+    /// Remaining TTL at the last checkpoint, in seconds; 0 if never checkpointed.
+    remaining_ttl: i64,
+    /// Local: when it expires on this member's clock.
+    expiry: Duration,
+    keys: BTreeSet<Bytes>,
+    /// Local: a revoke has been proposed and not yet applied.
+    revoking: bool,
+}
+
+/// What [`Lessor::time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseStatus {
+    pub id: i64,
+    /// Seconds left, rounded up; -1 for a lease that does not exist.
+    pub ttl: i64,
+    pub granted_ttl: i64,
+    pub keys: Vec<Bytes>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Lessor {
+    leases: HashMap<i64, Lease>,
+    /// Local expiry order: (expiry, id). Invariant: one entry per lease, matching its expiry.
+    by_expiry: BTreeMap<(Duration, i64), ()>,
+    /// Grants below this TTL (seconds) are raised to it.
+    min_ttl: i64,
+    clock: Arc<dyn Clock>,
+}
+
+fn secs(d: i64) -> Duration {
+    Duration::from_secs(u64::try_from(d).unwrap_or(0))
+}
+
+impl Lessor {
+    pub(crate) fn new(min_ttl: i64, clock: Arc<dyn Clock>) -> Lessor {
+        Lessor {
+            leases: HashMap::new(),
+            by_expiry: BTreeMap::new(),
+            min_ttl,
+            clock,
+        }
+    }
+
+    pub(crate) fn exists(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    fn set_expiry(&mut self, id: i64, expiry: Duration) {
+        if let Some(lease) = self.leases.get_mut(&id) {
+            self.by_expiry.remove(&(lease.expiry, id));
+            lease.expiry = expiry;
+            self.by_expiry.insert((expiry, id), ());
+        }
+    }
+
+    /// Applies a grant; returns the TTL granted.
+    pub(crate) fn grant(&mut self, id: i64, ttl: i64) -> Result<i64> {
+        if id <= 0 {
+            return Err(Error::Internal(format!("lease id {id} must be positive")));
+        }
+        if ttl > MAX_LEASE_TTL {
+            return Err(Error::LeaseTtlTooLarge);
+        }
+        if self.leases.contains_key(&id) {
+            return Err(Error::LeaseExists);
+        }
+        let ttl = ttl.max(self.min_ttl);
+        let expiry = self.clock.now() + secs(ttl);
+        self.leases.insert(
+            id,
+            Lease {
+                ttl,
+                remaining_ttl: 0,
+                expiry,
+                keys: BTreeSet::new(),
+                revoking: false,
+            },
+        );
+        self.by_expiry.insert((expiry, id), ());
+        Ok(ttl)
+    }
+
+    /// The keys attached to a lease, to delete when it is revoked.
+    pub(crate) fn keys(&self, id: i64) -> Result<Vec<Bytes>> {
+        let lease = self.leases.get(&id).ok_or(Error::LeaseNotFound)?;
+        Ok(lease.keys.iter().cloned().collect())
+    }
+
+    /// Applies a revoke (its keys are deleted by the caller in the same request).
+    pub(crate) fn revoke(&mut self, id: i64) -> Result<()> {
+        let lease = self.leases.remove(&id).ok_or(Error::LeaseNotFound)?;
+        self.by_expiry.remove(&(lease.expiry, id));
+        Ok(())
+    }
+
+    /// Applies a checkpoint of the remaining TTL (unknown leases are ignored: a revoke won).
+    pub(crate) fn checkpoint(&mut self, id: i64, remaining_ttl: i64) {
+        if let Some(lease) = self.leases.get_mut(&id) {
+            lease.remaining_ttl = remaining_ttl;
+        }
+    }
+
+    /// Follows a write's lease changes.
+    pub(crate) fn apply_changes(&mut self, changes: &[LeaseChange]) {
+        for change in changes {
+            if let Some(lease) = self.leases.get_mut(&change.from) {
+                lease.keys.remove(&change.key);
+            }
+            if let Some(lease) = self.leases.get_mut(&change.to) {
+                lease.keys.insert(change.key.clone());
+            }
+        }
+    }
+
+    /// Renews a lease (keep-alive): it expires a full TTL from now. Returns the TTL.
+    pub(crate) fn renew(&mut self, id: i64) -> Result<i64> {
+        let ttl = self.leases.get(&id).ok_or(Error::LeaseNotFound)?.ttl;
+        let expiry = self.clock.now() + secs(ttl);
+        self.set_expiry(id, expiry);
+        Ok(ttl)
+    }
+
+    /// Restarts every lease's clock from now, after loading state: from the checkpointed
+    /// remaining TTL where there is one, else the full TTL. Never earlier than before.
+    pub(crate) fn restart_clocks(&mut self) {
+        let now = self.clock.now();
+        let plan: Vec<(i64, Duration)> = self
+            .leases
+            .iter()
+            .map(|(id, l)| {
+                let left = if l.remaining_ttl > 0 { l.remaining_ttl } else { l.ttl };
+                (*id, now + secs(left))
+            })
+            .collect();
+        for (id, expiry) in plan {
+            self.set_expiry(id, expiry);
+        }
+    }
+
+    /// Up to `limit` expired leases not already being revoked, marked as being revoked.
+    pub(crate) fn expired(&mut self, limit: usize) -> Vec<i64> {
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        for &(expiry, id) in self.by_expiry.keys() {
+            if expiry > now || out.len() >= limit {
+                break;
+            }
+            if self.leases.get(&id).is_some_and(|l| !l.revoking) {
+                out.push(id);
+            }
+        }
+        for id in &out {
+            if let Some(l) = self.leases.get_mut(id) {
+                l.revoking = true;
+            }
+        }
+        out
+    }
+
+    /// Forgets that a revoke was proposed (it failed): the lease may be listed again.
+    pub(crate) fn revoke_failed(&mut self, id: i64) {
+        if let Some(l) = self.leases.get_mut(&id) {
+            l.revoking = false;
+        }
+    }
+
+    /// Remaining TTLs of every lease, for a checkpoint.
+    pub(crate) fn remaining(&self) -> Vec<(i64, i64)> {
+        let now = self.clock.now();
+        self.leases
+            .iter()
+            .map(|(id, l)| {
+                (
+                    *id,
+                    i64::try_from(l.expiry.saturating_sub(now).as_secs()).unwrap_or(i64::MAX),
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn time_to_live(&self, id: i64, with_keys: bool) -> LeaseStatus {
+        let Some(l) = self.leases.get(&id) else {
+            return LeaseStatus {
+                id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            };
+        };
+        let left = l.expiry.saturating_sub(self.clock.now());
+        let ttl = i64::try_from(left.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
+        LeaseStatus {
+            id,
+            ttl,
+            granted_ttl: l.ttl,
+            keys: if with_keys {
+                l.keys.iter().cloned().collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Every lease ID, ascending.
+    pub(crate) fn leases(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.leases.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn lessor() -> (Lessor, ManualClock) {
+        let clock = ManualClock::new();
+        (Lessor::new(2, Arc::new(clock.clone())), clock)
+    }
+
+    #[test]
+    fn grants_are_raised_to_the_minimum_and_ids_are_unique() {
+        // ETCD-COMPAT.md: a TTL below the minimum is raised to it.
+        let (mut l, _) = lessor();
+        assert_eq!(l.grant(1, 1).unwrap(), 2);
+        assert_eq!(l.grant(2, 60).unwrap(), 60);
+        assert_eq!(l.grant(1, 10), Err(Error::LeaseExists));
+        assert_eq!(l.grant(3, MAX_LEASE_TTL + 1), Err(Error::LeaseTtlTooLarge));
+        assert_eq!(l.leases(), vec![1, 2]);
+        assert_eq!(l.time_to_live(9, false).ttl, -1, "unknown lease: TTL -1, no error");
+    }
+
+    #[test]
+    fn leases_expire_on_time_never_early_and_once() {
+        let (mut l, clock) = lessor();
+        l.grant(1, 10).unwrap();
+        l.grant(2, 20).unwrap();
+        clock.advance(Duration::from_millis(9_999));
+        assert!(l.expired(10).is_empty(), "not a millisecond early");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(l.expired(10), vec![1]);
+        assert!(l.expired(10).is_empty(), "listed once while its revoke is in flight");
+        l.revoke_failed(1);
+        assert_eq!(l.expired(10), vec![1]);
+        l.revoke(1).unwrap();
+        assert_eq!(l.renew(2).unwrap(), 20, "keep-alive restarts the TTL");
+        clock.advance(Duration::from_secs(19));
+        assert!(l.expired(10).is_empty());
+        assert_eq!(l.time_to_live(2, false).ttl, 1);
+    }
+
+    #[test]
+    fn expiry_is_batched() {
+        let (mut l, clock) = lessor();
+        for id in 1..=25 {
+            l.grant(id, 5).unwrap();
+        }
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(l.expired(10).len(), 10);
+        assert_eq!(l.expired(10).len(), 10);
+        assert_eq!(l.expired(10).len(), 5);
+    }
+
+    #[test]
+    fn keys_follow_writes() {
+        let (mut l, _) = lessor();
+        l.grant(1, 10).unwrap();
+        l.grant(2, 10).unwrap();
+        let change = |key: &'static str, from, to| LeaseChange {
+            key: Bytes::from(key),
+            from,
+            to,
+        };
+        l.apply_changes(&[change("a", 0, 1), change("b", 0, 1), change("c", 0, 2)]);
+        l.apply_changes(&[change("b", 1, 2), change("c", 2, 0)]);
+        assert_eq!(l.keys(1).unwrap(), vec![Bytes::from("a")]);
+        assert_eq!(l.keys(2).unwrap(), vec![Bytes::from("b")]);
+        assert_eq!(l.time_to_live(2, true).keys, vec![Bytes::from("b")]);
+    }
+
+    #[test]
+    fn a_restart_resumes_from_the_checkpoint_and_never_expires_early() {
+        let (mut l, clock) = lessor();
+        l.grant(1, 100).unwrap();
+        l.grant(2, 100).unwrap();
+        clock.advance(Duration::from_secs(60));
+        // Lease 1 was checkpointed with 40 s left; lease 2 never was.
+        l.checkpoint(1, 40);
+        l.restart_clocks();
+        clock.advance(Duration::from_secs(39));
+        assert!(l.expired(10).is_empty());
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(l.expired(10), vec![1]);
+        clock.advance(Duration::from_secs(59));
+        assert_eq!(l.expired(10), Vec::<i64>::new(), "lease 2 gets its full TTL again");
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(l.expired(10), vec![2]);
+    }
+}

@@ -1,0 +1,149 @@
+//! Leases through the engine, on a manual clock (ETCD-COMPAT.md "Lease"): keys attach to a
+//! lease and go with it in one revision; leases never expire early, not even across a
+//! restart; mass expiry is revoked in bounded batches.
+
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_engine::{Config, Engine, Error, ManualClock, PutRequest, RangeRequest};
+
+fn config(clock: &ManualClock) -> Config {
+    Config {
+        wal: cairn_engine::wal::Config {
+            segment_size: 64 << 10,
+            ..Default::default()
+        },
+        lease_check_interval: None,
+        lease_revoke_batch: 10,
+        clock: Arc::new(clock.clone()),
+        ..Config::default()
+    }
+}
+
+fn put(engine: &Engine, key: &str, lease: i64) -> Result<i64, Error> {
+    engine
+        .put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: Bytes::from_static(b"v"),
+            lease,
+            ..PutRequest::default()
+        })
+        .map(|a| a.revision)
+}
+
+fn count(engine: &Engine, prefix: &str) -> i64 {
+    engine
+        .range(&RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: cairn_engine::prefix_end(prefix.as_bytes()),
+            count_only: true,
+            ..RangeRequest::default()
+        })
+        .unwrap()
+        .count
+}
+
+#[test]
+fn keys_go_with_their_lease_in_one_revision() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    let lease = engine.lease_grant(0, 1).unwrap().response;
+    assert!(lease.id > 0, "the engine chose an ID");
+    assert_eq!(lease.ttl, 2, "raised to the minimum TTL");
+    assert_eq!(engine.lease_grant(lease.id, 10).unwrap_err(), Error::LeaseExists);
+    assert_eq!(put(&engine, "x", 12345).unwrap_err(), Error::LeaseNotFound);
+    for key in ["a/1", "a/2", "a/3"] {
+        put(&engine, key, lease.id).unwrap();
+    }
+    put(&engine, "a/3", 0).unwrap(); // detached again
+    let status = engine.lease_time_to_live(lease.id, true);
+    assert_eq!(status.keys, vec![Bytes::from("a/1"), Bytes::from("a/2")]);
+    let before = engine.current_revision();
+    let revoked = engine.lease_revoke(lease.id).unwrap();
+    assert_eq!(revoked.revision, before + 1, "both keys deleted in one revision");
+    assert_eq!(count(&engine, "a/"), 1);
+    assert_eq!(engine.lease_revoke(lease.id).unwrap_err(), Error::LeaseNotFound);
+    assert_eq!(engine.lease_time_to_live(lease.id, false).ttl, -1);
+}
+
+#[test]
+fn leases_expire_on_time_and_not_before() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    let short = engine.lease_grant(0, 10).unwrap().response.id;
+    let long = engine.lease_grant(0, 30).unwrap().response.id;
+    put(&engine, "short", short).unwrap();
+    put(&engine, "long", long).unwrap();
+    clock.advance(Duration::from_millis(9_999));
+    assert_eq!(engine.expire_leases(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(count(&engine, "short"), 0);
+    assert_eq!(count(&engine, "long"), 1);
+    assert_eq!(engine.lease_keep_alive(long).unwrap(), 30);
+    clock.advance(Duration::from_secs(29));
+    assert_eq!(engine.expire_leases(), 0, "the keep-alive restarted its TTL");
+    assert_eq!(engine.leases(), vec![long]);
+}
+
+#[test]
+fn a_restart_never_expires_a_lease_early() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    let checkpointed = engine.lease_grant(0, 100).unwrap().response.id;
+    put(&engine, "k", checkpointed).unwrap();
+    clock.advance(Duration::from_secs(60));
+    engine.checkpoint_leases().unwrap();
+    // Granted after the checkpoint: a restart gives it its full TTL again.
+    let plain = engine.lease_grant(0, 100).unwrap().response.id;
+    assert_ne!(plain, checkpointed);
+    engine.close().unwrap();
+
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    assert_eq!(
+        engine.lease_time_to_live(checkpointed, true).keys,
+        vec![Bytes::from("k")]
+    );
+    clock.advance(Duration::from_secs(39));
+    assert_eq!(engine.expire_leases(), 0, "40 s were left at the checkpoint");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(count(&engine, "k"), 0);
+    clock.advance(Duration::from_secs(59));
+    assert_eq!(
+        engine.expire_leases(),
+        0,
+        "never checkpointed: a full TTL from the restart"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(engine.expire_leases(), 1);
+}
+
+#[test]
+fn mass_expiry_is_revoked_in_batches() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    for l in 0..25 {
+        let id = engine.lease_grant(0, 5).unwrap().response.id;
+        for k in 0..4 {
+            put(&engine, &format!("l{l}/k{k}"), id).unwrap();
+        }
+    }
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(engine.expire_leases(), 10, "one batch at a time");
+    // Other writes go on between batches.
+    put(&engine, "unrelated", 0).unwrap();
+    assert_eq!(engine.expire_leases(), 10);
+    assert_eq!(engine.expire_leases(), 5);
+    assert_eq!(engine.expire_leases(), 0);
+    assert_eq!(count(&engine, "l"), 0);
+    assert_eq!(count(&engine, "unrelated"), 1);
+}
