@@ -97,6 +97,73 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+fn unexpected(what: &str, answer: Response) -> Error {
+    Error::Internal(format!("{what} answered with {answer:?}"))
+}
+
+/// A write that is logged and will be answered once applied: [`Pending::wait`] for it, or
+/// `.await` it.
+#[must_use = "a pending write says when it is applied, and how it went"]
+pub struct Pending<T> {
+    rx: oneshot::Receiver<Answer>,
+    convert: fn((Response, i64)) -> Result<T>,
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").finish_non_exhaustive()
+    }
+}
+
+impl<T> Pending<T> {
+    fn new(rx: oneshot::Receiver<Answer>, convert: fn((Response, i64)) -> Result<T>) -> Pending<T> {
+        Pending { rx, convert }
+    }
+
+    /// Blocks until the write is applied.
+    pub fn wait(self) -> Result<T> {
+        let answer = self.rx.recv().map_err(|_| Error::Closed)??;
+        (self.convert)(answer)
+    }
+}
+
+impl<T: Unpin> std::future::IntoFuture for Pending<T> {
+    type Output = Result<T>;
+    type IntoFuture = PendingFuture<T>;
+
+    fn into_future(self) -> PendingFuture<T> {
+        PendingFuture {
+            rx: self.rx.into_future(),
+            convert: self.convert,
+        }
+    }
+}
+
+/// The future of a [`Pending`] write.
+pub struct PendingFuture<T> {
+    rx: oneshot::AsyncReceiver<Answer>,
+    convert: fn((Response, i64)) -> Result<T>,
+}
+
+impl<T> std::fmt::Debug for PendingFuture<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFuture").finish_non_exhaustive()
+    }
+}
+
+impl<T: Unpin> std::future::Future for PendingFuture<T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<T>> {
+        let convert = self.convert;
+        std::pin::Pin::new(&mut self.rx).poll(cx).map(|r| match r {
+            Ok(Ok(answer)) => convert(answer),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Closed),
+        })
+    }
+}
+
 /// Applies one request; its errors are the request's answer, not the engine's.
 fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
     let State { store, lessor } = state;
@@ -297,31 +364,50 @@ impl Engine {
 
     /// Puts a key (etcd's `Put`).
     pub fn put(&self, request: PutRequest) -> Result<Applied<PutResponse>> {
+        self.put_async(request)?.wait()
+    }
+
+    /// [`Engine::put`] for async code: logs the request now, and the returned [`Pending`]
+    /// can be awaited (or waited on).
+    pub fn put_async(&self, request: PutRequest) -> Result<Pending<Applied<PutResponse>>> {
         request.validate()?;
-        match self.inner.propose(Request::Put(request))? {
+        let rx = self.inner.submit(Request::Put(request))?;
+        Ok(Pending::new(rx, |answer| match answer {
             (Response::Put(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(Error::Internal(format!("put answered with {other:?}"))),
-        }
+            (other, _) => Err(unexpected("put", other)),
+        }))
     }
 
     /// Deletes a key or range (etcd's `DeleteRange`).
     pub fn delete_range(&self, request: DeleteRangeRequest) -> Result<Applied<DeleteRangeResponse>> {
+        self.delete_range_async(request)?.wait()
+    }
+
+    /// [`Engine::delete_range`] for async code.
+    pub fn delete_range_async(&self, request: DeleteRangeRequest) -> Result<Pending<Applied<DeleteRangeResponse>>> {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        match self.inner.propose(Request::DeleteRange(request))? {
+        let rx = self.inner.submit(Request::DeleteRange(request))?;
+        Ok(Pending::new(rx, |answer| match answer {
             (Response::DeleteRange(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(Error::Internal(format!("delete answered with {other:?}"))),
-        }
+            (other, _) => Err(unexpected("delete", other)),
+        }))
     }
 
     /// Runs a transaction (etcd's `Txn`).
     pub fn txn(&self, request: TxnRequest) -> Result<Applied<TxnResponse>> {
+        self.txn_async(request)?.wait()
+    }
+
+    /// [`Engine::txn`] for async code.
+    pub fn txn_async(&self, request: TxnRequest) -> Result<Pending<Applied<TxnResponse>>> {
         request.validate(self.inner.config.max_txn_ops)?;
-        match self.inner.propose(Request::Txn(request))? {
+        let rx = self.inner.submit(Request::Txn(request))?;
+        Ok(Pending::new(rx, |answer| match answer {
             (Response::Txn(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(Error::Internal(format!("txn answered with {other:?}"))),
-        }
+            (other, _) => Err(unexpected("txn", other)),
+        }))
     }
 
     /// Drops history below `revision` (etcd's `Compact`).

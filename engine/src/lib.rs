@@ -18,7 +18,7 @@ mod request;
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
-pub use engine::{Applied, Engine, LeaseGrant};
+pub use engine::{Applied, Engine, LeaseGrant, Pending, PendingFuture};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

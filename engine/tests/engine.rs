@@ -148,3 +148,16 @@ fn etcd_errors_come_back() {
     };
     assert_eq!(engine.put(keep_missing).unwrap_err(), Error::KeyNotFound);
 }
+
+#[test]
+fn writes_can_be_awaited() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    // Both are logged before either is awaited: they share the group commit.
+    let first = engine.put_async(put("a", "1")).unwrap();
+    let second = engine.put_async(put("b", "2")).unwrap();
+    let (first, second) = pollster::block_on(async { (first.await, second.await) });
+    assert_eq!((first.unwrap().revision, second.unwrap().revision), (1, 2));
+    let err = engine.put_async(put("", "v")).unwrap_err();
+    assert_eq!(err, Error::EmptyKey);
+}
