@@ -1,5 +1,7 @@
 //! Shared helpers of cairn's integration tests. The tests themselves live in `tests/tests/`;
-//! helper processes (a WAL appender to kill with SIGKILL) in `src/bin/`.
+//! helper processes (a WAL appender and an engine writer to kill with SIGKILL) in `src/bin/`.
+
+pub mod engine_crash;
 
 use bytes::Bytes;
 use cairn_wal::{Config, Record};

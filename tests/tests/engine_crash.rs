@@ -1,0 +1,492 @@
+//! The engine's real crash test (STYLE.md, "Tests"): kill -9 a process writing to an `Engine`,
+//! reopen, and check every acknowledged write, compaction and compare-and-swap.
+//!
+//! Each iteration starts `engine-crash-child` on the same directory, so the log and the store's
+//! history accumulate across kills and every start replays what the previous kill left. The
+//! child prints one line per acknowledged request (the protocol is in
+//! `cairn_tests::engine_crash`); after a random number of acknowledged writes the parent sends
+//! SIGKILL, with no sleep, so the kill lands wherever the writers, the apply thread, the WAL's
+//! group-commit writer and its preallocation happen to be. Lines still in the pipe after the
+//! kill count too: each was printed after the engine answered.
+//!
+//! After every kill the parent opens the engine itself and checks, for every line any child
+//! ever printed:
+//! 1. a put reads back at its revision with its value and `mod_revision == revision`, a delete
+//!    reads back as absent at its revision, and a compare-and-swap finds the counter as it said
+//!    (at its revision, and just before it for a successful one), unless that revision is below
+//!    the compacted one, where the read must fail with `Error::Compacted`;
+//! 2. the current revision is at least every revision answered;
+//! 3. the compacted revision is at least the highest acknowledged compaction (a read just below
+//!    it fails with `Error::Compacted`), and is one a child asked for;
+//! 4. a second open finds exactly the same current and compacted revisions, HashKV and full
+//!    range at every revision still readable (replay is deterministic), and every revision that
+//!    the previous iteration's open could read reads the same now (nothing recovered is lost or
+//!    changed, by a crash or by compaction);
+//! 5. writes have unique revisions, and each writer thread's revisions never go back.
+//!
+//! The child's `ready` line reports the revision its own replay found, which must equal what
+//! the parent found before it.
+//!
+//! `CAIRN_CRASH_SEED` repeats a run's random choices (the seed is printed; the kill timing is
+//! still up to the scheduler), `CAIRN_CRASH_ITERATIONS` changes the number of kills (default 30),
+//! and `CAIRN_CRASH_KEEP=1` keeps the directory for inspection.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_engine::{Engine, Error, HashKv, KeyValue, RangeRequest};
+use cairn_tests::engine_crash::{self, Line, COUNTER};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const CHILD: &str = env!("CARGO_BIN_EXE_engine-crash-child");
+const SIGKILL: i32 = 9;
+/// Not a timing assertion: only a guard so that a hung child (a deadlocked writer) fails the
+/// test instead of hanging it forever. An iteration normally takes well under a second.
+const HANG_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How one child process is run.
+struct ChildSpec<'a> {
+    dir: &'a Path,
+    threads: u32,
+    compact_every: u64,
+    seed: u64,
+    prefix: String,
+    /// Kill it once it has acknowledged this many write requests.
+    kill_after: usize,
+}
+
+/// What one child process did before it died.
+struct ChildRun {
+    /// The current revision its open found.
+    ready: i64,
+    /// Everything it printed after `ready`, in order.
+    lines: Vec<Line>,
+    writes: usize,
+    status: ExitStatus,
+    stderr: String,
+}
+
+/// Kills the child when dropped, so that a failing test leaves no writer running.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the child until it has acknowledged `spec.kill_after` writes, then kills it.
+fn run_child(spec: &ChildSpec<'_>, stderr_path: &Path) -> ChildRun {
+    // stderr goes to a file: a pipe nobody reads could fill up and stall the child.
+    let child = Command::new(CHILD)
+        .arg(spec.dir)
+        .arg(spec.threads.to_string())
+        .arg(spec.compact_every.to_string())
+        .arg(spec.seed.to_string())
+        .arg(&spec.prefix)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(File::create(stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let child = Arc::new(Mutex::new(KillOnDrop(child)));
+    let stdout = child.lock().unwrap().0.stdout.take().unwrap();
+
+    let (finished, finished_rx) = mpsc::channel::<()>();
+    let watchdog = {
+        let child = Arc::clone(&child);
+        std::thread::spawn(move || {
+            let hung = finished_rx.recv_timeout(HANG_TIMEOUT) == Err(RecvTimeoutError::Timeout);
+            if hung {
+                let _ = child.lock().unwrap().0.kill();
+            }
+            hung
+        })
+    };
+
+    let mut ready = None;
+    let mut lines = Vec::new();
+    let mut writes = 0;
+    let mut killed = false;
+    let mut reader = BufReader::new(stdout);
+    let mut text = String::new();
+    loop {
+        text.clear();
+        if reader.read_line(&mut text).unwrap() == 0 {
+            break; // EOF: the child is dead
+        }
+        let Some(text) = text.strip_suffix('\n') else {
+            break; // a line cut short by the kill promises nothing
+        };
+        let line: Line = text.parse().unwrap_or_else(|e| panic!("from the child: {e}"));
+        match line {
+            Line::Ready { revision } if ready.is_none() => ready = Some(revision),
+            Line::Ready { .. } => panic!("a second ready line from the child: {text:?}"),
+            _ if ready.is_none() => panic!("a line before ready from the child: {text:?}"),
+            line => {
+                writes += usize::from(line.write().is_some());
+                lines.push(line);
+            }
+        }
+        if !killed && writes >= spec.kill_after {
+            child.lock().unwrap().0.kill().unwrap(); // SIGKILL on unix
+            killed = true;
+        }
+    }
+    drop(finished);
+    let hung = watchdog.join().unwrap();
+    let status = child.lock().unwrap().0.wait().unwrap();
+    let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
+    assert!(
+        !hung,
+        "the child was still running after {HANG_TIMEOUT:?}; stderr:\n{stderr}"
+    );
+    ChildRun {
+        ready: ready
+            .unwrap_or_else(|| panic!("the child died before opening the engine ({status}); stderr:\n{stderr}")),
+        lines,
+        writes,
+        status,
+        stderr,
+    }
+}
+
+/// Everything the children promised, over all iterations.
+#[derive(Default)]
+struct Promises {
+    /// Every line after `ready`, with the iteration that printed it.
+    lines: Vec<(usize, Line)>,
+    /// The revision of every write that changed the store, with the line (for uniqueness).
+    changed: BTreeMap<i64, String>,
+    /// Every revision a child asked to compact at, acknowledged or not.
+    compactions_asked: BTreeSet<i64>,
+    /// The highest acknowledged compaction (0 for none).
+    compacted: i64,
+    /// The highest revision answered.
+    revision: i64,
+}
+
+/// What one open of the engine finds.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    current: i64,
+    compacted: i64,
+    /// etcd's HashKV at the current revision: a hash of all the history kept.
+    hash: Option<HashKv>,
+    /// The full range at every revision from `max(compacted, 1)` to `current`.
+    history: BTreeMap<i64, Vec<KeyValue>>,
+}
+
+fn read(engine: &Engine, key: &str, revision: i64) -> Result<Option<KeyValue>, Error> {
+    assert!(revision > 0, "revision 0 reads the current revision");
+    let response = engine.range(&RangeRequest {
+        key: key.as_bytes().to_vec(),
+        revision,
+        ..RangeRequest::default()
+    })?;
+    assert!(response.kvs.len() <= 1, "one key read as {:?}", response.kvs);
+    Ok(response.kvs.into_iter().next())
+}
+
+fn read_all(engine: &Engine, revision: i64) -> Vec<KeyValue> {
+    engine
+        .range(&RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            revision,
+            ..RangeRequest::default()
+        })
+        .unwrap_or_else(|e| panic!("full range at {revision}: {e}"))
+        .kvs
+}
+
+fn snapshot(engine: &Engine) -> Snapshot {
+    let current = engine.current_revision();
+    let hash = engine.hash_kv(0).unwrap_or_else(|e| panic!("hash_kv: {e}"));
+    assert_eq!(hash.hash_revision, current, "{hash:?}");
+    let compacted = hash.compact_revision;
+    let history = (compacted.max(1)..=current)
+        .map(|rev| (rev, read_all(engine, rev)))
+        .collect();
+    Snapshot {
+        current,
+        compacted,
+        hash: Some(hash),
+        history,
+    }
+}
+
+/// Opens the engine, takes its snapshot and closes it again.
+fn open_snapshot(dir: &Path) -> Snapshot {
+    let engine = Engine::open(dir, engine_crash::config()).unwrap_or_else(|e| panic!("open: {e}"));
+    let snapshot = snapshot(&engine);
+    engine.close().unwrap();
+    snapshot
+}
+
+/// Checks one promise (check 1 of the module docs), printed in `iteration`, against an open
+/// engine compacted at `compacted`.
+fn check_line(engine: &Engine, compacted: i64, iteration: usize, line: &Line, context: &str) {
+    // A read below the compacted revision must fail, and say so.
+    let readable = |key: &str, revision: i64| match read(engine, key, revision) {
+        Ok(found) => Some(found),
+        Err(Error::Compacted { .. }) if revision < compacted => None,
+        Err(e) => panic!("`{line}` (iteration {iteration}): reading {key} at {revision}: {e}; {context}"),
+    };
+    let whence = || format!("(iteration {iteration}); {context}");
+    let counter = |kv: &Option<KeyValue>| kv.as_ref().map(|kv| (kv.mod_revision, kv.value.clone()));
+    match line {
+        Line::Put { revision, key, tag, .. } => {
+            if let Some(found) = readable(key, *revision) {
+                let found = found.as_ref().map(|kv| (kv.mod_revision, kv.value.clone()));
+                let want = (*revision, engine_crash::value(tag));
+                assert_eq!(found, Some(want), "acknowledged `{line}` lost or changed {}", whence());
+            }
+        }
+        Line::Delete { revision, key, .. } => {
+            // A delete of nothing on a never-written store answers revision 0: nothing to read.
+            if *revision > 0 {
+                if let Some(found) = readable(key, *revision) {
+                    assert_eq!(found, None, "acknowledged `{line}` lost {}", whence());
+                }
+            }
+        }
+        Line::CasSucceeded {
+            revision,
+            prev_mod,
+            value,
+            ..
+        } => {
+            if let Some(found) = readable(COUNTER, *revision) {
+                let want = (*revision, value.to_string().into());
+                assert_eq!(
+                    counter(&found),
+                    Some(want),
+                    "acknowledged `{line}` lost or changed {}",
+                    whence()
+                );
+            }
+            // The compare saw the store as of the revision before.
+            if *revision > 1 {
+                if let Some(found) = readable(COUNTER, revision - 1) {
+                    let want = (*prev_mod > 0).then(|| (*prev_mod, (value - 1).to_string().into()));
+                    assert_eq!(counter(&found), want, "`{line}`: the counter before it {}", whence());
+                }
+            }
+        }
+        Line::CasFailed {
+            revision,
+            seen_mod,
+            seen_value,
+            ..
+        } => {
+            if let Some(found) = readable(COUNTER, *revision) {
+                let want = (*seen_mod > 0).then(|| (*seen_mod, seen_value.to_string().into()));
+                assert_eq!(counter(&found), want, "`{line}`: the counter it read {}", whence());
+            }
+        }
+        Line::Ready { .. } | Line::Compacting { .. } | Line::Compacted { .. } => {}
+    }
+}
+
+/// Records a child's lines, checking check 5 of the module docs.
+fn record(promises: &mut Promises, iteration: usize, run: &ChildRun, context: &str) {
+    let mut last_by_thread: BTreeMap<usize, i64> = BTreeMap::new();
+    for line in &run.lines {
+        match *line {
+            Line::Compacting { revision } => {
+                promises.compactions_asked.insert(revision);
+            }
+            Line::Compacted { revision } => {
+                assert!(
+                    promises.compactions_asked.contains(&revision),
+                    "`{line}` never asked for: {context}"
+                );
+                promises.compacted = promises.compacted.max(revision);
+            }
+            _ => {}
+        }
+        if let Some((thread, revision)) = line.write() {
+            let changed = line.changed_store();
+            assert!(
+                revision > run.ready || (revision == run.ready && !changed),
+                "`{line}` not after the revision the child opened at, {}: {context}",
+                run.ready
+            );
+            if let Some(&last) = last_by_thread.get(&thread) {
+                assert!(
+                    revision > last || (revision == last && !changed),
+                    "`{line}` after a write at {last} by the same thread: {context}"
+                );
+            }
+            last_by_thread.insert(thread, revision);
+            if changed {
+                if let Some(other) = promises.changed.insert(revision, line.to_string()) {
+                    panic!("`{line}` and `{other}` share a revision: {context}");
+                }
+            }
+            promises.revision = promises.revision.max(revision);
+        }
+        promises.lines.push((iteration, line.clone()));
+    }
+}
+
+/// The revision at which two snapshots' histories first differ.
+fn first_difference(a: &Snapshot, b: &Snapshot) -> Option<i64> {
+    a.history
+        .iter()
+        .zip(&b.history)
+        .find(|((ra, ka), (rb, kb))| ra != rb || ka != kb)
+        .map(|((rev, _), _)| *rev)
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write() {
+    let started = Instant::now();
+    let seed = std::env::var("CAIRN_CRASH_SEED")
+        .map(|s| s.parse::<u64>().expect("CAIRN_CRASH_SEED must be a u64"))
+        .unwrap_or_else(|_| rand::random());
+    let iterations: usize = std::env::var("CAIRN_CRASH_ITERATIONS")
+        .map(|s| s.parse().expect("CAIRN_CRASH_ITERATIONS must be a number"))
+        .unwrap_or(30);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::Builder::new()
+        .prefix("cairn-engine-crash-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().join("engine");
+    let stderr_path = tmp.path().join("child.stderr");
+    eprintln!(
+        "engine_crash: seed {seed} (CAIRN_CRASH_SEED={seed} repeats it), {iterations} kills, engine in {}",
+        dir.display()
+    );
+
+    let mut promises = Promises::default();
+    let mut last = Snapshot {
+        current: 0,
+        compacted: 0,
+        hash: None,
+        history: BTreeMap::new(),
+    };
+    for iteration in 0..iterations {
+        let spec = ChildSpec {
+            dir: &dir,
+            threads: rng.random_range(1..=4),
+            compact_every: rng.random_range(20..=120),
+            seed: rng.random(),
+            prefix: format!("c{iteration}"),
+            kill_after: rng.random_range(1..=300),
+        };
+        let run = run_child(&spec, &stderr_path);
+        let context = format!(
+            "iteration {iteration} (seed {seed}, {} threads, compact every {} writes, kill after {} writes): \
+             child {}; stderr:\n{}",
+            spec.threads, spec.compact_every, spec.kill_after, run.status, run.stderr
+        );
+        assert_eq!(
+            run.status.signal(),
+            Some(SIGKILL),
+            "the child died on its own: {context}"
+        );
+        assert!(run.writes >= spec.kill_after, "{context}");
+        assert_eq!(
+            run.ready, last.current,
+            "the child's open must find what the last open found: {context}"
+        );
+        record(&mut promises, iteration, &run, &context);
+
+        // The first open may repair a torn tail; the second must find exactly the same.
+        let engine = Engine::open(&dir, engine_crash::config()).unwrap_or_else(|e| panic!("open: {e}; {context}"));
+        let now = snapshot(&engine);
+        assert!(
+            now.current >= promises.revision,
+            "revision {} answered, but the engine reopens at {}: {context}",
+            promises.revision,
+            now.current
+        );
+        assert!(now.current >= last.current, "{context}");
+        assert!(
+            now.compacted >= promises.compacted,
+            "compaction at {} acknowledged, but the engine reopens compacted at {}: {context}",
+            promises.compacted,
+            now.compacted
+        );
+        assert!(
+            now.compacted == 0 || promises.compactions_asked.contains(&now.compacted),
+            "compacted at {}, which no child asked for: {context}",
+            now.compacted
+        );
+        if promises.compacted >= 2 {
+            // (A read at revision 0 would read the current one.)
+            let below = read(&engine, "k00", promises.compacted - 1);
+            assert!(
+                matches!(below, Err(Error::Compacted { .. })),
+                "a read below the acknowledged compaction at {}: {below:?}; {context}",
+                promises.compacted
+            );
+        }
+        for (printed_in, line) in &promises.lines {
+            check_line(&engine, now.compacted, *printed_in, line, &context);
+        }
+        engine.close().unwrap();
+
+        let again = open_snapshot(&dir);
+        assert!(
+            again == now,
+            "two opens differ: current {} / {}, compacted {} / {}, {:?} / {:?}, history first at {:?}; {context}",
+            now.current,
+            again.current,
+            now.compacted,
+            again.compacted,
+            now.hash,
+            again.hash,
+            first_difference(&now, &again)
+        );
+        for (rev, kvs) in last.history.range(now.compacted..) {
+            assert_eq!(
+                now.history.get(rev),
+                Some(kvs),
+                "revision {rev} read differently by the last open: {context}"
+            );
+        }
+        last = now;
+    }
+
+    let count = |f: fn(&Line) -> bool| promises.lines.iter().filter(|(_, l)| f(l)).count();
+    let segments = std::fs::read_dir(dir.join("wal"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".wal"))
+        .count();
+    let compactions = count(|l| matches!(l, Line::Compacted { .. }));
+    eprintln!(
+        "engine_crash: {} writes ({} puts, {} deletes of a key, {} cas that wrote, {} that failed), {compactions} \
+         compactions acknowledged, over {iterations} kills in {:.1?}; revision {}, compacted at {}, {segments} WAL \
+         segments",
+        count(|l| l.write().is_some()),
+        count(|l| matches!(l, Line::Put { .. })),
+        count(|l| matches!(l, Line::Delete { deleted: 1.., .. })),
+        count(|l| matches!(l, Line::CasSucceeded { .. })),
+        count(|l| matches!(l, Line::CasFailed { .. })),
+        started.elapsed(),
+        last.current,
+        last.compacted,
+    );
+    if iterations >= 30 {
+        // Some 4,500 writes of up to about 550 bytes into 64 KiB segments, compacting every 20 to
+        // 120 of them: rotation and compaction are certain.
+        assert!(segments > 1, "the test must rotate WAL segments");
+        assert!(compactions > 0, "the test must compact");
+    }
+    if std::env::var_os("CAIRN_CRASH_KEEP").is_some() {
+        eprintln!("engine_crash: kept {}", tmp.keep().display());
+    }
+}
