@@ -81,3 +81,90 @@ pub mod fixtures {
         Record::State(Bytes::from_static(text.as_bytes()))
     }
 }
+
+/// Running a helper process that a crash test kills with SIGKILL.
+pub mod child {
+    use std::fs::File;
+    use std::io::{BufRead, BufReader};
+    use std::path::Path;
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::sync::mpsc::{self, RecvTimeoutError};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// How a killed child ended.
+    #[derive(Debug)]
+    pub struct Ended {
+        pub status: ExitStatus,
+        pub stderr: String,
+    }
+
+    /// Kills the child when dropped, so that a failing test leaves nothing running.
+    struct KillOnDrop(Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Runs `command` (stdout piped, stderr to `stderr_path`: a pipe nobody reads could fill up
+    /// and stall it), handing each complete stdout line to `on_line`, and kills it with SIGKILL
+    /// as soon as `on_line` returns true. Lines printed before the kill landed still arrive; a
+    /// line cut short by it is dropped (it promises nothing). Returns once the child is dead.
+    ///
+    /// `hang_timeout` is not a timing assertion, only a guard: a child still running after it
+    /// (a deadlock) is killed and the call panics, instead of the test hanging forever.
+    pub fn run_until_killed(
+        mut command: Command,
+        stderr_path: &Path,
+        hang_timeout: Duration,
+        mut on_line: impl FnMut(&str) -> bool,
+    ) -> Ended {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(stderr_path).expect("create the child's stderr file"))
+            .spawn()
+            .expect("spawn the child");
+        let child = Arc::new(Mutex::new(KillOnDrop(child)));
+        let stdout = child.lock().expect("child lock").0.stdout.take().expect("piped stdout");
+        let (finished, finished_rx) = mpsc::channel::<()>();
+        let watchdog = {
+            let child = Arc::clone(&child);
+            std::thread::spawn(move || {
+                let hung = finished_rx.recv_timeout(hang_timeout) == Err(RecvTimeoutError::Timeout);
+                if hung {
+                    let _ = child.lock().expect("child lock").0.kill();
+                }
+                hung
+            })
+        };
+        let mut killed = false;
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).expect("read the child's stdout") == 0 {
+                break; // EOF: the child is dead
+            }
+            let Some(complete) = line.strip_suffix('\n') else {
+                break;
+            };
+            if on_line(complete) && !killed {
+                child.lock().expect("child lock").0.kill().expect("SIGKILL the child");
+                killed = true;
+            }
+        }
+        drop(finished);
+        let hung = watchdog.join().expect("watchdog thread");
+        let status = child.lock().expect("child lock").0.wait().expect("wait for the child");
+        let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
+        assert!(
+            !hung,
+            "the child was still running after {hang_timeout:?}; stderr:\n{stderr}"
+        );
+        Ended { status, stderr }
+    }
+}

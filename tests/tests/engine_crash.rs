@@ -32,16 +32,13 @@
 //! and `CAIRN_CRASH_KEEP=1` keeps the directory for inspection.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use cairn_engine::{Engine, Error, HashKv, KeyValue, RangeRequest};
+use cairn_tests::child::run_until_killed;
 use cairn_tests::engine_crash::{self, Line, COUNTER};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -74,59 +71,19 @@ struct ChildRun {
     stderr: String,
 }
 
-/// Kills the child when dropped, so that a failing test leaves no writer running.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Runs the child until it has acknowledged `spec.kill_after` writes, then kills it.
 fn run_child(spec: &ChildSpec<'_>, stderr_path: &Path) -> ChildRun {
-    // stderr goes to a file: a pipe nobody reads could fill up and stall the child.
-    let child = Command::new(CHILD)
+    let mut command = Command::new(CHILD);
+    command
         .arg(spec.dir)
         .arg(spec.threads.to_string())
         .arg(spec.compact_every.to_string())
         .arg(spec.seed.to_string())
-        .arg(&spec.prefix)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(File::create(stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let child = Arc::new(Mutex::new(KillOnDrop(child)));
-    let stdout = child.lock().unwrap().0.stdout.take().unwrap();
-
-    let (finished, finished_rx) = mpsc::channel::<()>();
-    let watchdog = {
-        let child = Arc::clone(&child);
-        std::thread::spawn(move || {
-            let hung = finished_rx.recv_timeout(HANG_TIMEOUT) == Err(RecvTimeoutError::Timeout);
-            if hung {
-                let _ = child.lock().unwrap().0.kill();
-            }
-            hung
-        })
-    };
-
+        .arg(&spec.prefix);
     let mut ready = None;
     let mut lines = Vec::new();
     let mut writes = 0;
-    let mut killed = false;
-    let mut reader = BufReader::new(stdout);
-    let mut text = String::new();
-    loop {
-        text.clear();
-        if reader.read_line(&mut text).unwrap() == 0 {
-            break; // EOF: the child is dead
-        }
-        let Some(text) = text.strip_suffix('\n') else {
-            break; // a line cut short by the kill promises nothing
-        };
+    let ended = run_until_killed(command, stderr_path, HANG_TIMEOUT, |text| {
         let line: Line = text.parse().unwrap_or_else(|e| panic!("from the child: {e}"));
         match line {
             Line::Ready { revision } if ready.is_none() => ready = Some(revision),
@@ -137,19 +94,9 @@ fn run_child(spec: &ChildSpec<'_>, stderr_path: &Path) -> ChildRun {
                 lines.push(line);
             }
         }
-        if !killed && writes >= spec.kill_after {
-            child.lock().unwrap().0.kill().unwrap(); // SIGKILL on unix
-            killed = true;
-        }
-    }
-    drop(finished);
-    let hung = watchdog.join().unwrap();
-    let status = child.lock().unwrap().0.wait().unwrap();
-    let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
-    assert!(
-        !hung,
-        "the child was still running after {HANG_TIMEOUT:?}; stderr:\n{stderr}"
-    );
+        writes >= spec.kill_after
+    });
+    let (status, stderr) = (ended.status, ended.stderr);
     ChildRun {
         ready: ready
             .unwrap_or_else(|| panic!("the child died before opening the engine ({status}); stderr:\n{stderr}")),

@@ -20,15 +20,12 @@
 //! for inspection.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
+use cairn_tests::child::run_until_killed;
 use cairn_tests::{check_crash_log, crash_config};
 use cairn_wal::{Config, Error, RecoveryMode, Wal};
 use rand::rngs::StdRng;
@@ -52,16 +49,6 @@ struct ChildRun {
     stderr: String,
 }
 
-/// Kills the child when dropped, so that a failing test leaves no appender running.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Runs the child on `dir` until it has acknowledged `kill_after` entries, then kills it.
 fn run_child(dir: &Path, threads: u32, validate: bool, kill_after: usize, stderr_path: &Path) -> ChildRun {
     let mut command = Command::new(CHILD);
@@ -69,59 +56,17 @@ fn run_child(dir: &Path, threads: u32, validate: bool, kill_after: usize, stderr
     if validate {
         command.arg("--validate");
     }
-    // stderr goes to a file: a pipe nobody reads could fill up and stall the child.
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(File::create(stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let child = Arc::new(Mutex::new(KillOnDrop(child)));
-    let stdout = child.lock().unwrap().0.stdout.take().unwrap();
-
-    let (finished, finished_rx) = mpsc::channel::<()>();
-    let watchdog = {
-        let child = Arc::clone(&child);
-        std::thread::spawn(move || {
-            let hung = finished_rx.recv_timeout(HANG_TIMEOUT) == Err(RecvTimeoutError::Timeout);
-            if hung {
-                let _ = child.lock().unwrap().0.kill();
-            }
-            hung
-        })
-    };
-
     let mut ready = None;
     let mut acks = Vec::new();
-    let mut killed = false;
-    let mut reader = BufReader::new(stdout);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            break; // EOF: the child is dead
-        }
-        let Some(line) = line.strip_suffix('\n') else {
-            break; // a line cut short by the kill promises nothing
-        };
+    let ended = run_until_killed(command, stderr_path, HANG_TIMEOUT, |line| {
         match line.split_once(' ') {
             Some(("ready", n)) if ready.is_none() => ready = Some(n.parse::<u64>().unwrap()),
             Some(("ack", n)) if ready.is_some() => acks.push(n.parse::<u64>().unwrap()),
             _ => panic!("unexpected line from the child: {line:?}"),
         }
-        if !killed && acks.len() >= kill_after {
-            child.lock().unwrap().0.kill().unwrap(); // SIGKILL on unix
-            killed = true;
-        }
-    }
-    drop(finished);
-    let hung = watchdog.join().unwrap();
-    let status = child.lock().unwrap().0.wait().unwrap();
-    let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
-    assert!(
-        !hung,
-        "the child was still running after {HANG_TIMEOUT:?}; stderr:\n{stderr}"
-    );
+        acks.len() >= kill_after
+    });
+    let (status, stderr) = (ended.status, ended.stderr);
     ChildRun {
         ready: ready.unwrap_or_else(|| panic!("the child died before replaying ({status}); stderr:\n{stderr}")),
         acks,
