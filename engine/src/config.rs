@@ -24,6 +24,13 @@ pub struct Config {
     pub lease_revoke_batch: usize,
     /// The clock leases expire by. Default: the system's monotonic clock.
     pub clock: Arc<dyn Clock>,
+    /// Responses a watcher may have waiting before it falls behind and catches up from
+    /// history instead. Default 128.
+    pub watch_buffer: usize,
+    /// Events read from history per catch-up step of a lagging watcher. Default 1000.
+    pub watch_batch: usize,
+    /// How often lagging watchers catch up. Default 100 ms.
+    pub watch_sync_interval: Duration,
 }
 
 impl Default for Config {
@@ -35,6 +42,9 @@ impl Default for Config {
             lease_check_interval: Some(Duration::from_millis(500)),
             lease_revoke_batch: 1000,
             clock: Arc::new(SystemClock::default()),
+            watch_buffer: 128,
+            watch_batch: 1000,
+            watch_sync_interval: Duration::from_millis(100),
         }
     }
 }
@@ -45,6 +55,11 @@ impl Config {
         if self.lease_revoke_batch == 0 || self.min_lease_ttl < 1 {
             return Err(Error::InvalidConfig(
                 "lease_revoke_batch and min_lease_ttl must be at least 1".into(),
+            ));
+        }
+        if self.watch_buffer == 0 || self.watch_batch == 0 || self.watch_sync_interval.is_zero() {
+            return Err(Error::InvalidConfig(
+                "watch_buffer, watch_batch and watch_sync_interval must be positive".into(),
             ));
         }
         if self.max_txn_ops == 0 {

@@ -31,8 +31,10 @@ use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
 use crate::lease::lessor::{LeaseStatus, Lessor};
+use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{HashKv, Store};
 use crate::request::{Request, Response};
+use crate::watch::hub::{WatchHub, WatchRequest, WatchResponse};
 
 /// A response with the store's revision after the request (etcd's `header.revision`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,9 +77,11 @@ struct State {
 
 struct Inner {
     config: Config,
-    /// Lock order: `proposer` before `state`; the apply thread takes only `state`.
+    /// Lock order: `proposer`, then `state`, then `hub`; the apply thread takes `state` and
+    /// `hub`.
     proposer: Mutex<Option<Proposer>>,
     state: Arc<RwLock<State>>,
+    hub: Arc<Mutex<WatchHub>>,
     /// The next server-chosen lease ID candidate.
     next_lease_id: AtomicI64,
 }
@@ -89,6 +93,8 @@ pub struct Engine {
     apply_thread: Mutex<Option<JoinHandle<()>>>,
     /// Dropping the sender stops the lease checker.
     checker: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    /// Dropping the sender stops the watch thread.
+    watch_thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -212,13 +218,72 @@ fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
     }
 }
 
-fn apply_loop(rx: Receiver<Proposal>, state: Arc<RwLock<State>>, max_txn_ops: usize) {
+fn apply_loop(rx: Receiver<Proposal>, state: Arc<RwLock<State>>, hub: Arc<Mutex<WatchHub>>, max_txn_ops: usize) {
+    let everything = KeyRange::new(&[0], &[0]);
     for p in rx {
         let outcome = match p.durable.wait() {
-            Ok(_) => apply(&mut state.write(), &p.request, max_txn_ops),
+            Ok(_) => {
+                let mut st = state.write();
+                let before = st.store.current_revision();
+                let outcome = apply(&mut st, &p.request, max_txn_ops);
+                let after = st.store.current_revision();
+                if after > before {
+                    // Still under the state lock, so a new watcher cannot miss this revision.
+                    let mut hub = hub.lock();
+                    if !hub.is_empty() {
+                        match st.store.events(after, after, &everything, 0) {
+                            Ok(events) => hub.notify(after, &events),
+                            Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
+                        }
+                    }
+                }
+                outcome
+            }
             Err(e) => Err(Error::from(e)),
         };
         let _ = p.reply.send(outcome);
+    }
+}
+
+fn watch_loop(state: Arc<RwLock<State>>, hub: Arc<Mutex<WatchHub>>, stop: Receiver<()>, every: std::time::Duration) {
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        let st = state.read();
+        if let Err(e) = hub.lock().catch_up(&st.store) {
+            tracing::error!(error = %e, "watch catch-up failed");
+        }
+    }
+}
+
+/// A watcher: the responses for one [`WatchRequest`]. Dropping it cancels the watch.
+#[derive(Debug)]
+pub struct Watch {
+    id: u64,
+    rx: Receiver<WatchResponse>,
+    hub: std::sync::Weak<Mutex<WatchHub>>,
+}
+
+impl Watch {
+    /// The next response, waiting for it; `None` once the engine is closed.
+    pub fn recv(&self) -> Option<WatchResponse> {
+        self.rx.recv().ok()
+    }
+
+    /// The next response if one arrives within `timeout`.
+    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Option<WatchResponse> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// The next response if one is waiting.
+    pub fn try_recv(&self) -> Option<WatchResponse> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.lock().cancel(self.id);
+        }
     }
 }
 
@@ -315,14 +380,25 @@ impl Engine {
         state.lessor.restart_clocks();
         let wal = replay.finish()?;
         let state = Arc::new(RwLock::new(state));
+        let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
         let (apply_tx, apply_rx) = unbounded();
         let apply_thread = {
-            let state = state.clone();
+            let (state, hub) = (state.clone(), hub.clone());
             let max_txn_ops = config.max_txn_ops;
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn(move || apply_loop(apply_rx, state, max_txn_ops))
+                .spawn(move || apply_loop(apply_rx, state, hub, max_txn_ops))
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
+        };
+        let watch_thread = {
+            let (state, hub) = (state.clone(), hub.clone());
+            let (stop_tx, stop_rx) = bounded(0);
+            let every = config.watch_sync_interval;
+            let thread = std::thread::Builder::new()
+                .name("cairn-watch".into())
+                .spawn(move || watch_loop(state, hub, stop_rx, every))
+                .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
+            (stop_tx, thread)
         };
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -334,6 +410,7 @@ impl Engine {
                 apply_tx,
             })),
             state,
+            hub,
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
             config,
         });
@@ -354,6 +431,7 @@ impl Engine {
             inner,
             apply_thread: Mutex::new(Some(apply_thread)),
             checker: Mutex::new(checker),
+            watch_thread: Mutex::new(Some(watch_thread)),
         })
     }
 
@@ -486,6 +564,30 @@ impl Engine {
         self.inner.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
     }
 
+    /// Watches a key or range from `start_revision` (etcd's `Watch`). Past revisions are
+    /// replayed from history, then changes follow as they are applied.
+    pub fn watch(&self, request: &WatchRequest) -> Result<Watch> {
+        if request.key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        let st = self.inner.state.read();
+        let (id, rx) = self
+            .inner
+            .hub
+            .lock()
+            .watch(request, st.store.current_revision(), st.store.compacted_revision());
+        Ok(Watch {
+            id,
+            rx,
+            hub: Arc::downgrade(&self.inner.hub),
+        })
+    }
+
+    /// The revision history was compacted at (0 if never).
+    pub fn compacted_revision(&self) -> i64 {
+        self.inner.state.read().store.compacted_revision()
+    }
+
     /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
     /// equal on members that applied the same log, and across restarts.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
@@ -503,9 +605,11 @@ impl Engine {
     }
 
     fn shutdown(&self) -> Result<()> {
-        if let Some((stop, thread)) = self.checker.lock().take() {
-            drop(stop);
-            let _ = thread.join();
+        for stopper in [&self.checker, &self.watch_thread] {
+            if let Some((stop, thread)) = stopper.lock().take() {
+                drop(stop);
+                let _ = thread.join();
+            }
         }
         let proposer = self.inner.proposer.lock().take();
         let Some(Proposer { wal, apply_tx, .. }) = proposer else {

@@ -14,11 +14,12 @@ mod kv;
 mod lease;
 mod mvcc;
 mod request;
+mod watch;
 
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
-pub use engine::{Applied, Engine, LeaseGrant, Pending, PendingFuture};
+pub use engine::{Applied, Engine, LeaseGrant, Pending, PendingFuture, Watch};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{
@@ -28,4 +29,5 @@ pub use kv::txn::{
 pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
-pub use mvcc::store::{HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
+pub use mvcc::store::{Event, EventKind, HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
+pub use watch::hub::{WatchRequest, WatchResponse};

@@ -49,6 +49,23 @@ struct RevisionLog {
     changes: BTreeMap<Revision, Change>,
 }
 
+/// What happened to a key at a revision (etcd's `mvccpb.Event`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    /// The key after the change; for a delete, only `key` and `mod_revision` (the deletion's
+    /// revision) are set.
+    pub kv: KeyValue,
+    /// The key before the change, if it existed.
+    pub prev_kv: Option<KeyValue>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
 /// etcd's `HashKV` answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HashKv {
@@ -207,6 +224,53 @@ impl Store {
             .retain(|rev, _| rev.main > revision || keep.binary_search(rev).is_ok());
         self.compacted = revision;
         Ok(())
+    }
+
+    /// The events of revisions `from..=to` on keys of `range`, in revision order, whole
+    /// revisions only, stopping after the revision that reaches `limit` events (0: no limit).
+    /// `from` must not be below the compacted revision (the caller checks).
+    pub(crate) fn events(&self, from: i64, to: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>> {
+        let mut out: Vec<Event> = Vec::new();
+        let span = Revision::new(from, 0)..=Revision::new(to, i64::MAX);
+        for (rev, change) in self.log.changes.range(span) {
+            if limit != 0 && out.len() >= limit && out.last().is_some_and(|e| e.kv.mod_revision != rev.main) {
+                break;
+            }
+            if !range.contains(&change.key) {
+                continue;
+            }
+            let prev_kv = match self.index.get(&change.key, rev.main - 1) {
+                Some(found) => Some(self.key_value(&change.key, found, false)?),
+                None => None,
+            };
+            let event = match &change.put {
+                Some(_) => {
+                    let found = self
+                        .index
+                        .get(&change.key, rev.main)
+                        .ok_or_else(|| Error::Internal(format!("revision {rev} missing from the index")))?;
+                    Event {
+                        kind: EventKind::Put,
+                        kv: self.key_value(&change.key, found, false)?,
+                        prev_kv,
+                    }
+                }
+                None => Event {
+                    kind: EventKind::Delete,
+                    kv: KeyValue {
+                        key: change.key.clone(),
+                        create_revision: 0,
+                        mod_revision: rev.main,
+                        version: 0,
+                        value: Bytes::new(),
+                        lease: 0,
+                    },
+                    prev_kv,
+                },
+            };
+            out.push(event);
+        }
+        Ok(out)
     }
 
     /// A hash of the history still kept, up to `revision` (0 for the current one): members that

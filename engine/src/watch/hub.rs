@@ -1,0 +1,231 @@
+//! The watch hub: every watcher, and how each is fed.
+//!
+//! A watcher is *synced* when it has seen everything up to the current revision: the apply
+//! thread hands it each new revision's events as they are applied, all of one revision in one
+//! response. A watcher whose buffer is full, or that starts in the past, is *unsynced*: it gets
+//! nothing live, and the catch-up pass (the watch thread, every `watch_sync_interval`) reads its
+//! next revisions from the store's history, a bounded batch at a time, until it is synced
+//! again. So a slow consumer never blocks writers and its memory is bounded by its buffer; if
+//! history is compacted past where it stands, it is cancelled with the compact revision.
+//!
+//! Guarantees, per watcher: events in revision order, none twice, none missed, whole
+//! revisions per response.
+
+use std::collections::BTreeMap;
+
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+
+use crate::error::Result;
+use crate::mvcc::index::KeyRange;
+use crate::mvcc::store::{Event, EventKind, Store};
+
+/// What to watch (etcd's `WatchCreateRequest`, less the stream-level options).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchRequest {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    /// The first revision to report; 0 for "from the next one".
+    pub start_revision: i64,
+    pub prev_kv: bool,
+    /// Leave out put events.
+    pub no_put: bool,
+    /// Leave out delete events.
+    pub no_delete: bool,
+}
+
+/// One message to a watcher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchResponse {
+    /// The events of one or more whole revisions, ascending; `revision` is the newest
+    /// revision the watcher has now seen.
+    Events { events: Vec<Event>, revision: i64 },
+    /// The watcher fell behind a compaction: it is cancelled (etcd's `compact_revision`).
+    Compacted { compact_revision: i64 },
+}
+
+#[derive(Debug)]
+struct Watcher {
+    range: KeyRange,
+    /// The next revision this watcher needs. Invariant: every revision before it was sent.
+    next_rev: i64,
+    synced: bool,
+    prev_kv: bool,
+    no_put: bool,
+    no_delete: bool,
+    tx: Sender<WatchResponse>,
+}
+
+impl Watcher {
+    fn wants(&self, e: &Event) -> bool {
+        self.range.contains(&e.kv.key)
+            && !(self.no_put && e.kind == EventKind::Put)
+            && !(self.no_delete && e.kind == EventKind::Delete)
+    }
+
+    fn shape(&self, events: &[Event]) -> Vec<Event> {
+        events
+            .iter()
+            .filter(|e| self.wants(e))
+            .map(|e| Event {
+                prev_kv: if self.prev_kv { e.prev_kv.clone() } else { None },
+                ..e.clone()
+            })
+            .collect()
+    }
+}
+
+/// What happened to a send.
+enum Sent {
+    Delivered,
+    Full,
+    Gone,
+}
+
+fn send(tx: &Sender<WatchResponse>, response: WatchResponse) -> Sent {
+    match tx.try_send(response) {
+        Ok(()) => Sent::Delivered,
+        Err(TrySendError::Full(_)) => Sent::Full,
+        Err(TrySendError::Disconnected(_)) => Sent::Gone,
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct WatchHub {
+    watchers: BTreeMap<u64, Watcher>,
+    next_id: u64,
+    /// Responses a watcher may have waiting before it falls behind.
+    buffer: usize,
+    /// Events read from history per catch-up step.
+    batch: usize,
+}
+
+impl WatchHub {
+    pub(crate) fn new(buffer: usize, batch: usize) -> WatchHub {
+        WatchHub {
+            watchers: BTreeMap::new(),
+            next_id: 1,
+            buffer: buffer.max(1),
+            batch: batch.max(1),
+        }
+    }
+
+    /// Registers a watcher; call with the store locked so no revision slips between. A start
+    /// below the compacted revision gets the compacted answer at once and no watcher.
+    pub(crate) fn watch(&mut self, req: &WatchRequest, current: i64, compacted: i64) -> (u64, Receiver<WatchResponse>) {
+        let (tx, rx) = bounded(self.buffer);
+        let next_rev = if req.start_revision <= 0 {
+            current + 1
+        } else {
+            req.start_revision
+        };
+        if next_rev < compacted {
+            let _ = tx.try_send(WatchResponse::Compacted {
+                compact_revision: compacted,
+            });
+            return (0, rx);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.watchers.insert(
+            id,
+            Watcher {
+                range: KeyRange::new(&req.key, &req.range_end),
+                next_rev,
+                synced: next_rev > current,
+                prev_kv: req.prev_kv,
+                no_put: req.no_put,
+                no_delete: req.no_delete,
+                tx,
+            },
+        );
+        (id, rx)
+    }
+
+    pub(crate) fn cancel(&mut self, id: u64) {
+        self.watchers.remove(&id);
+    }
+
+    /// Hands the events of newly applied revision `revision` to synced watchers.
+    pub(crate) fn notify(&mut self, revision: i64, events: &[Event]) {
+        self.watchers.retain(|_, w| {
+            if !w.synced || w.next_rev > revision {
+                return true; // catching up, or starting later
+            }
+            let mine = w.shape(events);
+            if mine.is_empty() {
+                w.next_rev = revision + 1;
+                return true;
+            }
+            match send(&w.tx, WatchResponse::Events { events: mine, revision }) {
+                Sent::Delivered => {
+                    w.next_rev = revision + 1;
+                    true
+                }
+                Sent::Full => {
+                    // Falls behind; catch-up will resend this revision from history.
+                    w.synced = false;
+                    true
+                }
+                Sent::Gone => false,
+            }
+        });
+    }
+
+    /// Moves every unsynced watcher forward by up to a batch of history.
+    pub(crate) fn catch_up(&mut self, store: &Store) -> Result<()> {
+        let current = store.current_revision();
+        let compacted = store.compacted_revision();
+        let batch = self.batch;
+        let mut gone = Vec::new();
+        for (id, w) in self.watchers.iter_mut().filter(|(_, w)| !w.synced) {
+            if w.next_rev < compacted {
+                // Cancelled once the consumer can take the news; until then it stays here.
+                let news = WatchResponse::Compacted {
+                    compact_revision: compacted,
+                };
+                if !matches!(send(&w.tx, news), Sent::Full) {
+                    gone.push(*id);
+                }
+                continue;
+            }
+            if w.next_rev > current {
+                w.synced = true;
+                continue;
+            }
+            let events = store.events(w.next_rev, current, &w.range, batch)?;
+            let last = events.last().map_or(current, |e| e.kv.mod_revision);
+            // If the batch stopped early, `last` is its final revision; else the watcher has
+            // seen everything up to `current`.
+            let seen = if events.len() >= batch { last } else { current };
+            let mine = w.shape(&events);
+            let delivered = mine.is_empty() || {
+                match send(
+                    &w.tx,
+                    WatchResponse::Events {
+                        events: mine,
+                        revision: seen,
+                    },
+                ) {
+                    Sent::Delivered => true,
+                    Sent::Full => false,
+                    Sent::Gone => {
+                        gone.push(*id);
+                        false
+                    }
+                }
+            };
+            if delivered {
+                w.next_rev = seen + 1;
+                w.synced = w.next_rev > current;
+            }
+        }
+        for id in gone {
+            self.watchers.remove(&id);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.watchers.is_empty()
+    }
+}
