@@ -19,6 +19,9 @@ pub struct Config {
     /// How often expired leases are looked for; `None` leaves it to explicit
     /// `Engine::expire_leases` calls (tests with a manual clock). Default 500 ms.
     pub lease_check_interval: Option<Duration>,
+    /// How often the lease checker records remaining TTLs durably (etcd checkpoints every 5
+    /// minutes); `None` never does it on its own. Default 5 minutes.
+    pub lease_checkpoint_interval: Option<Duration>,
     /// At most this many expired leases are revoked per check, so mass expiry is spread over
     /// many small writes. Default 1000.
     pub lease_revoke_batch: usize,
@@ -40,6 +43,7 @@ impl Default for Config {
             max_txn_ops: 128,
             min_lease_ttl: 2,
             lease_check_interval: Some(Duration::from_millis(500)),
+            lease_checkpoint_interval: Some(Duration::from_secs(300)),
             lease_revoke_batch: 1000,
             clock: Arc::new(SystemClock::default()),
             watch_buffer: 128,

@@ -313,6 +313,14 @@ impl Inner {
         Ok(answer)
     }
 
+    fn checkpoint_leases(&self) -> Result<()> {
+        let remaining = self.state.read().lessor.remaining();
+        if remaining.is_empty() {
+            return Ok(());
+        }
+        self.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
+    }
+
     fn propose(&self, request: Request) -> Answer {
         self.submit(request)?.recv().map_err(|_| Error::Closed)?
     }
@@ -342,13 +350,19 @@ impl Inner {
     }
 }
 
+/// Expires leases every `every`, and checkpoints their remaining TTLs every
+/// `lease_checkpoint_interval`, until told to stop.
 fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duration) {
-    loop {
-        match stop.recv_timeout(every) {
-            Err(RecvTimeoutError::Timeout) => {
-                inner.expire_leases();
+    let checkpoint_every = inner.config.lease_checkpoint_interval;
+    let clock = inner.config.clock.clone();
+    let mut last_checkpoint = clock.now();
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        inner.expire_leases();
+        if checkpoint_every.is_some_and(|period| clock.now().saturating_sub(last_checkpoint) >= period) {
+            last_checkpoint = clock.now();
+            if let Err(e) = inner.checkpoint_leases() {
+                tracing::warn!(error = %e, "lease checkpoint failed");
             }
-            _ => return,
         }
     }
 }
@@ -558,10 +572,10 @@ impl Engine {
         self.inner.expire_leases()
     }
 
-    /// Records every lease's remaining TTL durably, so that a restart resumes from it.
+    /// Records every lease's remaining TTL durably, so that a restart resumes from it. The
+    /// lease checker does this every `Config::lease_checkpoint_interval`.
     pub fn checkpoint_leases(&self) -> Result<()> {
-        let remaining = self.inner.state.read().lessor.remaining();
-        self.inner.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
+        self.inner.checkpoint_leases()
     }
 
     /// Watches a key or range from `start_revision` (etcd's `Watch`). Past revisions are
