@@ -1,0 +1,100 @@
+//! Criterion benches of the embedded engine (issue #3's list): a durable put (one fdatasync
+//! each, so this is mostly the disk), a single-key get, a range over 1,000 keys with limit 100
+//! and its count, a count-only range, and a compare-and-swap txn.
+//!
+//! Kept short (10 samples, 2 s each); reads are pure CPU on the in-memory index and values.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_engine::{
+    Compare, CompareResult, CompareTarget, Config, Engine, PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+fn put(key: &[u8], value: &[u8]) -> PutRequest {
+    PutRequest {
+        key: key.to_vec(),
+        value: Bytes::copy_from_slice(value),
+        ..PutRequest::default()
+    }
+}
+
+fn engine_benches(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = Config {
+        lease_check_interval: None,
+        ..Config::default()
+    };
+    let engine = Engine::open(dir.path(), config).expect("open");
+    let value = vec![7u8; 256];
+    // 1,000 keys of 8 bytes with 256-byte values, written concurrently so loading is quick.
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (engine, value) = (&engine, &value);
+            s.spawn(move || {
+                for i in (t..1000).step_by(8) {
+                    engine.put(put(format!("k{i:07}").as_bytes(), value)).expect("load");
+                }
+            });
+        }
+    });
+
+    let mut group = c.benchmark_group("engine");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+    let mut n = 0u64;
+    group.bench_function("put/durable/256B", |b| {
+        b.iter(|| {
+            n += 1;
+            engine
+                .put(put(format!("p{}", n % 1000).as_bytes(), &value))
+                .expect("put")
+        })
+    });
+    let get = RangeRequest {
+        key: b"k0000500".to_vec(),
+        ..RangeRequest::default()
+    };
+    group.bench_function("get", |b| b.iter(|| black_box(engine.range(&get).expect("get"))));
+    let page = RangeRequest {
+        key: b"k".to_vec(),
+        range_end: b"l".to_vec(),
+        limit: 100,
+        ..RangeRequest::default()
+    };
+    group.bench_function("range/1000keys/limit100", |b| {
+        b.iter(|| black_box(engine.range(&page).expect("range")))
+    });
+    let count = RangeRequest {
+        count_only: true,
+        ..page.clone()
+    };
+    group.bench_function("range/1000keys/count_only", |b| {
+        b.iter(|| black_box(engine.range(&count).expect("count")))
+    });
+    group.bench_function("txn/cas", |b| {
+        b.iter(|| {
+            let current = engine.range(&get).expect("get");
+            let mod_revision = current.kvs.first().map_or(0, |kv| kv.mod_revision);
+            let txn = TxnRequest {
+                compare: vec![Compare {
+                    key: get.key.clone(),
+                    range_end: vec![],
+                    target: CompareTarget::Mod(mod_revision),
+                    result: CompareResult::Equal,
+                }],
+                success: vec![RequestOp::Put(put(&get.key, &value))],
+                failure: vec![],
+            };
+            engine.txn(txn).expect("txn")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, engine_benches);
+criterion_main!(benches);
