@@ -13,6 +13,10 @@ pub struct Config {
     pub wal: cairn_wal::Config,
     /// The most operations one Txn may hold (etcd's `--max-txn-ops`). Default 128.
     pub max_txn_ops: usize,
+    /// When kept history would grow past this many bytes, the NOSPACE alarm is raised and
+    /// writes that add data fail until it is disarmed (etcd's `--quota-backend-bytes`);
+    /// 0 disables the quota. Default 2 GiB.
+    pub quota_backend_bytes: u64,
     /// Lease grants below this TTL, in seconds, are raised to it (etcd: ceil(1.5 × election
     /// timeout), 2 s by default).
     pub min_lease_ttl: i64,
@@ -41,6 +45,7 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             max_txn_ops: 128,
+            quota_backend_bytes: 2 << 30,
             min_lease_ttl: 2,
             lease_check_interval: Some(Duration::from_millis(500)),
             lease_checkpoint_interval: Some(Duration::from_secs(300)),

@@ -33,7 +33,7 @@ use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutRes
 use crate::lease::lessor::{LeaseStatus, Lessor};
 use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{HashKv, Store};
-use crate::request::{Request, Response};
+use crate::request::{Alarm, Request, Response};
 use crate::watch::hub::{WatchHub, WatchRequest, WatchResponse};
 
 /// A response with the store's revision after the request (etcd's `header.revision`).
@@ -69,10 +69,11 @@ struct Proposer {
     apply_tx: Sender<Proposal>,
 }
 
-/// What requests change: the store and the lessor, always together.
+/// What requests change: the store, the lessor and the alarms, always together.
 struct State {
     store: Store,
     lessor: Lessor,
+    alarms: std::collections::BTreeSet<Alarm>,
 }
 
 struct Inner {
@@ -172,7 +173,19 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
 
 /// Applies one request; its errors are the request's answer, not the engine's.
 fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
-    let State { store, lessor } = state;
+    let State { store, lessor, alarms } = state;
+    if alarms.contains(&Alarm::NoSpace) {
+        // etcd's capped applier: what adds data fails; reads, deletes, compaction and leases'
+        // revokes go on, so space can be reclaimed.
+        let adds = match request {
+            Request::Put(_) | Request::LeaseGrant { .. } => true,
+            Request::Txn(t) => !t.is_read_only(),
+            _ => false,
+        };
+        if adds {
+            return Err(Error::NoSpace);
+        }
+    }
     match request {
         Request::Put(p) => {
             let (r, rev, changes) = p.apply_checked(store, &|id| lessor.exists(id))?;
@@ -214,6 +227,14 @@ fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
                 lessor.checkpoint(*id, *ttl);
             }
             Ok((Response::LeaseCheckpoint, store.current_revision()))
+        }
+        Request::Alarm { activate, alarm } => {
+            if *activate {
+                alarms.insert(*alarm);
+            } else {
+                alarms.remove(alarm);
+            }
+            Ok((Response::Alarm, store.current_revision()))
         }
     }
 }
@@ -313,6 +334,30 @@ impl Inner {
         Ok(answer)
     }
 
+    /// etcd's quota check, before a write that adds `bytes` is logged: past the quota, the
+    /// NOSPACE alarm is raised (durably, once) and the write refused.
+    fn check_quota(&self, bytes: u64) -> Result<()> {
+        let quota = self.config.quota_backend_bytes;
+        if quota == 0 {
+            return Ok(());
+        }
+        let (used, raised) = {
+            let st = self.state.read();
+            (st.store.size_in_use(), st.alarms.contains(&Alarm::NoSpace))
+        };
+        if used.saturating_add(bytes) <= quota {
+            return Ok(());
+        }
+        if !raised {
+            tracing::warn!(used, quota, "backend quota exceeded: raising the NOSPACE alarm");
+            self.propose(Request::Alarm {
+                activate: true,
+                alarm: Alarm::NoSpace,
+            })?;
+        }
+        Err(Error::NoSpace)
+    }
+
     fn checkpoint_leases(&self) -> Result<()> {
         let remaining = self.state.read().lessor.remaining();
         if remaining.is_empty() {
@@ -376,6 +421,7 @@ impl Engine {
         let mut state = State {
             store: Store::new(),
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
+            alarms: Default::default(),
         };
         let mut next_index = 1u64;
         for record in replay.by_ref() {
@@ -463,6 +509,8 @@ impl Engine {
     /// can be awaited (or waited on).
     pub fn put_async(&self, request: PutRequest) -> Result<Pending<Applied<PutResponse>>> {
         request.validate()?;
+        self.inner
+            .check_quota(crate::mvcc::store::record_size(request.key.len(), request.value.len()))?;
         let rx = self.inner.submit(Request::Put(request))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Put(response), revision) => Ok(Applied { response, revision }),
@@ -495,6 +543,9 @@ impl Engine {
     /// [`Engine::txn`] for async code.
     pub fn txn_async(&self, request: TxnRequest) -> Result<Pending<Applied<TxnResponse>>> {
         request.validate(self.inner.config.max_txn_ops)?;
+        if !request.is_read_only() {
+            self.inner.check_quota(request.put_bytes())?;
+        }
         let rx = self.inner.submit(Request::Txn(request))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Txn(response), revision) => Ok(Applied { response, revision }),
@@ -523,6 +574,7 @@ impl Engine {
         if id < 0 {
             return Err(Error::LeaseNotFound);
         }
+        self.inner.check_quota(crate::mvcc::store::RECORD_OVERHEAD)?;
         let id = if id != 0 {
             id
         } else {
@@ -595,6 +647,23 @@ impl Engine {
             rx,
             hub: Arc::downgrade(&self.inner.hub),
         })
+    }
+
+    /// The alarms raised (etcd's `Alarm` list).
+    pub fn alarms(&self) -> Vec<Alarm> {
+        self.inner.state.read().alarms.iter().copied().collect()
+    }
+
+    /// Disarms an alarm (etcd's `Alarm` deactivate), durably.
+    pub fn alarm_disarm(&self, alarm: Alarm) -> Result<()> {
+        self.inner
+            .propose(Request::Alarm { activate: false, alarm })
+            .map(|_| ())
+    }
+
+    /// Bytes of history kept (etcd's `dbSizeInUse`; what the quota limits).
+    pub fn size_in_use(&self) -> u64 {
+        self.inner.state.read().store.size_in_use()
     }
 
     /// The revision history was compacted at (0 if never).

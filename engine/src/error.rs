@@ -40,6 +40,10 @@ pub enum Error {
     /// A grant above the largest TTL (etcd: "too large lease TTL").
     #[error("too large lease TTL")]
     LeaseTtlTooLarge,
+    /// The NOSPACE alarm is raised: writes that add data fail until it is disarmed (etcd:
+    /// "mvcc: database space exceeded").
+    #[error("mvcc: database space exceeded")]
+    NoSpace,
     /// The configuration failed validation.
     #[error("invalid engine config: {0}")]
     InvalidConfig(String),

@@ -30,4 +30,5 @@ pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
 pub use mvcc::store::{Event, EventKind, HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
+pub use request::Alarm;
 pub use watch::hub::{WatchRequest, WatchResponse};

@@ -33,6 +33,20 @@ pub(crate) enum Request {
     LeaseCheckpoint {
         remaining: Vec<(i64, i64)>,
     },
+    /// Raises (`activate`) or disarms an alarm.
+    Alarm {
+        activate: bool,
+        alarm: Alarm,
+    },
+}
+
+/// A member-wide alarm (etcd's `AlarmType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Alarm {
+    /// The backend reached its quota: writes that add data fail.
+    NoSpace,
+    /// A hash check found members disagreeing.
+    Corrupt,
 }
 
 /// The outcome of applying a [`Request`].
@@ -45,6 +59,7 @@ pub(crate) enum Response {
     LeaseGrant { id: i64, ttl: i64 },
     LeaseRevoke,
     LeaseCheckpoint,
+    Alarm,
 }
 
 /// Why a logged payload could not be decoded.

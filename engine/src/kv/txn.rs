@@ -140,6 +140,28 @@ impl Compare {
 }
 
 impl TxnRequest {
+    /// Whether every operation, in both branches and nested txns, only reads.
+    pub fn is_read_only(&self) -> bool {
+        self.success.iter().chain(&self.failure).all(|op| match op {
+            RequestOp::Range(_) => true,
+            RequestOp::Txn(t) => t.is_read_only(),
+            RequestOp::Put(_) | RequestOp::DeleteRange(_) => false,
+        })
+    }
+
+    /// Bytes the puts of both branches would add, for the quota check.
+    pub(crate) fn put_bytes(&self) -> u64 {
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .map(|op| match op {
+                RequestOp::Put(p) => crate::mvcc::store::record_size(p.key.len(), p.value.len()),
+                RequestOp::Txn(t) => t.put_bytes(),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Checks the request as etcd does before applying it: no empty keys, at most `max_ops`
     /// operations in any branch or compare list (nested txns counting against what is left),
     /// and no key written twice in a branch.

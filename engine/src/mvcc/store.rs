@@ -47,6 +47,39 @@ struct Change {
 #[derive(Clone, Debug, Default)]
 struct RevisionLog {
     changes: BTreeMap<Revision, Change>,
+    /// Bytes the changes take in the backend's record format. Invariant: the sum of
+    /// [`record_size`] over `changes`.
+    bytes: u64,
+}
+
+/// Per-record overhead in the backend's format: revision, lengths, lease, checksum.
+pub(crate) const RECORD_OVERHEAD: u64 = 48;
+
+/// What a change of `key` with `value` takes in the backend.
+pub(crate) fn record_size(key: usize, value: usize) -> u64 {
+    RECORD_OVERHEAD + key as u64 + value as u64
+}
+
+impl RevisionLog {
+    fn insert(&mut self, rev: Revision, change: Change) {
+        let size = record_size(change.key.len(), change.put.as_ref().map_or(0, |(v, _)| v.len()));
+        self.bytes += size;
+        if let Some(old) = self.changes.insert(rev, change) {
+            self.bytes -= record_size(old.key.len(), old.put.as_ref().map_or(0, |(v, _)| v.len()));
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Revision) -> bool) {
+        let mut freed = 0;
+        self.changes.retain(|rev, c| {
+            let kept = keep(rev);
+            if !kept {
+                freed += record_size(c.key.len(), c.put.as_ref().map_or(0, |(v, _)| v.len()));
+            }
+            kept
+        });
+        self.bytes -= freed;
+    }
 }
 
 /// What happened to a key at a revision (etcd's `mvccpb.Event`).
@@ -129,6 +162,11 @@ impl Store {
     /// The revision history was compacted at (0 if never).
     pub fn compacted_revision(&self) -> i64 {
         self.compacted
+    }
+
+    /// Bytes of history kept, in the backend's record format (what the quota limits).
+    pub fn size_in_use(&self) -> u64 {
+        self.log.bytes
     }
 
     fn read_revision(&self, requested: i64) -> Result<i64> {
@@ -220,8 +258,7 @@ impl Store {
         }
         let keep = self.index.compact(revision);
         self.log
-            .changes
-            .retain(|rev, _| rev.main > revision || keep.binary_search(rev).is_ok());
+            .retain(|rev| rev.main > revision || keep.binary_search(rev).is_ok());
         self.compacted = revision;
         Ok(())
     }
@@ -352,7 +389,7 @@ impl WriteTxn<'_> {
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
         let key = Bytes::copy_from_slice(key);
-        self.store.log.changes.insert(
+        self.store.log.insert(
             rev,
             Change {
                 key,
@@ -384,7 +421,7 @@ impl WriteTxn<'_> {
             }
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
-            self.store.log.changes.insert(
+            self.store.log.insert(
                 rev,
                 Change {
                     key: Bytes::from(k),

@@ -1,0 +1,90 @@
+//! The backend quota (ETCD-COMPAT.md "Alarm"): past `quota_backend_bytes` the NOSPACE alarm is
+//! raised; puts, writing txns and lease grants fail; reads, deletes, compaction and disarming
+//! keep working; the alarm survives a restart until disarmed.
+
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use bytes::Bytes;
+use cairn_engine::{Alarm, Config, DeleteRangeRequest, Engine, Error, PutRequest, RangeRequest, RequestOp, TxnRequest};
+
+fn config() -> Config {
+    Config {
+        quota_backend_bytes: 4096,
+        lease_check_interval: None,
+        ..Config::default()
+    }
+}
+
+fn put(engine: &Engine, key: &str) -> Result<i64, Error> {
+    engine
+        .put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: Bytes::from(vec![b'v'; 200]),
+            ..PutRequest::default()
+        })
+        .map(|a| a.revision)
+}
+
+#[test]
+fn nospace_blocks_growth_but_not_reclaiming() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config()).unwrap();
+    let mut written = 0;
+    let err = loop {
+        match put(&engine, "same-key") {
+            Ok(_) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 100, "the quota must bite");
+    };
+    assert_eq!(err, Error::NoSpace);
+    assert!(engine.size_in_use() <= 4096);
+    assert_eq!(engine.alarms(), vec![Alarm::NoSpace]);
+    assert_eq!(put(&engine, "other").unwrap_err(), Error::NoSpace);
+    assert_eq!(engine.lease_grant(0, 10).unwrap_err(), Error::NoSpace);
+    let writing_txn = TxnRequest {
+        success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
+            key: b"x".to_vec(),
+            ..DeleteRangeRequest::default()
+        })],
+        ..TxnRequest::default()
+    };
+    assert_eq!(engine.txn(writing_txn).unwrap_err(), Error::NoSpace);
+    let reading_txn = TxnRequest {
+        success: vec![RequestOp::Range(RangeRequest {
+            key: b"same-key".to_vec(),
+            ..RangeRequest::default()
+        })],
+        ..TxnRequest::default()
+    };
+    assert!(
+        engine.txn(reading_txn).unwrap().response.succeeded,
+        "read-only txns still work"
+    );
+    let read = engine
+        .range(&RangeRequest {
+            key: b"same-key".to_vec(),
+            ..RangeRequest::default()
+        })
+        .unwrap();
+    assert_eq!(read.kvs[0].version, written);
+
+    // The alarm is durable.
+    engine.close().unwrap();
+    let engine = Engine::open(dir.path(), config()).unwrap();
+    assert_eq!(engine.alarms(), vec![Alarm::NoSpace]);
+
+    // Reclaim: compact away the old versions, then disarm.
+    let before = engine.size_in_use();
+    engine.compact(engine.current_revision()).unwrap();
+    assert!(
+        engine.size_in_use() < before / 4,
+        "{} -> {}",
+        before,
+        engine.size_in_use()
+    );
+    engine.alarm_disarm(Alarm::NoSpace).unwrap();
+    assert!(engine.alarms().is_empty());
+    put(&engine, "other").unwrap();
+}
