@@ -649,6 +649,17 @@ impl Engine {
         })
     }
 
+    /// etcd's progress-request rule: the current revision if every one of `watches` has
+    /// received everything up to it, else `None` (ask again later). A stream answers a
+    /// progress request only when this says so; kube-apiserver relies on it for consistent
+    /// reads from its watch cache.
+    pub fn watch_progress(&self, watches: &[&Watch]) -> Option<i64> {
+        let st = self.inner.state.read();
+        let current = st.store.current_revision();
+        let hub = self.inner.hub.lock();
+        watches.iter().all(|w| hub.caught_up(w.id, current)).then_some(current)
+    }
+
     /// The alarms raised (etcd's `Alarm` list).
     pub fn alarms(&self) -> Vec<Alarm> {
         self.inner.state.read().alarms.iter().copied().collect()

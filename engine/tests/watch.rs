@@ -216,3 +216,36 @@ fn a_watcher_behind_a_compaction_is_cancelled() {
     }
     assert!(saw_cancel);
 }
+
+#[test]
+fn progress_is_reported_only_when_every_watcher_has_caught_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(64)).unwrap();
+    for i in 0..30 {
+        put(&engine, &format!("p/{i}"), "v");
+    }
+    let live = engine.watch(&prefix("p/", 0)).unwrap();
+    assert_eq!(
+        engine.watch_progress(&[&live]),
+        Some(30),
+        "a new live watcher is current"
+    );
+    let behind = engine.watch(&prefix("p/", 1)).unwrap();
+    assert_eq!(
+        engine.watch_progress(&[&live, &behind]),
+        None,
+        "one of them is replaying history"
+    );
+    assert_eq!(events(&behind, 30).len(), 30);
+    // Everything was handed over and taken (the hub marks a watcher synced under the same
+    // lock it sends with): now the rule allows an answer.
+    assert_eq!(engine.watch_progress(&[&live, &behind]), Some(30));
+    put(&engine, "p/new", "v");
+    assert_eq!(
+        engine.watch_progress(&[&live]),
+        None,
+        "an event is waiting in its buffer"
+    );
+    assert_eq!(events(&live, 1).len(), 1);
+    assert_eq!(engine.watch_progress(&[&live]), Some(31));
+}

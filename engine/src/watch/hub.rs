@@ -225,6 +225,14 @@ impl WatchHub {
         Ok(())
     }
 
+    /// Whether watcher `id` has been handed every revision up to `current` (synced, and
+    /// nothing older still in its buffer). A cancelled watcher counts as caught up.
+    pub(crate) fn caught_up(&self, id: u64, current: i64) -> bool {
+        self.watchers
+            .get(&id)
+            .is_none_or(|w| w.synced && w.next_rev > current && w.tx.is_empty())
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.watchers.is_empty()
     }
