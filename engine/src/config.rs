@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 pub struct Config {
     /// The write-ahead log's configuration; its segments live in `<dir>/wal`.
     pub wal: cairn_wal::Config,
+    /// A checkpoint is written after this many applied log entries (and on close), and the
+    /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
+    /// `--snapshot-count` default).
+    pub checkpoint_entries: u64,
     /// The most operations one Txn may hold (etcd's `--max-txn-ops`). Default 128.
     pub max_txn_ops: usize,
     /// When kept history would grow past this many bytes, the NOSPACE alarm is raised and
@@ -44,6 +48,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             wal: cairn_wal::Config::default(),
+            checkpoint_entries: 10_000,
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,
             min_lease_ttl: 2,

@@ -26,6 +26,7 @@ use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Mutex, RwLock};
 
+use crate::checkpoint::{self, CheckpointRef};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
@@ -55,6 +56,8 @@ type Answer = Result<(Response, i64)>;
 
 /// A logged request on its way to the apply thread.
 struct Proposal {
+    /// Its log index.
+    index: u64,
     request: Request,
     durable: Ticket,
     reply: oneshot::Sender<Answer>,
@@ -63,7 +66,7 @@ struct Proposal {
 /// Assigns log indexes; held while a request is appended and queued, so log order and apply
 /// order are the same.
 struct Proposer {
-    wal: Wal,
+    wal: Arc<Wal>,
     /// The index the next request gets. Invariant: one more than the last logged entry.
     next_index: u64,
     apply_tx: Sender<Proposal>,
@@ -74,6 +77,29 @@ struct State {
     store: Store,
     lessor: Lessor,
     alarms: std::collections::BTreeSet<Alarm>,
+    /// The last log index applied. Invariant: the state is exactly the log up to here.
+    applied_index: u64,
+}
+
+impl State {
+    fn checkpoint(&self, dir: &Path) -> Result<()> {
+        checkpoint::write(
+            dir,
+            &CheckpointRef {
+                applied_index: self.applied_index,
+                store: &self.store,
+                leases: self.lessor.records(),
+                alarms: self.alarms.iter().copied().collect(),
+            },
+        )
+    }
+}
+
+/// Writes a checkpoint of `state` and releases the log it covers.
+fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal) -> Result<()> {
+    state.checkpoint(dir)?;
+    wal.release_before(LogIndex(state.applied_index.saturating_add(1)))?;
+    Ok(())
 }
 
 struct Inner {
@@ -173,7 +199,9 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
 
 /// Applies one request; its errors are the request's answer, not the engine's.
 fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
-    let State { store, lessor, alarms } = state;
+    let State {
+        store, lessor, alarms, ..
+    } = state;
     if alarms.contains(&Alarm::NoSpace) {
         // etcd's capped applier: what adds data fails; reads, deletes, compaction and leases'
         // revokes go on, so space can be reclaimed.
@@ -239,14 +267,34 @@ fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
     }
 }
 
-fn apply_loop(rx: Receiver<Proposal>, state: Arc<RwLock<State>>, hub: Arc<Mutex<WatchHub>>, max_txn_ops: usize) {
+/// What the apply thread needs besides its queue.
+struct Applier {
+    state: Arc<RwLock<State>>,
+    hub: Arc<Mutex<WatchHub>>,
+    wal: Arc<Wal>,
+    dir: PathBuf,
+    max_txn_ops: usize,
+    checkpoint_entries: u64,
+}
+
+fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
+    let Applier {
+        state,
+        hub,
+        wal,
+        dir,
+        max_txn_ops,
+        checkpoint_entries,
+    } = a;
     let everything = KeyRange::new(&[0], &[0]);
+    let mut since_checkpoint = 0u64;
     for p in rx {
         let outcome = match p.durable.wait() {
             Ok(_) => {
                 let mut st = state.write();
                 let before = st.store.current_revision();
                 let outcome = apply(&mut st, &p.request, max_txn_ops);
+                st.applied_index = p.index;
                 let after = st.store.current_revision();
                 if after > before {
                     // Still under the state lock, so a new watcher cannot miss this revision.
@@ -256,6 +304,15 @@ fn apply_loop(rx: Receiver<Proposal>, state: Arc<RwLock<State>>, hub: Arc<Mutex<
                             Ok(events) => hub.notify(after, &events),
                             Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
                         }
+                    }
+                }
+                since_checkpoint += 1;
+                if checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries {
+                    since_checkpoint = 0;
+                    // Readers go on while it is written; writes wait (this is their thread).
+                    let st = parking_lot::RwLockWriteGuard::downgrade(st);
+                    if let Err(e) = checkpoint_and_release(&dir, &st, &wal) {
+                        tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
                     }
                 }
                 outcome
@@ -326,6 +383,7 @@ impl Inner {
         let (reply, answer) = oneshot::channel();
         p.apply_tx
             .send(Proposal {
+                index,
                 request,
                 durable,
                 reply,
@@ -422,10 +480,22 @@ impl Engine {
             store: Store::new(),
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
+            applied_index: 0,
         };
-        let mut next_index = 1u64;
+        if let Some(c) = checkpoint::read(&dir)? {
+            state.store = c.store;
+            state.lessor.load(c.leases);
+            state.alarms = c.alarms.into_iter().collect();
+            state.applied_index = c.applied_index;
+        }
+        let mut next_index = state.applied_index + 1;
         for record in replay.by_ref() {
             if let Record::Entry { index, payload } = record? {
+                if index.0 <= state.applied_index {
+                    // Already in the checkpoint.
+                    next_index = next_index.max(index.0.saturating_add(1));
+                    continue;
+                }
                 let request = Request::decode(&payload).map_err(|e| Error::CorruptEntry {
                     index: index.0,
                     reason: e.to_string(),
@@ -433,21 +503,28 @@ impl Engine {
                 // A request's own failure (a compare, a compacted revision) was its answer then
                 // and is again now: replay only needs the state it leaves.
                 let _ = apply(&mut state, &request, config.max_txn_ops);
+                state.applied_index = index.0;
                 next_index = index.0.saturating_add(1);
             }
         }
         // Lease clocks restart now: a restart can delay expiry, never hasten it.
         state.lessor.restart_clocks();
-        let wal = replay.finish()?;
+        let wal = Arc::new(replay.finish()?);
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
         let (apply_tx, apply_rx) = unbounded();
         let apply_thread = {
-            let (state, hub) = (state.clone(), hub.clone());
-            let max_txn_ops = config.max_txn_ops;
+            let applier = Applier {
+                state: state.clone(),
+                hub: hub.clone(),
+                wal: wal.clone(),
+                dir: dir.clone(),
+                max_txn_ops: config.max_txn_ops,
+                checkpoint_entries: config.checkpoint_entries,
+            };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn(move || apply_loop(apply_rx, state, hub, max_txn_ops))
+                .spawn(move || apply_loop(apply_rx, applier))
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
         };
         let watch_thread = {
@@ -660,6 +737,14 @@ impl Engine {
         watches.iter().all(|w| hub.caught_up(w.id, current)).then_some(current)
     }
 
+    /// Writes a checkpoint now and releases the log before it (also done every
+    /// `Config::checkpoint_entries` entries and on close).
+    pub fn checkpoint(&self) -> Result<()> {
+        let guard = self.inner.proposer.lock();
+        let p = guard.as_ref().ok_or(Error::Closed)?;
+        checkpoint_and_release(&self.dir, &self.inner.state.read(), &p.wal)
+    }
+
     /// The alarms raised (etcd's `Alarm` list).
     pub fn alarms(&self) -> Vec<Alarm> {
         self.inner.state.read().alarms.iter().copied().collect()
@@ -713,7 +798,14 @@ impl Engine {
         if let Some(t) = self.apply_thread.lock().take() {
             let _ = t.join();
         }
-        wal.close()?;
+        // Everything queued is applied: checkpoint it, so the next open replays nothing.
+        checkpoint_and_release(&self.dir, &self.inner.state.read(), &wal)?;
+        match Arc::try_unwrap(wal) {
+            Ok(wal) => wal.close()?,
+            Err(shared) => {
+                shared.sync()?.wait()?;
+            }
+        }
         Ok(())
     }
 }

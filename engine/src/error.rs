@@ -54,6 +54,9 @@ pub enum Error {
     /// A logged request could not be decoded: the log is damaged.
     #[error("corrupt log entry {index}: {reason}")]
     CorruptEntry { index: u64, reason: String },
+    /// Writing or reading the checkpoint failed, or it is damaged.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// The engine has been closed.
     #[error("engine is closed")]
     Closed,

@@ -6,6 +6,7 @@
 //! it. The durable backend, leases, watch, snapshots and the embedded `Engine` arrive with
 //! issue #3 (see README.md's status table).
 
+mod checkpoint;
 mod clock;
 mod config;
 mod engine;

@@ -161,3 +161,25 @@ fn writes_can_be_awaited() {
     let err = engine.put_async(put("", "v")).unwrap_err();
     assert_eq!(err, Error::EmptyKey);
 }
+
+#[test]
+fn a_damaged_checkpoint_is_refused_not_ignored() {
+    // The log before a checkpoint is released, so opening without it would lose data.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    for i in 0..20 {
+        engine.put(put(&format!("k{i}"), "v")).unwrap();
+    }
+    engine.close().unwrap();
+    let path = dir.path().join("checkpoint");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::open(dir.path(), small()).unwrap_err();
+    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    bytes[last] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    assert_eq!(all_at(&engine, 0).count, 20);
+}

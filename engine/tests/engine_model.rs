@@ -54,6 +54,9 @@ fn config() -> Config {
             segment_size: 1024,
             ..Default::default()
         },
+        // A checkpoint (and a release of the log before it) every 3 entries: reopening loads
+        // a checkpoint and replays the entries after it.
+        checkpoint_entries: 3,
         ..Config::default()
     }
 }

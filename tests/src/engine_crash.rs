@@ -37,6 +37,8 @@ pub fn config() -> cairn_engine::Config {
             segment_size: 64 << 10,
             ..Default::default()
         },
+        // Checkpoints every 100 entries, so kills also land while one is written.
+        checkpoint_entries: 100,
         ..Default::default()
     }
 }

@@ -37,6 +37,15 @@ struct Lease {
     revoking: bool,
 }
 
+/// The part of a lease every member agrees on, as a checkpoint keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LeaseRecord {
+    pub(crate) id: i64,
+    pub(crate) ttl: i64,
+    pub(crate) remaining_ttl: i64,
+    pub(crate) keys: Vec<Bytes>,
+}
+
 /// What [`Lessor::time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseStatus {
@@ -228,6 +237,41 @@ impl Lessor {
             } else {
                 Vec::new()
             },
+        }
+    }
+
+    /// The agreed state of every lease, by ID, for a checkpoint.
+    pub(crate) fn records(&self) -> Vec<LeaseRecord> {
+        let mut out: Vec<LeaseRecord> = self
+            .leases
+            .iter()
+            .map(|(id, l)| LeaseRecord {
+                id: *id,
+                ttl: l.ttl,
+                remaining_ttl: l.remaining_ttl,
+                keys: l.keys.iter().cloned().collect(),
+            })
+            .collect();
+        out.sort_by_key(|r| r.id);
+        out
+    }
+
+    /// Loads leases from a checkpoint; their clocks start with [`Lessor::restart_clocks`].
+    pub(crate) fn load(&mut self, records: Vec<LeaseRecord>) {
+        let now = self.clock.now();
+        for r in records {
+            let expiry = now + secs(r.ttl);
+            self.by_expiry.insert((expiry, r.id), ());
+            self.leases.insert(
+                r.id,
+                Lease {
+                    ttl: r.ttl,
+                    remaining_ttl: r.remaining_ttl,
+                    expiry,
+                    keys: r.keys.into_iter().collect(),
+                    revoking: false,
+                },
+            );
         }
     }
 

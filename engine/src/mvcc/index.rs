@@ -84,7 +84,7 @@ pub(crate) struct IndexRange {
     pub(crate) count: usize,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TreeIndex {
     tree: BTreeMap<Vec<u8>, KeyIndex>,
 }

@@ -21,7 +21,7 @@
 use super::revision::Revision;
 
 /// One life of a key.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Generation {
     /// Puts in this generation (the key's version is reset by a delete).
     /// Invariant: `ver >= revs.len()` once compaction has dropped early revisions.
@@ -54,7 +54,7 @@ pub(crate) enum KeyIndexError {
 
 /// The revisions of one key. Invariant: `generations` is non-empty, only the last generation
 /// may be empty, and all revisions ascend across generations.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeyIndex {
     /// The last revision that changed the key (a put or its tombstone).
     pub(crate) modified: Revision,

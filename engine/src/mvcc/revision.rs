@@ -12,7 +12,7 @@
 use std::fmt;
 
 /// A point in the store's history.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Revision {
     /// The store-wide revision of the write request.
     pub main: i64,

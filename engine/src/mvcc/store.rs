@@ -34,7 +34,7 @@ pub struct KeyValue {
 }
 
 /// One change as the revision log keeps it: a put's value and lease, or a tombstone.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Change {
     key: Bytes,
     /// `None` for a delete.
@@ -44,7 +44,7 @@ struct Change {
 /// Every change still in history, by revision (what etcd keeps in its key bucket, and what
 /// the memory-mapped backend will keep in its data files). Invariant: holds the change of every
 /// revision the index can still return.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 struct RevisionLog {
     changes: BTreeMap<Revision, Change>,
     /// Bytes the changes take in the backend's record format. Invariant: the sum of
@@ -135,7 +135,7 @@ pub struct RangeResult {
 }
 
 /// The store's state.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Store {
     index: TreeIndex,
     log: RevisionLog,
