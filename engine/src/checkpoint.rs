@@ -58,41 +58,21 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| Error::Checkpoint(format!("{what}: {e}"))
 }
 
-/// Writes `checkpoint` into `dir` atomically and durably.
-pub(crate) fn write(dir: &Path, checkpoint: &CheckpointRef<'_>) -> Result<()> {
+/// The checkpoint's bytes: header and body.
+pub(crate) fn encode(checkpoint: &CheckpointRef<'_>) -> Result<Vec<u8>> {
     let body = postcard::to_allocvec(checkpoint).map_err(|e| Error::Checkpoint(format!("encode: {e}")))?;
-    let mut header = Vec::with_capacity(HEADER_LEN);
-    header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&VERSION.to_le_bytes());
-    header.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    header.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    let tmp = dir.join(TMP_NAME);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io("create checkpoint.tmp"))?;
-    file.write_all(&header).map_err(io("write checkpoint"))?;
-    file.write_all(&body).map_err(io("write checkpoint"))?;
-    file.sync_all().map_err(io("fsync checkpoint"))?;
-    fs::rename(&tmp, dir.join(NAME)).map_err(io("rename checkpoint"))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync the data dir"))?;
-    Ok(())
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
 }
 
-/// Loads the checkpoint of `dir`, if there is one.
-pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>> {
-    let mut file = match File::open(dir.join(NAME)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io("open checkpoint")(e)),
-    };
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(io("read checkpoint"))?;
-    let bad = |why: &str| Error::Checkpoint(format!("checkpoint in {} is damaged: {why}", dir.display()));
+/// Decodes and verifies checkpoint bytes; `what` names them in errors.
+pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
+    let bad = |why: &str| Error::Checkpoint(format!("{what} is damaged: {why}"));
     let header = bytes.get(..HEADER_LEN).ok_or_else(|| bad("shorter than its header"))?;
     if header.get(..8) != Some(&MAGIC[..]) {
         return Err(bad("bad magic"));
@@ -119,5 +99,40 @@ pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>> {
     if crc32fast::hash(body) != crc {
         return Err(bad("checksum mismatch"));
     }
-    postcard::from_bytes(body).map(Some).map_err(|e| bad(&e.to_string()))
+    postcard::from_bytes(body).map_err(|e| bad(&e.to_string()))
+}
+
+/// Writes checkpoint bytes into `dir` atomically and durably.
+pub(crate) fn write_bytes(dir: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(TMP_NAME);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io("create checkpoint.tmp"))?;
+    file.write_all(bytes).map_err(io("write checkpoint"))?;
+    file.sync_all().map_err(io("fsync checkpoint"))?;
+    fs::rename(&tmp, dir.join(NAME)).map_err(io("rename checkpoint"))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync the data dir"))?;
+    Ok(())
+}
+
+/// Loads the checkpoint of `dir`, if there is one.
+pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>> {
+    let mut file = match File::open(dir.join(NAME)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("open checkpoint")(e)),
+    };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io("read checkpoint"))?;
+    decode(&bytes, &format!("checkpoint in {}", dir.display())).map(Some)
+}
+
+/// Whether `dir` holds an engine already (a checkpoint or a log).
+pub(crate) fn in_use(dir: &Path) -> bool {
+    dir.join(NAME).exists() || dir.join("wal").exists()
 }

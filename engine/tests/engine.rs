@@ -183,3 +183,45 @@ fn a_damaged_checkpoint_is_refused_not_ignored() {
     let engine = Engine::open(dir.path(), small()).unwrap();
     assert_eq!(all_at(&engine, 0).count, 20);
 }
+
+#[test]
+fn a_snapshot_restores_into_an_identical_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    let lease = engine.lease_grant(0, 60).unwrap().response.id;
+    for i in 0..30 {
+        let mut req = put(&format!("k{}", i % 7), &format!("v{i}"));
+        req.lease = if i % 2 == 0 { lease } else { 0 };
+        engine.put(req).unwrap();
+    }
+    engine.compact(10).unwrap();
+    let mut snapshot = Vec::new();
+    let size = engine.snapshot(&mut snapshot).unwrap();
+    assert_eq!(size, snapshot.len() as u64);
+
+    let restored_dir = tempfile::tempdir().unwrap();
+    let target = restored_dir.path().join("restored");
+    Engine::restore(&mut snapshot.as_slice(), &target).unwrap();
+    let restored = Engine::open(&target, small()).unwrap();
+    assert_eq!(restored.hash_kv(0).unwrap(), engine.hash_kv(0).unwrap());
+    for rev in [10, 20, 30] {
+        assert_eq!(all_at(&restored, rev), all_at(&engine, rev), "revision {rev}");
+    }
+    assert_eq!(
+        restored.lease_time_to_live(lease, true).keys,
+        engine.lease_time_to_live(lease, true).keys
+    );
+    // It carries on from where the snapshot was taken.
+    assert_eq!(
+        restored.put(put("new", "x")).unwrap().revision,
+        engine.current_revision() + 1
+    );
+
+    // Refused: into a directory in use, or from damaged bytes.
+    let err = Engine::restore(&mut snapshot.as_slice(), dir.path()).unwrap_err();
+    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    let mut damaged = snapshot.clone();
+    damaged[40] ^= 1;
+    let err = Engine::restore(&mut damaged.as_slice(), restored_dir.path().join("other")).unwrap_err();
+    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+}
