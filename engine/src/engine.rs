@@ -327,9 +327,7 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
 fn watch_loop(state: Arc<RwLock<State>>, hub: Arc<Mutex<WatchHub>>, stop: Receiver<()>, every: std::time::Duration) {
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let st = state.read();
-        if let Err(e) = hub.lock().catch_up(&st.store) {
-            tracing::error!(error = %e, "watch catch-up failed");
-        }
+        hub.lock().catch_up(&st.store);
     }
 }
 

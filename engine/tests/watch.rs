@@ -249,3 +249,44 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
     assert_eq!(events(&live, 1).len(), 1);
     assert_eq!(engine.watch_progress(&[&live]), Some(31));
 }
+
+#[test]
+fn a_key_put_and_deleted_in_one_revision_gives_both_events() {
+    // etcd accepts [Txn{Put k}, Txn{DeleteRange k}] in one branch: k is put at R.0, deleted at R.1.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(64)).unwrap();
+    let from_start = engine.watch(&prefix("k", 0)).unwrap();
+    let nested = |op| {
+        RequestOp::Txn(TxnRequest {
+            compare: vec![],
+            success: vec![op],
+            failure: vec![],
+        })
+    };
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            nested(RequestOp::Put(PutRequest {
+                key: b"k".to_vec(),
+                value: Bytes::from_static(b"brief"),
+                ..PutRequest::default()
+            })),
+            nested(RequestOp::DeleteRange(DeleteRangeRequest {
+                key: b"k".to_vec(),
+                ..DeleteRangeRequest::default()
+            })),
+        ],
+        failure: vec![],
+    };
+    let rev = engine.txn(txn).unwrap().revision;
+    let live = events(&from_start, 2);
+    assert_eq!(
+        summary(&live),
+        vec![(rev, "k".into(), EventKind::Put), (rev, "k".into(), EventKind::Delete)]
+    );
+    assert_eq!(live[0].kv.value, "brief");
+    // The same from history, and the watcher after it is not stalled.
+    put(&engine, "k", "later");
+    let replay = engine.watch(&prefix("k", 1)).unwrap();
+    assert_eq!(summary(&events(&replay, 3))[..2], summary(&live)[..]);
+}

@@ -211,8 +211,10 @@ impl TxnRequest {
         Ok(())
     }
 
-    /// Checks, before anything is written, that every put on the chosen path that keeps the
-    /// current value or lease has a key to keep it from (etcd checks against the same view).
+    /// Checks, before anything is written, everything on the chosen path that could fail once
+    /// writing has begun, as etcd's `checkRequests` does against the same view: a put's lease
+    /// must exist, a put that keeps the current value or lease needs a key to keep it from, and
+    /// a range's revision must be readable. A write request is never left half applied.
     fn check_puts(&self, store: &Store, leases: LeaseExists<'_>, path: &mut std::slice::Iter<'_, bool>) -> Result<()> {
         let branch = if path.next().copied().unwrap_or(false) {
             &self.success
@@ -227,6 +229,20 @@ impl TxnRequest {
                         && store.range(&p.key, &[], ReadOptions::default())?.count == 0 =>
                 {
                     return Err(Error::KeyNotFound);
+                }
+                RequestOp::Range(r) if r.revision > 0 => {
+                    if r.revision > store.current_revision() {
+                        return Err(Error::FutureRevision {
+                            requested: r.revision,
+                            current: store.current_revision(),
+                        });
+                    }
+                    if r.revision < store.compacted_revision() {
+                        return Err(Error::Compacted {
+                            requested: r.revision,
+                            compacted: store.compacted_revision(),
+                        });
+                    }
                 }
                 RequestOp::Txn(t) => t.check_puts(store, leases, path)?,
                 _ => {}
@@ -556,6 +572,27 @@ mod tests {
         assert_eq!(
             store.range(b"n", b"", ReadOptions::default()).unwrap().kvs[0].value,
             "then"
+        );
+    }
+
+    #[test]
+    fn a_txn_that_fails_writes_nothing() {
+        // A range at a future revision after a put: refused before the put is made.
+        let mut store = Store::new();
+        apply(&mut store, &txn(vec![], vec![put("a", "1")], vec![])).unwrap();
+        let bad_range = RequestOp::Range(RangeRequest {
+            key: b"a".to_vec(),
+            revision: 99,
+            ..RangeRequest::default()
+        });
+        let err = apply(&mut store, &txn(vec![], vec![put("x", "phantom"), bad_range], vec![])).unwrap_err();
+        assert!(matches!(err, Error::FutureRevision { .. }), "{err}");
+        assert_eq!(store.range(b"x", b"", ReadOptions::default()).unwrap().count, 0);
+        let (_, rev) = apply(&mut store, &txn(vec![], vec![put("x", "real")], vec![])).unwrap();
+        assert_eq!(rev, store.current_revision());
+        assert_eq!(
+            store.range(b"x", b"", ReadOptions::default()).unwrap().kvs[0].value,
+            "real"
         );
     }
 

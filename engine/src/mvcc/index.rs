@@ -106,6 +106,11 @@ impl TreeIndex {
         self.tree.get_mut(key).ok_or(KeyIndexError::NotLive)?.tombstone(rev)
     }
 
+    /// See [`KeyIndex::at_exactly`].
+    pub(crate) fn at_exactly(&self, key: &[u8], rev: Revision) -> Option<Found> {
+        self.tree.get(key)?.at_exactly(rev)
+    }
+
     pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {
         self.tree.get(key)?.get(at)
     }

@@ -284,7 +284,7 @@ impl Store {
                 Some(_) => {
                     let found = self
                         .index
-                        .get(&change.key, rev.main)
+                        .at_exactly(&change.key, *rev)
                         .ok_or_else(|| Error::Internal(format!("revision {rev} missing from the index")))?;
                     Event {
                         kind: EventKind::Put,

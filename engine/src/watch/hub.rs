@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
-use crate::error::Result;
 use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{Event, EventKind, Store};
 
@@ -172,7 +171,7 @@ impl WatchHub {
     }
 
     /// Moves every unsynced watcher forward by up to a batch of history.
-    pub(crate) fn catch_up(&mut self, store: &Store) -> Result<()> {
+    pub(crate) fn catch_up(&mut self, store: &Store) {
         let current = store.current_revision();
         let compacted = store.compacted_revision();
         let batch = self.batch;
@@ -192,7 +191,14 @@ impl WatchHub {
                 w.synced = true;
                 continue;
             }
-            let events = store.events(w.next_rev, current, &w.range, batch)?;
+            let events = match store.events(w.next_rev, current, &w.range, batch) {
+                Ok(events) => events,
+                Err(e) => {
+                    // One watcher's trouble must not stall the others.
+                    tracing::error!(error = %e, from = w.next_rev, "watch catch-up cannot read history");
+                    continue;
+                }
+            };
             let last = events.last().map_or(current, |e| e.kv.mod_revision);
             // If the batch stopped early, `last` is its final revision; else the watcher has
             // seen everything up to `current`.
@@ -222,7 +228,6 @@ impl WatchHub {
         for id in gone {
             self.watchers.remove(&id);
         }
-        Ok(())
     }
 
     /// Whether watcher `id` has been handed every revision up to `current` (synced, and
