@@ -96,8 +96,10 @@ impl State {
     }
 }
 
-/// Writes a checkpoint of `state` and releases the log it covers.
-fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal) -> Result<()> {
+/// Writes a checkpoint of `state` and releases the log it covers. `checkpointing` keeps two
+/// checkpoints from writing the same temporary file at once.
+fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal, checkpointing: &Mutex<()>) -> Result<()> {
+    let _one_at_a_time = checkpointing.lock();
     state.checkpoint(dir)?;
     wal.release_before(LogIndex(state.applied_index.saturating_add(1)))?;
     Ok(())
@@ -110,6 +112,8 @@ struct Inner {
     proposer: Mutex<Option<Proposer>>,
     state: Arc<RwLock<State>>,
     hub: Arc<Mutex<WatchHub>>,
+    /// Held while a checkpoint is written.
+    checkpointing: Arc<Mutex<()>>,
     /// The next server-chosen lease ID candidate.
     next_lease_id: AtomicI64,
 }
@@ -199,7 +203,9 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
 }
 
 /// Applies one request; its errors are the request's answer, not the engine's.
-fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
+/// Applies one request; everything that depends on configuration was decided when it was
+/// proposed, so replay reaches the same state whatever the configuration is now.
+fn apply(state: &mut State, request: &Request) -> Answer {
     let State {
         store, lessor, alarms, ..
     } = state;
@@ -227,7 +233,6 @@ fn apply(state: &mut State, request: &Request, max_txn_ops: usize) -> Answer {
             Ok((Response::DeleteRange(r), rev))
         }
         Request::Txn(t) => {
-            t.validate(max_txn_ops)?;
             let (r, rev, changes) = t.apply_checked(store, &|id| lessor.exists(id))?;
             lessor.apply_changes(&changes);
             Ok((Response::Txn(r), rev))
@@ -274,8 +279,8 @@ struct Applier {
     hub: Arc<Mutex<WatchHub>>,
     wal: Arc<Wal>,
     dir: PathBuf,
-    max_txn_ops: usize,
     checkpoint_entries: u64,
+    checkpointing: Arc<Mutex<()>>,
 }
 
 fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
@@ -284,8 +289,8 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
         hub,
         wal,
         dir,
-        max_txn_ops,
         checkpoint_entries,
+        checkpointing,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
@@ -294,7 +299,7 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
             Ok(_) => {
                 let mut st = state.write();
                 let before = st.store.current_revision();
-                let outcome = apply(&mut st, &p.request, max_txn_ops);
+                let outcome = apply(&mut st, &p.request);
                 st.applied_index = p.index;
                 let after = st.store.current_revision();
                 if after > before {
@@ -312,7 +317,7 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
                     since_checkpoint = 0;
                     // Readers go on while it is written; writes wait (this is their thread).
                     let st = parking_lot::RwLockWriteGuard::downgrade(st);
-                    if let Err(e) = checkpoint_and_release(&dir, &st, &wal) {
+                    if let Err(e) = checkpoint_and_release(&dir, &st, &wal, &checkpointing) {
                         tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
                     }
                 }
@@ -501,7 +506,7 @@ impl Engine {
                 })?;
                 // A request's own failure (a compare, a compacted revision) was its answer then
                 // and is again now: replay only needs the state it leaves.
-                let _ = apply(&mut state, &request, config.max_txn_ops);
+                let _ = apply(&mut state, &request);
                 state.applied_index = index.0;
                 next_index = index.0.saturating_add(1);
             }
@@ -511,6 +516,7 @@ impl Engine {
         let wal = Arc::new(replay.finish()?);
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
+        let checkpointing = Arc::new(Mutex::new(()));
         let (apply_tx, apply_rx) = unbounded();
         let apply_thread = {
             let applier = Applier {
@@ -518,8 +524,8 @@ impl Engine {
                 hub: hub.clone(),
                 wal: wal.clone(),
                 dir: dir.clone(),
-                max_txn_ops: config.max_txn_ops,
                 checkpoint_entries: config.checkpoint_entries,
+                checkpointing: checkpointing.clone(),
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
@@ -547,6 +553,7 @@ impl Engine {
             })),
             state,
             hub,
+            checkpointing,
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
             config,
         });
@@ -651,6 +658,7 @@ impl Engine {
             return Err(Error::LeaseNotFound);
         }
         self.inner.check_quota(crate::mvcc::store::RECORD_OVERHEAD)?;
+        let ttl = self.inner.state.read().lessor.effective_ttl(ttl);
         let id = if id != 0 {
             id
         } else {
@@ -678,9 +686,17 @@ impl Engine {
         }
     }
 
-    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL.
+    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL. A renewal
+    /// is local, except that a checkpointed remaining TTL is cleared through the log, as etcd
+    /// does, so a restart cannot resume from it.
     pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
-        self.inner.state.write().lessor.renew(id)
+        let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
+        if stale_checkpoint {
+            self.inner.propose(Request::LeaseCheckpoint {
+                remaining: vec![(id, 0)],
+            })?;
+        }
+        Ok(ttl)
     }
 
     /// A lease's remaining and granted TTL, and optionally its keys (etcd's `LeaseTimeToLive`;
@@ -770,7 +786,7 @@ impl Engine {
     pub fn checkpoint(&self) -> Result<()> {
         let guard = self.inner.proposer.lock();
         let p = guard.as_ref().ok_or(Error::Closed)?;
-        checkpoint_and_release(&self.dir, &self.inner.state.read(), &p.wal)
+        checkpoint_and_release(&self.dir, &self.inner.state.read(), &p.wal, &self.inner.checkpointing)
     }
 
     /// The alarms raised (etcd's `Alarm` list).
@@ -827,7 +843,7 @@ impl Engine {
             let _ = t.join();
         }
         // Everything queued is applied: checkpoint it, so the next open replays nothing.
-        checkpoint_and_release(&self.dir, &self.inner.state.read(), &wal)?;
+        checkpoint_and_release(&self.dir, &self.inner.state.read(), &wal, &self.inner.checkpointing)?;
         match Arc::try_unwrap(wal) {
             Ok(wal) => wal.close()?,
             Err(shared) => {

@@ -147,3 +147,25 @@ fn mass_expiry_is_revoked_in_batches() {
     assert_eq!(count(&engine, "l"), 0);
     assert_eq!(count(&engine, "unrelated"), 1);
 }
+
+#[test]
+fn a_renewal_after_a_checkpoint_survives_a_restart() {
+    // Found in review: a keep-alive must clear the checkpointed remaining TTL durably.
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    let id = engine.lease_grant(0, 100).unwrap().response.id;
+    clock.advance(Duration::from_secs(95));
+    engine.checkpoint_leases().unwrap(); // 5 s left, durably
+    assert_eq!(engine.lease_keep_alive(id).unwrap(), 100);
+    engine.close().unwrap();
+    let engine = Engine::open(dir.path(), config(&clock)).unwrap();
+    clock.advance(Duration::from_secs(99));
+    assert_eq!(
+        engine.expire_leases(),
+        0,
+        "renewed for 100 s; the stale 5 s checkpoint is gone"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(engine.expire_leases(), 1);
+}

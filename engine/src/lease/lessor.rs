@@ -92,7 +92,13 @@ impl Lessor {
         }
     }
 
-    /// Applies a grant; returns the TTL granted.
+    /// The TTL a grant asking for `ttl` gets: raised to the minimum. Decided when the grant
+    /// is proposed, so replaying it never depends on the configuration of the day.
+    pub(crate) fn effective_ttl(&self, ttl: i64) -> i64 {
+        ttl.max(self.min_ttl)
+    }
+
+    /// Applies a grant of exactly `ttl` (see [`Lessor::effective_ttl`]); returns it.
     pub(crate) fn grant(&mut self, id: i64, ttl: i64) -> Result<i64> {
         if id <= 0 {
             return Err(Error::Internal(format!("lease id {id} must be positive")));
@@ -103,7 +109,6 @@ impl Lessor {
         if self.leases.contains_key(&id) {
             return Err(Error::LeaseExists);
         }
-        let ttl = ttl.max(self.min_ttl);
         let expiry = self.clock.now() + secs(ttl);
         self.leases.insert(
             id,
@@ -151,12 +156,20 @@ impl Lessor {
         }
     }
 
-    /// Renews a lease (keep-alive): it expires a full TTL from now. Returns the TTL.
-    pub(crate) fn renew(&mut self, id: i64) -> Result<i64> {
-        let ttl = self.leases.get(&id).ok_or(Error::LeaseNotFound)?.ttl;
+    /// Renews a lease (keep-alive): it expires a full TTL from now. Returns the TTL, and
+    /// whether a checkpointed remaining TTL must now be cleared through the log (else a
+    /// restart would resume from the stale, shorter one). A lease whose revoke is under way
+    /// is gone already.
+    pub(crate) fn renew(&mut self, id: i64) -> Result<(i64, bool)> {
+        let lease = self
+            .leases
+            .get(&id)
+            .filter(|l| !l.revoking)
+            .ok_or(Error::LeaseNotFound)?;
+        let (ttl, stale_checkpoint) = (lease.ttl, lease.remaining_ttl != 0);
         let expiry = self.clock.now() + secs(ttl);
         self.set_expiry(id, expiry);
-        Ok(ttl)
+        Ok((ttl, stale_checkpoint))
     }
 
     /// Restarts every lease's clock from now, after loading state: from the checkpointed
@@ -297,7 +310,8 @@ mod tests {
     fn grants_are_raised_to_the_minimum_and_ids_are_unique() {
         // ETCD-COMPAT.md: a TTL below the minimum is raised to it.
         let (mut l, _) = lessor();
-        assert_eq!(l.grant(1, 1).unwrap(), 2);
+        assert_eq!(l.effective_ttl(1), 2);
+        assert_eq!(l.grant(1, l.effective_ttl(1)).unwrap(), 2);
         assert_eq!(l.grant(2, 60).unwrap(), 60);
         assert_eq!(l.grant(1, 10), Err(Error::LeaseExists));
         assert_eq!(l.grant(3, MAX_LEASE_TTL + 1), Err(Error::LeaseTtlTooLarge));
@@ -318,7 +332,7 @@ mod tests {
         l.revoke_failed(1);
         assert_eq!(l.expired(10), vec![1]);
         l.revoke(1).unwrap();
-        assert_eq!(l.renew(2).unwrap(), 20, "keep-alive restarts the TTL");
+        assert_eq!(l.renew(2).unwrap(), (20, false), "keep-alive restarts the TTL");
         clock.advance(Duration::from_secs(19));
         assert!(l.expired(10).is_empty());
         assert_eq!(l.time_to_live(2, false).ttl, 1);
