@@ -49,7 +49,7 @@ fn writes_and_their_history_survive_reopening() {
         let r = engine
             .put(put(&format!("key/{:02}", i % 10), &format!("v{i}")))
             .unwrap();
-        assert_eq!(r.revision, i + 1);
+        assert_eq!(r.revision, i + 2, "the first write of an empty store gets revision 2");
     }
     let deleted = engine
         .delete_range(DeleteRangeRequest {
@@ -58,7 +58,7 @@ fn writes_and_their_history_survive_reopening() {
             prev_kv: true,
         })
         .unwrap();
-    assert_eq!((deleted.response.deleted, deleted.revision), (5, 51));
+    assert_eq!((deleted.response.deleted, deleted.revision), (5, 52));
     let txn = TxnRequest {
         compare: vec![Compare {
             key: b"key/09".to_vec(),
@@ -71,13 +71,13 @@ fn writes_and_their_history_survive_reopening() {
     };
     assert!(engine.txn(txn).unwrap().response.succeeded);
     engine.compact(20).unwrap();
-    let before: Vec<RangeResponse> = [0, 20, 35, 51].iter().map(|rev| all_at(&engine, *rev)).collect();
+    let before: Vec<RangeResponse> = [0, 20, 35, 52].iter().map(|rev| all_at(&engine, *rev)).collect();
     engine.close().unwrap();
 
     let engine = Engine::open(dir.path(), small()).unwrap();
-    let after: Vec<RangeResponse> = [0, 20, 35, 51].iter().map(|rev| all_at(&engine, *rev)).collect();
+    let after: Vec<RangeResponse> = [0, 20, 35, 52].iter().map(|rev| all_at(&engine, *rev)).collect();
     assert_eq!(before, after);
-    assert_eq!(engine.current_revision(), 52);
+    assert_eq!(engine.current_revision(), 53);
     let compacted = engine.range(&RangeRequest {
         key: b"key/00".to_vec(),
         revision: 19,
@@ -94,7 +94,7 @@ fn writes_and_their_history_survive_reopening() {
         "{compacted:?}"
     );
     // The log continues where it left off.
-    assert_eq!(engine.put(put("after", "reopen")).unwrap().revision, 53);
+    assert_eq!(engine.put(put("after", "reopen")).unwrap().revision, 54);
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn concurrent_writers_get_unique_dense_revisions() {
         .collect();
     let mut revisions: Vec<i64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
     revisions.sort_unstable();
-    assert_eq!(revisions, (1..=200).collect::<Vec<i64>>());
+    assert_eq!(revisions, (2..=201).collect::<Vec<i64>>());
     assert_eq!(all_at(&engine, 0).count, 200);
 }
 
@@ -133,7 +133,7 @@ fn etcd_errors_come_back() {
             future,
             Err(Error::FutureRevision {
                 requested: 5,
-                current: 1
+                current: 2
             })
         ),
         "{future:?}"
@@ -157,7 +157,7 @@ fn writes_can_be_awaited() {
     let first = engine.put_async(put("a", "1")).unwrap();
     let second = engine.put_async(put("b", "2")).unwrap();
     let (first, second) = pollster::block_on(async { (first.await, second.await) });
-    assert_eq!((first.unwrap().revision, second.unwrap().revision), (1, 2));
+    assert_eq!((first.unwrap().revision, second.unwrap().revision), (2, 3));
     let err = engine.put_async(put("", "v")).unwrap_err();
     assert_eq!(err, Error::EmptyKey);
 }

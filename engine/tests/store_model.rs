@@ -164,7 +164,8 @@ proptest! {
     #[test]
     fn store_matches_the_model(ops in prop::collection::vec(op(), 1..60)) {
         let mut store = Store::new();
-        let mut model = Model::default();
+        // An empty store is at revision 1, as in etcd.
+        let mut model = Model { current: 1, ..Model::default() };
         for op in ops {
             match op {
                 Op::Write(changes) => {

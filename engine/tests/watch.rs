@@ -114,13 +114,13 @@ fn live_events_with_prev_kv_and_filters() {
     let got = events(&all, 2);
     assert_eq!(
         summary(&got),
-        vec![(2, "a/x".into(), EventKind::Put), (4, "a/x".into(), EventKind::Delete)]
+        vec![(3, "a/x".into(), EventKind::Put), (5, "a/x".into(), EventKind::Delete)]
     );
     assert_eq!(got[0].kv.version, 2);
     assert_eq!(got[0].prev_kv.as_ref().unwrap().value, "0");
     assert_eq!(got[1].prev_kv.as_ref().unwrap().value, "1");
     let got = events(&deletes, 1);
-    assert_eq!(summary(&got), vec![(4, "a/x".into(), EventKind::Delete)]);
+    assert_eq!(summary(&got), vec![(5, "a/x".into(), EventKind::Delete)]);
     assert_eq!(got[0].prev_kv, None, "prev_kv only when asked for");
 }
 
@@ -145,12 +145,12 @@ fn a_revision_arrives_whole_and_history_replays_before_live_events() {
         failure: vec![],
     };
     let txn_rev = engine.txn(txn.clone()).unwrap().revision;
-    // From revision 5: 16 puts from history (catch-up batches of 7 events), then the txn.
-    let watch = engine.watch(&prefix("k/", 5)).unwrap();
+    // From revision 6: 16 puts from history (catch-up batches of 7 events), then the txn.
+    let watch = engine.watch(&prefix("k/", 6)).unwrap();
     put(&engine, "k/live", "after");
     let got = events(&watch, 16 + 3 + 1);
     let revisions: Vec<i64> = got.iter().map(|e| e.kv.mod_revision).collect();
-    let mut expected: Vec<i64> = (5..=20).collect();
+    let mut expected: Vec<i64> = (6..=21).collect();
     expected.extend([txn_rev, txn_rev, txn_rev, txn_rev + 1]);
     assert_eq!(revisions, expected, "complete, in order, exactly once");
     // Reopening keeps the history watchable.
@@ -168,13 +168,13 @@ fn a_compacted_start_is_cancelled_with_the_compact_revision() {
     for i in 0..10 {
         put(&engine, "k", &i.to_string());
     }
-    engine.compact(6).unwrap();
+    engine.compact(7).unwrap();
     let watch = engine.watch(&prefix("k", 3)).unwrap();
     assert_eq!(
         watch.recv_timeout(HANG),
-        Some(WatchResponse::Compacted { compact_revision: 6 })
+        Some(WatchResponse::Compacted { compact_revision: 7 })
     );
-    let watch = engine.watch(&prefix("k", 6)).unwrap();
+    let watch = engine.watch(&prefix("k", 7)).unwrap();
     assert_eq!(
         events(&watch, 5).len(),
         5,
@@ -193,7 +193,7 @@ fn a_slow_consumer_neither_blocks_writers_nor_loses_events() {
     }
     let got = events(&watch, 200);
     let revisions: Vec<i64> = got.iter().map(|e| e.kv.mod_revision).collect();
-    assert_eq!(revisions, (1..=200).collect::<Vec<i64>>());
+    assert_eq!(revisions, (2..=201).collect::<Vec<i64>>());
 }
 
 #[test]
@@ -227,7 +227,7 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
     let live = engine.watch(&prefix("p/", 0)).unwrap();
     assert_eq!(
         engine.watch_progress(&[&live]),
-        Some(30),
+        Some(31),
         "a new live watcher is current"
     );
     let behind = engine.watch(&prefix("p/", 1)).unwrap();
@@ -239,7 +239,7 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
     assert_eq!(events(&behind, 30).len(), 30);
     // Everything was handed over and taken (the hub marks a watcher synced under the same
     // lock it sends with): now the rule allows an answer.
-    assert_eq!(engine.watch_progress(&[&live, &behind]), Some(30));
+    assert_eq!(engine.watch_progress(&[&live, &behind]), Some(31));
     put(&engine, "p/new", "v");
     assert_eq!(
         engine.watch_progress(&[&live]),
@@ -247,7 +247,7 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
         "an event is waiting in its buffer"
     );
     assert_eq!(events(&live, 1).len(), 1);
-    assert_eq!(engine.watch_progress(&[&live]), Some(31));
+    assert_eq!(engine.watch_progress(&[&live]), Some(32));
 }
 
 #[test]

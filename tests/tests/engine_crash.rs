@@ -319,7 +319,7 @@ fn kill_9_loses_no_acknowledged_write() {
 
     let mut promises = Promises::default();
     let mut last = Snapshot {
-        current: 0,
+        current: 1, // an empty engine is at revision 1, as etcd
         compacted: 0,
         hash: None,
         history: BTreeMap::new(),

@@ -246,7 +246,7 @@ mod tests {
             ),
             (
                 RangeRequest {
-                    min_mod_revision: 3,
+                    min_mod_revision: 4,
                     ..all.clone()
                 },
                 "cde",
@@ -255,7 +255,7 @@ mod tests {
             ),
             (
                 RangeRequest {
-                    max_create_revision: 2,
+                    max_create_revision: 3,
                     limit: 1,
                     ..all.clone()
                 },
@@ -285,7 +285,7 @@ mod tests {
             ),
             (
                 RangeRequest {
-                    revision: 2,
+                    revision: 3,
                     ..all.clone()
                 },
                 "ab",

@@ -459,10 +459,10 @@ mod tests {
         );
         let (resp, rev) = apply(&mut store, &create).unwrap();
         assert!(resp.succeeded);
-        assert_eq!(rev, 1);
+        assert_eq!(rev, 2, "an empty store is at 1; the first write gets 2");
         let (resp, rev) = apply(&mut store, &create).unwrap();
         assert!(!resp.succeeded, "the key exists now");
-        assert_eq!(rev, 1, "a txn that writes nothing does not bump the revision");
+        assert_eq!(rev, 2, "a txn that writes nothing does not bump the revision");
         let update = |at| {
             txn(
                 vec![cmp("k", CompareTarget::Mod(at), CompareResult::Equal)],
@@ -475,10 +475,10 @@ mod tests {
         let ResponseOp::Range(current) = &resp.responses[0] else {
             panic!("{resp:?}")
         };
-        assert_eq!(current.kvs[0].mod_revision, 1);
-        let (resp, rev) = apply(&mut store, &update(1)).unwrap();
+        assert_eq!(current.kvs[0].mod_revision, 2);
+        let (resp, rev) = apply(&mut store, &update(2)).unwrap();
         assert!(resp.succeeded);
-        assert_eq!(rev, 2);
+        assert_eq!(rev, 3);
     }
 
     #[test]
@@ -486,7 +486,7 @@ mod tests {
         let mut store = Store::new();
         apply(&mut store, &txn(vec![], vec![put("k", "b")], vec![])).unwrap();
         apply(&mut store, &txn(vec![], vec![put("k", "b")], vec![])).unwrap();
-        // k: value "b", version 2, create 1, mod 2, lease 0. "missing" does not exist.
+        // k: value "b", version 2, create 2, mod 3, lease 0. "missing" does not exist.
         use CompareResult::*;
         use CompareTarget::*;
         let cases = [
@@ -496,8 +496,8 @@ mod tests {
             ("k", Value("b".into()), NotEqual, false),
             ("k", Version(2), Equal, true),
             ("k", Version(1), Greater, true),
-            ("k", Create(1), Equal, true),
-            ("k", Mod(3), Less, true),
+            ("k", Create(2), Equal, true),
+            ("k", Mod(4), Less, true),
             ("k", Lease(0), Equal, true),
             ("missing", Version(0), Equal, true),
             ("missing", Create(0), Equal, true),
@@ -538,7 +538,7 @@ mod tests {
             vec![],
         );
         let (resp, rev) = apply(&mut store, &t).unwrap();
-        assert_eq!(rev, 2);
+        assert_eq!(rev, 3);
         let ResponseOp::Range(seen) = &resp.responses[1] else {
             panic!("{resp:?}")
         };
@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(d.deleted, 1);
         for key in [&b"a"[..], b"b"] {
             let kv = store.range(key, b"", ReadOptions::default()).unwrap();
-            assert_eq!((kv.kvs[0].mod_revision, kv.revision), (2, 2), "{key:?}");
+            assert_eq!((kv.kvs[0].mod_revision, kv.revision), (3, 3), "{key:?}");
         }
         assert_eq!(store.range(b"c", b"", ReadOptions::default()).unwrap().count, 0);
     }
@@ -651,7 +651,7 @@ mod tests {
         };
         let t = txn(vec![], vec![put("a", "1"), keep("missing")], vec![]);
         assert_eq!(apply(&mut store, &t).err(), Some(Error::KeyNotFound));
-        assert_eq!(store.current_revision(), 0, "nothing of the failed txn was written");
+        assert_eq!(store.current_revision(), 1, "nothing of the failed txn was written");
         apply(&mut store, &txn(vec![], vec![put("a", "1")], vec![])).unwrap();
         apply(&mut store, &txn(vec![], vec![keep("a")], vec![])).unwrap();
         let a = store.range(b"a", b"", ReadOptions::default()).unwrap();

@@ -4,7 +4,7 @@
 //! revision, bumped once by each write request (a Put, a DeleteRange that deletes something, a
 //! Txn whose chosen branch writes), and `sub` numbers the individual changes within it, from 0,
 //! in request order. So all writes of one Txn share `main`. Revisions order lexicographically,
-//! never decrease, and start at main 1 on an empty store.
+//! never decrease; an empty store is at revision 1, so the first write gets main 2 (as in etcd).
 //!
 //! On disk a revision is 16 bytes, `main` then `sub`, both big-endian, so byte order is
 //! revision order.

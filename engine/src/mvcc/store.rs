@@ -135,7 +135,7 @@ pub struct RangeResult {
 }
 
 /// The store's state.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Store {
     index: TreeIndex,
     log: RevisionLog,
@@ -149,12 +149,25 @@ fn internal(e: KeyIndexError) -> Error {
     Error::Internal(e.to_string())
 }
 
+impl Default for Store {
+    /// An empty store at revision 1, as etcd's: the first write gets revision 2.
+    fn default() -> Self {
+        Store {
+            index: TreeIndex::default(),
+            log: RevisionLog::default(),
+            current: 1,
+            compacted: 0,
+        }
+    }
+}
+
 impl Store {
+    /// An empty store at revision 1, as etcd's: the first write gets revision 2.
     pub fn new() -> Store {
         Store::default()
     }
 
-    /// The newest revision (0 for an empty, never written store).
+    /// The newest revision (1 for an empty, never written store, as in etcd).
     pub fn current_revision(&self) -> i64 {
         self.current
     }
@@ -487,22 +500,23 @@ mod tests {
         let (x, y, z) = (build("3"), build("3"), build("4"));
         assert_eq!(x.hash_kv(0).unwrap(), y.hash_kv(0).unwrap(), "same history, same hash");
         assert_ne!(x.hash_kv(0).unwrap().hash, z.hash_kv(0).unwrap().hash);
+        // Revisions: a=2, b=3, delete a=4, c=5.
         assert_eq!(
-            x.hash_kv(3).unwrap(),
-            z.hash_kv(3).unwrap(),
-            "they agree up to revision 3"
+            x.hash_kv(4).unwrap(),
+            z.hash_kv(4).unwrap(),
+            "they agree up to revision 4"
         );
         assert_ne!(
-            x.hash_kv(2).unwrap().hash,
             x.hash_kv(3).unwrap().hash,
+            x.hash_kv(4).unwrap().hash,
             "the tombstone counts"
         );
-        assert!(matches!(x.hash_kv(5), Err(Error::FutureRevision { .. })));
+        assert!(matches!(x.hash_kv(6), Err(Error::FutureRevision { .. })));
         let (mut cx, mut cz) = (x.clone(), z.clone());
-        cx.compact(3).unwrap();
-        cz.compact(3).unwrap();
-        assert_eq!(cx.hash_kv(3).unwrap(), cz.hash_kv(3).unwrap());
-        assert_eq!(cx.hash_kv(3).unwrap().compact_revision, 3);
-        assert!(matches!(cx.hash_kv(2), Err(Error::Compacted { .. })));
+        cx.compact(4).unwrap();
+        cz.compact(4).unwrap();
+        assert_eq!(cx.hash_kv(4).unwrap(), cz.hash_kv(4).unwrap());
+        assert_eq!(cx.hash_kv(4).unwrap().compact_revision, 4);
+        assert!(matches!(cx.hash_kv(3), Err(Error::Compacted { .. })));
     }
 }
