@@ -724,10 +724,18 @@ impl Engine {
 
     /// Watches a key or range from `start_revision` (etcd's `Watch`). Past revisions are
     /// replayed from history, then changes follow as they are applied.
+    /// An empty key means `"\0"`, as in etcd (with `range_end` `"\0"`: every key).
     pub fn watch(&self, request: &WatchRequest) -> Result<Watch> {
-        if request.key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
+        let owned;
+        let request = if request.key.is_empty() {
+            owned = WatchRequest {
+                key: vec![0],
+                ..request.clone()
+            };
+            &owned
+        } else {
+            request
+        };
         let st = self.inner.state.read();
         let (id, rx) = self
             .inner

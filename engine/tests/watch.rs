@@ -96,6 +96,14 @@ fn live_events_with_prev_kv_and_filters() {
             ..prefix("a/", 0)
         })
         .unwrap();
+    // An empty key means "\0": with range_end "\0", every key.
+    let everything = engine
+        .watch(&WatchRequest {
+            key: vec![],
+            range_end: vec![0],
+            ..WatchRequest::default()
+        })
+        .unwrap();
     let deletes = engine
         .watch(&WatchRequest {
             no_put: true,
@@ -119,6 +127,7 @@ fn live_events_with_prev_kv_and_filters() {
     assert_eq!(got[0].kv.version, 2);
     assert_eq!(got[0].prev_kv.as_ref().unwrap().value, "0");
     assert_eq!(got[1].prev_kv.as_ref().unwrap().value, "1");
+    assert_eq!(events(&everything, 3).len(), 3, "a/x twice and b");
     let got = events(&deletes, 1);
     assert_eq!(summary(&got), vec![(5, "a/x".into(), EventKind::Delete)]);
     assert_eq!(got[0].prev_kv, None, "prev_kv only when asked for");
