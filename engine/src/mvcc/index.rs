@@ -106,6 +106,23 @@ impl TreeIndex {
         self.tree.get_mut(key).ok_or(KeyIndexError::NotLive)?.tombstone(rev)
     }
 
+    /// A copy of one key's history, to restore if a write request is abandoned.
+    pub(crate) fn save(&self, key: &[u8]) -> Option<KeyIndex> {
+        self.tree.get(key).cloned()
+    }
+
+    /// Puts back a key's history saved by [`TreeIndex::save`] (`None`: the key had none).
+    pub(crate) fn restore(&mut self, key: &[u8], saved: Option<KeyIndex>) {
+        match saved {
+            Some(ki) => {
+                self.tree.insert(key.to_vec(), ki);
+            }
+            None => {
+                self.tree.remove(key);
+            }
+        }
+    }
+
     /// See [`KeyIndex::at_exactly`].
     pub(crate) fn at_exactly(&self, key: &[u8], rev: Revision) -> Option<Found> {
         self.tree.get(key)?.at_exactly(rev)

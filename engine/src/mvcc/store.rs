@@ -69,6 +69,12 @@ impl RevisionLog {
         }
     }
 
+    fn remove(&mut self, rev: &Revision) {
+        if let Some(old) = self.changes.remove(rev) {
+            self.bytes -= record_size(old.key.len(), old.put.as_ref().map_or(0, |(v, _)| v.len()));
+        }
+    }
+
     fn retain(&mut self, mut keep: impl FnMut(&Revision) -> bool) {
         let mut freed = 0;
         self.changes.retain(|rev, c| {
@@ -251,6 +257,8 @@ impl Store {
             main,
             sub: 0,
             lease_changes: Vec::new(),
+            saved: Vec::new(),
+            finished: false,
         }
     }
 
@@ -358,7 +366,9 @@ pub(crate) struct LeaseChange {
     pub(crate) to: i64,
 }
 
-/// One write request in progress (see the module docs).
+/// One write request in progress (see the module docs). Dropped without
+/// [`WriteTxn::end`], it undoes every change it made: a write request is applied whole or
+/// not at all.
 #[derive(Debug)]
 pub struct WriteTxn<'a> {
     store: &'a mut Store,
@@ -366,9 +376,34 @@ pub struct WriteTxn<'a> {
     /// Changes made so far; the next one's sub-revision.
     sub: i64,
     lease_changes: Vec<LeaseChange>,
+    /// Each key's history before this request first changed it, to undo with.
+    saved: Vec<(Vec<u8>, Option<super::key_index::KeyIndex>)>,
+    finished: bool,
+}
+
+impl Drop for WriteTxn<'_> {
+    fn drop(&mut self) {
+        if self.finished || self.sub == 0 {
+            return;
+        }
+        for (key, saved) in self.saved.drain(..).rev() {
+            self.store.index.restore(&key, saved);
+        }
+        for sub in 0..self.sub {
+            self.store.log.remove(&Revision::new(self.main, sub));
+        }
+    }
 }
 
 impl WriteTxn<'_> {
+    /// Remembers `key`'s history the first time this request changes it.
+    fn save(&mut self, key: &[u8]) {
+        if !self.saved.iter().any(|(k, _)| k.as_slice() == key) {
+            let saved = self.store.index.save(key);
+            self.saved.push((key.to_vec(), saved));
+        }
+    }
+
     fn next_revision(&mut self) -> Revision {
         let rev = Revision::new(self.main, self.sub);
         self.sub += 1;
@@ -399,6 +434,7 @@ impl WriteTxn<'_> {
             let key = Bytes::copy_from_slice(key);
             self.lease_changes.push(LeaseChange { key, from, to: lease });
         }
+        self.save(key);
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
         let key = Bytes::copy_from_slice(key);
@@ -432,6 +468,7 @@ impl WriteTxn<'_> {
                 }
                 deleted.push(kv);
             }
+            self.save(&k);
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
             self.store.log.insert(
@@ -462,11 +499,12 @@ impl WriteTxn<'_> {
 
     /// Finishes the request; returns the store's revision after it and the keys whose lease
     /// changed.
-    pub(crate) fn finish(self) -> (i64, Vec<LeaseChange>) {
+    pub(crate) fn finish(mut self) -> (i64, Vec<LeaseChange>) {
+        self.finished = true;
         if self.sub > 0 {
             self.store.current = self.main;
         }
-        (self.store.current, self.lease_changes)
+        (self.store.current, std::mem::take(&mut self.lease_changes))
     }
 }
 
@@ -485,6 +523,33 @@ mod tests {
             }
         }
         w.end();
+    }
+
+    #[test]
+    fn an_abandoned_write_request_leaves_no_trace() {
+        let mut store = Store::new();
+        write(&mut store, "a", Some("1"));
+        write(&mut store, "b", Some("2"));
+        let before = (store.hash_kv(0).unwrap(), store.size_in_use(), store.current_revision());
+        {
+            let mut w = store.write();
+            w.put(b"a", Bytes::from_static(b"changed"), 0).unwrap();
+            w.put(b"new", Bytes::from_static(b"key"), 0).unwrap();
+            w.delete_range(b"b", &[]).unwrap();
+            // Dropped without end(): an error stopped the request.
+        }
+        assert_eq!(
+            (store.hash_kv(0).unwrap(), store.size_in_use(), store.current_revision()),
+            before
+        );
+        let all = store.range(&[0], &[0], ReadOptions::default()).unwrap();
+        let keys: Vec<&[u8]> = all.kvs.iter().map(|kv| kv.key.as_ref()).collect();
+        assert_eq!(keys, vec![&b"a"[..], b"b"]);
+        assert_eq!(all.kvs[0].value, "1");
+        // The next request takes the abandoned revision as if nothing happened.
+        write(&mut store, "a", Some("2"));
+        let a = store.range(b"a", &[], ReadOptions::default()).unwrap();
+        assert_eq!((a.kvs[0].mod_revision, a.kvs[0].version), (4, 2));
     }
 
     #[test]
