@@ -86,6 +86,7 @@ pub(crate) struct IndexRange {
 
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TreeIndex {
+    #[serde(with = "super::sorted_map")]
     tree: BTreeMap<Vec<u8>, KeyIndex>,
 }
 

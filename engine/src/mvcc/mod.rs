@@ -7,4 +7,5 @@
 pub(crate) mod index;
 pub(crate) mod key_index;
 pub(crate) mod revision;
+mod sorted_map;
 pub(crate) mod store;

@@ -46,6 +46,7 @@ struct Change {
 /// revision the index can still return.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 struct RevisionLog {
+    #[serde(with = "super::sorted_map")]
     changes: BTreeMap<Revision, Change>,
     /// Bytes the changes take in the backend's record format. Invariant: the sum of
     /// [`record_size`] over `changes`.
