@@ -13,10 +13,16 @@
 //! cas <thread> <revision> fail <mod> <n>        counter: compare failed; a read saw <n> at <mod>
 //! compacting <revision>                         about to ask for a compaction (it may or may not land)
 //! compact <revision>                            the compaction was acknowledged
+//! grant <thread> <revision> <lease>             granted <lease> (TTL [`LEASE_TTL`])
+//! lput <thread> <revision> <lease> <key> <tag>  put <key> = value(<tag>) attached to <lease>
+//! revoking <thread> <lease>                     about to revoke <lease> (it may or may not land)
+//! revoke <thread> <revision> <lease> <keys>     revoked <lease>, deleting its <keys> keys
 //! ```
 //!
 //! A `del` or failed `cas` writes nothing: its revision is the store's revision when it was
-//! applied, shared with the write before it.
+//! applied, shared with the write before it. Neither does a `grant`, nor a `revoke` of a lease
+//! without keys. An `lput` key is [`lease_key`] of its lease, which nothing else writes or
+//! deletes: only its lease's revoke deletes it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +34,10 @@ pub const COUNTER: &str = "counter";
 
 /// How many keys puts and deletes choose from: few, so that every key gets many versions.
 pub const KEYS: u64 = 12;
+
+/// The TTL of every lease granted, in seconds: long enough that none expires during the test
+/// (the lease checker runs), so a lease disappears only by an explicit revoke.
+pub const LEASE_TTL: i64 = 3600;
 
 /// The engine's configuration: 64 KiB WAL segments, so segments rotate every few hundred writes
 /// and kills land mid-rotation too.
@@ -46,6 +56,16 @@ pub fn config() -> cairn_engine::Config {
 /// Key `i` of the put/delete key space (`k00`, `k01`, ...).
 pub fn key(i: u64) -> String {
     format!("k{:02}", i % KEYS)
+}
+
+/// Key `n` attached to `lease`: `l<lease>.<n>`, under [`lease_prefix`].
+pub fn lease_key(lease: i64, n: u64) -> String {
+    format!("{}{n}", lease_prefix(lease))
+}
+
+/// The prefix of every key attached to `lease`; no other key starts with it.
+pub fn lease_prefix(lease: i64) -> String {
+    format!("l{lease}.")
 }
 
 /// The value put under `tag`: derived from the tag, so a line needs only the tag, and 8 to 519
@@ -94,6 +114,28 @@ pub enum Line {
     Compacted {
         revision: i64,
     },
+    Grant {
+        thread: usize,
+        revision: i64,
+        lease: i64,
+    },
+    LeasePut {
+        thread: usize,
+        revision: i64,
+        lease: i64,
+        key: String,
+        tag: String,
+    },
+    Revoking {
+        thread: usize,
+        lease: i64,
+    },
+    Revoked {
+        thread: usize,
+        revision: i64,
+        lease: i64,
+        keys: u64,
+    },
 }
 
 impl Line {
@@ -103,16 +145,20 @@ impl Line {
             Line::Put { thread, revision, .. }
             | Line::Delete { thread, revision, .. }
             | Line::CasSucceeded { thread, revision, .. }
-            | Line::CasFailed { thread, revision, .. } => Some((thread, revision)),
-            Line::Ready { .. } | Line::Compacting { .. } | Line::Compacted { .. } => None,
+            | Line::CasFailed { thread, revision, .. }
+            | Line::Grant { thread, revision, .. }
+            | Line::LeasePut { thread, revision, .. }
+            | Line::Revoked { thread, revision, .. } => Some((thread, revision)),
+            Line::Ready { .. } | Line::Compacting { .. } | Line::Compacted { .. } | Line::Revoking { .. } => None,
         }
     }
 
     /// Whether the request changed the store, and so owns its revision.
     pub fn changed_store(&self) -> bool {
         match self {
-            Line::Put { .. } | Line::CasSucceeded { .. } => true,
+            Line::Put { .. } | Line::CasSucceeded { .. } | Line::LeasePut { .. } => true,
             Line::Delete { deleted, .. } => *deleted > 0,
+            Line::Revoked { keys, .. } => *keys > 0,
             _ => false,
         }
     }
@@ -148,6 +194,25 @@ impl fmt::Display for Line {
             } => write!(f, "cas {thread} {revision} fail {seen_mod} {seen_value}"),
             Line::Compacting { revision } => write!(f, "compacting {revision}"),
             Line::Compacted { revision } => write!(f, "compact {revision}"),
+            Line::Grant {
+                thread,
+                revision,
+                lease,
+            } => write!(f, "grant {thread} {revision} {lease}"),
+            Line::LeasePut {
+                thread,
+                revision,
+                lease,
+                key,
+                tag,
+            } => write!(f, "lput {thread} {revision} {lease} {key} {tag}"),
+            Line::Revoking { thread, lease } => write!(f, "revoking {thread} {lease}"),
+            Line::Revoked {
+                thread,
+                revision,
+                lease,
+                keys,
+            } => write!(f, "revoke {thread} {revision} {lease} {keys}"),
         }
     }
 }
@@ -189,6 +254,28 @@ impl FromStr for Line {
             },
             ["compacting", rev] => Line::Compacting { revision: number(rev)? },
             ["compact", rev] => Line::Compacted { revision: number(rev)? },
+            ["grant", thread, rev, lease] => Line::Grant {
+                thread: number(thread)?,
+                revision: number(rev)?,
+                lease: number(lease)?,
+            },
+            ["lput", thread, rev, lease, key, tag] => Line::LeasePut {
+                thread: number(thread)?,
+                revision: number(rev)?,
+                lease: number(lease)?,
+                key: (*key).to_string(),
+                tag: (*tag).to_string(),
+            },
+            ["revoking", thread, lease] => Line::Revoking {
+                thread: number(thread)?,
+                lease: number(lease)?,
+            },
+            ["revoke", thread, rev, lease, keys] => Line::Revoked {
+                thread: number(thread)?,
+                revision: number(rev)?,
+                lease: number(lease)?,
+                keys: number(keys)?,
+            },
             _ => return Err(format!("unknown line {line:?}")),
         };
         Ok(parsed)
@@ -229,6 +316,28 @@ mod tests {
             },
             Line::Compacting { revision: 12 },
             Line::Compacted { revision: 12 },
+            Line::Grant {
+                thread: 2,
+                revision: 20,
+                lease: 440_123_456_789_000,
+            },
+            Line::LeasePut {
+                thread: 2,
+                revision: 21,
+                lease: 440_123_456_789_000,
+                key: lease_key(440_123_456_789_000, 1),
+                tag: "c2.2.10".into(),
+            },
+            Line::Revoking {
+                thread: 2,
+                lease: 440_123_456_789_000,
+            },
+            Line::Revoked {
+                thread: 2,
+                revision: 22,
+                lease: 440_123_456_789_000,
+                keys: 1,
+            },
         ];
         for line in lines {
             assert_eq!(line.to_string().parse::<Line>(), Ok(line));
@@ -240,6 +349,12 @@ mod tests {
             "del x 1 k00 0",
             "cas 0 5 maybe 1 2",
             "ready 1 2",
+            "grant 1 2",
+            "grant 1 2 x",
+            "lput 1 2 3 l3.0",
+            "revoking 1",
+            "revoke 1 2 3",
+            "revoke 1 2 3 -1",
         ] {
             assert!(bad.parse::<Line>().is_err(), "{bad:?}");
         }
@@ -251,5 +366,13 @@ mod tests {
         assert_ne!(value("a.0.1"), value("a.0.2"));
         assert!((8..520).contains(&value("x").len()));
         assert!(value("a.0.1").starts_with(b"a.0.1|"));
+    }
+
+    #[test]
+    fn lease_keys_stay_under_their_prefix() {
+        assert_eq!(lease_key(17, 0), "l17.0");
+        assert!(lease_key(17, 1).starts_with(&lease_prefix(17)));
+        assert!(!lease_key(170, 1).starts_with(&lease_prefix(17)));
+        assert!(!key(3).starts_with('l') && !COUNTER.starts_with('l'));
     }
 }

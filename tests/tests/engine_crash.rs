@@ -22,7 +22,14 @@
 //!    range at every revision still readable (replay is deterministic), and every revision that
 //!    the previous iteration's open could read reads the same now (nothing recovered is lost or
 //!    changed, by a crash or by compaction);
-//! 5. writes have unique revisions, and each writer thread's revisions never go back.
+//! 5. writes have unique revisions, and each writer thread's revisions never go back;
+//! 6. leases: an acknowledged grant whose revoke was never asked for is still there (listed
+//!    by `leases()`, TTL left), with every key acknowledged under it attached (`lease_time_to_live`)
+//!    and current; an acknowledged revoke's lease is gone (TTL -1) and its keys are deleted at
+//!    the revoke's revision (present just before it) and at the current one; a revoke asked for
+//!    but not acknowledged left either of the two; and every lease the engine has (acknowledged
+//!    or not) holds only keys under its own prefix. A second open finds the same leases with the
+//!    same keys.
 //!
 //! The child's `ready` line reports the revision its own replay found, which must equal what
 //! the parent found before it.
@@ -39,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use cairn_engine::{Engine, Error, HashKv, KeyValue, RangeRequest};
 use cairn_tests::child::run_until_killed;
-use cairn_tests::engine_crash::{self, Line, COUNTER};
+use cairn_tests::engine_crash::{self, Line, COUNTER, LEASE_TTL};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -120,6 +127,19 @@ struct Promises {
     compacted: i64,
     /// The highest revision answered.
     revision: i64,
+    /// Every acknowledged grant, by lease ID.
+    leases: BTreeMap<i64, LeasePromise>,
+}
+
+/// What the children said about one lease.
+#[derive(Debug, Default)]
+struct LeasePromise {
+    /// The keys acknowledged as put under it.
+    keys: BTreeSet<String>,
+    /// A revoke was asked for (and may have landed).
+    revoking: bool,
+    /// The revision of its acknowledged revoke.
+    revoked: Option<i64>,
 }
 
 /// What one open of the engine finds.
@@ -131,6 +151,8 @@ struct Snapshot {
     hash: Option<HashKv>,
     /// The full range at every revision from `max(compacted, 1)` to `current`.
     history: BTreeMap<i64, Vec<KeyValue>>,
+    /// Every lease: its ID, granted TTL and keys, sorted (the TTL left depends on the time).
+    leases: Vec<(i64, i64, Vec<bytes::Bytes>)>,
 }
 
 fn read(engine: &Engine, key: &str, revision: i64) -> Result<Option<KeyValue>, Error> {
@@ -164,11 +186,23 @@ fn snapshot(engine: &Engine) -> Snapshot {
     let history = (compacted.max(1)..=current)
         .map(|rev| (rev, read_all(engine, rev)))
         .collect();
+    let mut ids = engine.leases();
+    ids.sort_unstable();
+    let leases = ids
+        .into_iter()
+        .map(|id| {
+            let status = engine.lease_time_to_live(id, true);
+            let mut keys = status.keys;
+            keys.sort();
+            (id, status.granted_ttl, keys)
+        })
+        .collect();
     Snapshot {
         current,
         compacted,
         hash: Some(hash),
         history,
+        leases,
     }
 }
 
@@ -194,8 +228,21 @@ fn check_line(engine: &Engine, compacted: i64, iteration: usize, line: &Line, co
     match line {
         Line::Put { revision, key, tag, .. } => {
             if let Some(found) = readable(key, *revision) {
-                let found = found.as_ref().map(|kv| (kv.mod_revision, kv.value.clone()));
-                let want = (*revision, engine_crash::value(tag));
+                let found = found.as_ref().map(|kv| (kv.mod_revision, kv.value.clone(), kv.lease));
+                let want = (*revision, engine_crash::value(tag), 0);
+                assert_eq!(found, Some(want), "acknowledged `{line}` lost or changed {}", whence());
+            }
+        }
+        Line::LeasePut {
+            revision,
+            lease,
+            key,
+            tag,
+            ..
+        } => {
+            if let Some(found) = readable(key, *revision) {
+                let found = found.as_ref().map(|kv| (kv.mod_revision, kv.value.clone(), kv.lease));
+                let want = (*revision, engine_crash::value(tag), *lease);
                 assert_eq!(found, Some(want), "acknowledged `{line}` lost or changed {}", whence());
             }
         }
@@ -241,7 +288,92 @@ fn check_line(engine: &Engine, compacted: i64, iteration: usize, line: &Line, co
                 assert_eq!(counter(&found), want, "`{line}`: the counter it read {}", whence());
             }
         }
-        Line::Ready { .. } | Line::Compacting { .. } | Line::Compacted { .. } => {}
+        // Checked with their lease, by `check_leases`.
+        Line::Ready { .. }
+        | Line::Compacting { .. }
+        | Line::Compacted { .. }
+        | Line::Grant { .. }
+        | Line::Revoking { .. }
+        | Line::Revoked { .. } => {}
+    }
+}
+
+/// Checks the leases (check 6 of the module docs) against an open engine compacted at
+/// `compacted`.
+fn check_leases(engine: &Engine, compacted: i64, promises: &Promises, context: &str) {
+    let live: BTreeSet<i64> = engine.leases().into_iter().collect();
+    let current = engine.current_revision();
+    let key_at = |key: &str, revision: i64| match read(engine, key, revision) {
+        Ok(found) => Some(found),
+        Err(Error::Compacted { .. }) if revision < compacted => None,
+        Err(e) => panic!("reading {key} at {revision}: {e}; {context}"),
+    };
+    // Every lease there, acknowledged or not, holds only keys under its own prefix.
+    for &id in &live {
+        let status = engine.lease_time_to_live(id, true);
+        assert!(status.ttl > 0, "lease {id} listed with {status:?}; {context}");
+        let prefix = engine_crash::lease_prefix(id);
+        for key in &status.keys {
+            assert!(
+                key.starts_with(prefix.as_bytes()),
+                "lease {id} holds {key:?}, not under {prefix}: {status:?}; {context}"
+            );
+        }
+    }
+    for (&id, lease) in &promises.leases {
+        let status = engine.lease_time_to_live(id, true);
+        let gone = !live.contains(&id);
+        assert_eq!(
+            gone,
+            status.ttl == -1,
+            "lease {id}: {status:?}, listed {}; {context}",
+            !gone
+        );
+        if let Some(revoked) = lease.revoked {
+            assert!(
+                gone,
+                "lease {id} revoked at {revoked} (acknowledged) but still there: {status:?}; {context}"
+            );
+        } else if !lease.revoking {
+            assert!(
+                !gone,
+                "lease {id} granted (acknowledged) and never revoked, but gone; {context}"
+            );
+        }
+        if gone {
+            for key in &lease.keys {
+                let found = key_at(key, current).flatten();
+                assert_eq!(
+                    found, None,
+                    "{key} of revoked lease {id} still there at {current}; {context}"
+                );
+                if let Some(revoked) = lease.revoked {
+                    if let Some(found) = key_at(key, revoked) {
+                        assert_eq!(
+                            found, None,
+                            "{key} of lease {id} not deleted by its revoke at {revoked}; {context}"
+                        );
+                    }
+                    if let Some(found) = key_at(key, revoked - 1) {
+                        assert_eq!(
+                            found.map(|kv| kv.lease),
+                            Some(id),
+                            "{key} of lease {id} not there just before its revoke at {revoked}; {context}"
+                        );
+                    }
+                }
+            }
+        } else {
+            assert_eq!(status.granted_ttl, LEASE_TTL, "lease {id}: {status:?}; {context}");
+            for key in &lease.keys {
+                assert!(
+                    status.keys.iter().any(|k| k == key.as_bytes()),
+                    "{key} acknowledged under lease {id}, which does not hold it: {status:?}; {context}"
+                );
+                let found = key_at(key, current).flatten().map(|kv| kv.lease);
+                assert_eq!(found, Some(id), "{key} of live lease {id} at {current}; {context}");
+            }
+        }
     }
 }
 
@@ -259,6 +391,41 @@ fn record(promises: &mut Promises, iteration: usize, run: &ChildRun, context: &s
                     "`{line}` never asked for: {context}"
                 );
                 promises.compacted = promises.compacted.max(revision);
+            }
+            Line::Grant { lease, .. } => {
+                // (IDs come from the clock at open; a revoked one is never granted again here.)
+                let fresh = promises.leases.insert(lease, LeasePromise::default()).is_none();
+                assert!(fresh, "`{line}`: lease {lease} granted twice: {context}");
+            }
+            Line::LeasePut { lease, ref key, .. } => {
+                let promise = promises.leases.get_mut(&lease);
+                let promise = promise.unwrap_or_else(|| panic!("`{line}` before its grant: {context}"));
+                assert!(
+                    key.starts_with(&engine_crash::lease_prefix(lease)) && promise.keys.insert(key.clone()),
+                    "`{line}`: a key not of its lease, or put twice: {context}"
+                );
+            }
+            Line::Revoking { lease, .. } => {
+                let promise = promises.leases.get_mut(&lease);
+                promise
+                    .unwrap_or_else(|| panic!("`{line}` before its grant: {context}"))
+                    .revoking = true;
+            }
+            Line::Revoked {
+                lease, revision, keys, ..
+            } => {
+                let promise = promises.leases.get_mut(&lease);
+                let promise = promise.unwrap_or_else(|| panic!("`{line}` before its grant: {context}"));
+                assert!(
+                    promise.revoking && promise.revoked.is_none(),
+                    "`{line}` not asked for, or twice: {context}"
+                );
+                assert_eq!(
+                    promise.keys.len() as u64,
+                    keys,
+                    "`{line}`: keys acknowledged under it: {context}"
+                );
+                promise.revoked = Some(revision);
             }
             _ => {}
         }
@@ -323,6 +490,7 @@ fn kill_9_loses_no_acknowledged_write() {
         compacted: 0,
         hash: None,
         history: BTreeMap::new(),
+        leases: Vec::new(),
     };
     for iteration in 0..iterations {
         let spec = ChildSpec {
@@ -384,19 +552,23 @@ fn kill_9_loses_no_acknowledged_write() {
         for (printed_in, line) in &promises.lines {
             check_line(&engine, now.compacted, *printed_in, line, &context);
         }
+        check_leases(&engine, now.compacted, &promises, &context);
         engine.close().unwrap();
 
         let again = open_snapshot(&dir);
         assert!(
             again == now,
-            "two opens differ: current {} / {}, compacted {} / {}, {:?} / {:?}, history first at {:?}; {context}",
+            "two opens differ: current {} / {}, compacted {} / {}, {:?} / {:?}, history first at {:?}, leases \
+             {:?} / {:?}; {context}",
             now.current,
             again.current,
             now.compacted,
             again.compacted,
             now.hash,
             again.hash,
-            first_difference(&now, &again)
+            first_difference(&now, &again),
+            now.leases,
+            again.leases
         );
         for (rev, kvs) in last.history.range(now.compacted..) {
             assert_eq!(
@@ -419,13 +591,17 @@ fn kill_9_loses_no_acknowledged_write() {
     let compactions = count(|l| matches!(l, Line::Compacted { .. }));
     eprintln!(
         "engine_crash: {} writes ({} puts, {} deletes of a key, {} cas that wrote, {} that failed), {compactions} \
-         compactions acknowledged, over {iterations} kills in {:.1?}; revision {}, compacted at {}, {segments} WAL \
-         segments written",
+         compactions acknowledged, {} leases granted ({} keys put under them, {} revoked, {} left), over \
+         {iterations} kills in {:.1?}; revision {}, compacted at {}, {segments} WAL segments written",
         count(|l| l.write().is_some()),
         count(|l| matches!(l, Line::Put { .. })),
         count(|l| matches!(l, Line::Delete { deleted: 1.., .. })),
         count(|l| matches!(l, Line::CasSucceeded { .. })),
         count(|l| matches!(l, Line::CasFailed { .. })),
+        count(|l| matches!(l, Line::Grant { .. })),
+        count(|l| matches!(l, Line::LeasePut { .. })),
+        count(|l| matches!(l, Line::Revoked { .. })),
+        last.leases.len(),
         started.elapsed(),
         last.current,
         last.compacted,
@@ -436,6 +612,11 @@ fn kill_9_loses_no_acknowledged_write() {
         assert!(segments > 1, "the test must rotate WAL segments");
         assert!(dir.join("checkpoint").exists(), "the test must checkpoint");
         assert!(compactions > 0, "the test must compact");
+        assert!(
+            count(|l| matches!(l, Line::LeasePut { .. })) > 0
+                && count(|l| matches!(l, Line::Revoked { keys: 1.., .. })) > 0,
+            "the test must put keys under leases and revoke leases with keys"
+        );
     }
     if std::env::var_os("CAIRN_CRASH_KEEP").is_some() {
         eprintln!("engine_crash: kept {}", tmp.keep().display());

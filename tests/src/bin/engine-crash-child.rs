@@ -4,11 +4,16 @@
 //! It opens the engine in `<dir>` with [`engine_crash::config`] (replaying whatever the previous
 //! kill left), prints `ready <current revision>`, then runs `<threads>` writer threads until it
 //! is killed. Each writer loops over a mix chosen by a small generator seeded from `<seed>` and
-//! the thread number: 70% puts of `value(tag)` to one of [`engine_crash::KEYS`] keys (the tag,
-//! `<tag-prefix>.<thread>.<n>`, is unique in the test), 15% deletes of one such key, and 15%
-//! compare-and-swap increments of [`engine_crash::COUNTER`] (compare MOD == the last one seen,
-//! put the next number; on failure read the counter instead). Once a call returns `Ok` the
-//! writer prints its line (module docs of [`engine_crash`]): every line is a promise that the
+//! the thread number: 4% lease requests, 66% puts of `value(tag)` to one of
+//! [`engine_crash::KEYS`] keys (the tag, `<tag-prefix>.<thread>.<n>`, is unique in the test), 15%
+//! deletes of one such key, and 15% compare-and-swap increments of [`engine_crash::COUNTER`]
+//! (compare MOD == the last one seen, put the next number; on failure read the counter instead).
+//! A lease request either revokes a lease this writer granted earlier (a third of the time, if
+//! it has one), printing `revoking` before, or grants a new one with TTL
+//! [`engine_crash::LEASE_TTL`] and puts one or two [`engine_crash::lease_key`]s attached to it.
+//! Puts go through `put`, `put_async(..)?.wait()` or an awaited `put_async`, chosen at random;
+//! deletes through `delete_range` or `delete_range_async(..)?.wait()`. Once a call returns `Ok`
+//! the writer prints its line (module docs of [`engine_crash`]): every line is a promise that the
 //! write is durable and applied. Writer 0 also asks for a compaction at the current revision
 //! less [`COMPACT_LAG`] each time `<compact-every>` more writes have been acknowledged, printing
 //! `compacting <rev>` before and `compact <rev>` once acknowledged.
@@ -17,6 +22,7 @@
 //! engine or of stdout, 3 for bad arguments.
 
 use std::convert::Infallible;
+use std::future::IntoFuture;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,10 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use cairn_engine::{
-    Compare, CompareResult, CompareTarget, DeleteRangeRequest, Engine, Error, PutRequest, RangeRequest, RequestOp,
-    ResponseOp, TxnRequest,
+    Applied, Compare, CompareResult, CompareTarget, DeleteRangeRequest, Engine, Error, PutRequest, PutResponse,
+    RangeRequest, RequestOp, ResponseOp, TxnRequest,
 };
-use cairn_tests::engine_crash::{self, Line, COUNTER, KEYS};
+use cairn_tests::engine_crash::{self, Line, COUNTER, KEYS, LEASE_TTL};
 
 /// How far behind the current revision a compaction lands, so that reads of recent history
 /// keep working and each compaction drops a good part of the older one.
@@ -87,6 +93,7 @@ fn run(args: Args) -> Result<Infallible, (u8, String)> {
             acked: acked.clone(),
             compact_every: if thread == 0 { args.compact_every } else { 0 },
             next_compaction: args.compact_every,
+            leases: Vec::new(),
         };
         let failed = failed.clone();
         std::thread::spawn(move || {
@@ -128,38 +135,60 @@ struct Writer {
     /// Compact each time this many more writes are acknowledged; 0 for never.
     compact_every: u64,
     next_compaction: u64,
+    /// The leases this writer granted and has not asked to revoke: (ID, keys attached).
+    leases: Vec<(i64, u64)>,
 }
 
 impl Writer {
     fn write_forever(&mut self) -> Result<Infallible, String> {
         loop {
-            let line = match self.rng.below(100) {
-                0..70 => self.put()?,
+            match self.rng.below(100) {
+                0..4 => self.lease()?,
+                4..70 => self.put()?,
                 70..85 => self.delete()?,
                 _ => self.cas()?,
-            };
-            print_line(&line).map_err(|e| format!("stdout: {e}"))?;
-            let acked = self.acked.fetch_add(1, Ordering::Relaxed) + 1;
-            if self.compact_every > 0 && acked >= self.next_compaction {
-                self.next_compaction = acked + self.compact_every;
+            }
+            if self.compact_every > 0 && self.acked.load(Ordering::Relaxed) >= self.next_compaction {
+                self.next_compaction = self.acked.load(Ordering::Relaxed) + self.compact_every;
                 self.compact()?;
             }
         }
     }
 
-    fn put(&mut self) -> Result<Line, String> {
-        let key = engine_crash::key(self.rng.below(KEYS));
+    /// Prints an acknowledged write's line and counts it.
+    fn ack(&self, line: &Line) -> Result<(), String> {
+        print_line(line).map_err(|e| format!("stdout: {e}"))?;
+        self.acked.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The next unique tag of this writer.
+    fn tag(&mut self) -> String {
         let tag = format!("{}.{}.{}", self.prefix, self.thread, self.written);
         self.written += 1;
+        tag
+    }
+
+    /// Puts through one of the three ways the engine offers, chosen at random.
+    fn send_put(&mut self, request: PutRequest) -> Result<Applied<PutResponse>, Error> {
+        match self.rng.below(3) {
+            0 => self.engine.put(request),
+            1 => self.engine.put_async(request)?.wait(),
+            _ => pollster::block_on(self.engine.put_async(request)?.into_future()),
+        }
+    }
+
+    fn put(&mut self) -> Result<(), String> {
+        let key = engine_crash::key(self.rng.below(KEYS));
+        let tag = self.tag();
         let applied = self
-            .engine
-            .put(PutRequest {
+            .send_put(PutRequest {
                 key: key.clone().into_bytes(),
                 value: engine_crash::value(&tag),
                 ..PutRequest::default()
             })
             .map_err(|e| format!("put {key} {tag}: {e}"))?;
-        Ok(Line::Put {
+        self.ack(&Line::Put {
             thread: self.thread,
             revision: applied.revision,
             key,
@@ -167,16 +196,79 @@ impl Writer {
         })
     }
 
-    fn delete(&mut self) -> Result<Line, String> {
-        let key = engine_crash::key(self.rng.below(KEYS));
-        let applied = self
-            .engine
-            .delete_range(DeleteRangeRequest {
-                key: key.clone().into_bytes(),
-                ..DeleteRangeRequest::default()
+    /// Revokes a lease granted earlier, or grants one and attaches one or two keys to it.
+    fn lease(&mut self) -> Result<(), String> {
+        if !self.leases.is_empty() && self.rng.below(3) == 0 {
+            let (lease, keys) = self
+                .leases
+                .swap_remove(self.rng.below(self.leases.len() as u64) as usize);
+            print_line(&Line::Revoking {
+                thread: self.thread,
+                lease,
             })
-            .map_err(|e| format!("delete {key}: {e}"))?;
-        Ok(Line::Delete {
+            .map_err(|e| format!("stdout: {e}"))?;
+            let applied = self
+                .engine
+                .lease_revoke(lease)
+                .map_err(|e| format!("revoke lease {lease}: {e}"))?;
+            return self.ack(&Line::Revoked {
+                thread: self.thread,
+                revision: applied.revision,
+                lease,
+                keys,
+            });
+        }
+        let granted = self
+            .engine
+            .lease_grant(0, LEASE_TTL)
+            .map_err(|e| format!("grant a lease: {e}"))?;
+        let lease = granted.response.id;
+        self.ack(&Line::Grant {
+            thread: self.thread,
+            revision: granted.revision,
+            lease,
+        })?;
+        // Known to the writer before its keys, so that a revoke counts the keys acknowledged.
+        self.leases.push((lease, 0));
+        let slot = self.leases.len() - 1;
+        for n in 0..=self.rng.below(2) {
+            let key = engine_crash::lease_key(lease, n);
+            let tag = self.tag();
+            let applied = self
+                .send_put(PutRequest {
+                    key: key.clone().into_bytes(),
+                    value: engine_crash::value(&tag),
+                    lease,
+                    ..PutRequest::default()
+                })
+                .map_err(|e| format!("put {key} {tag} with lease {lease}: {e}"))?;
+            self.leases[slot].1 += 1;
+            self.ack(&Line::LeasePut {
+                thread: self.thread,
+                revision: applied.revision,
+                lease,
+                key,
+                tag,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self) -> Result<(), String> {
+        let key = engine_crash::key(self.rng.below(KEYS));
+        let request = DeleteRangeRequest {
+            key: key.clone().into_bytes(),
+            ..DeleteRangeRequest::default()
+        };
+        let applied = if self.rng.below(2) == 0 {
+            self.engine.delete_range(request)
+        } else {
+            self.engine
+                .delete_range_async(request)
+                .and_then(|pending| pending.wait())
+        }
+        .map_err(|e| format!("delete {key}: {e}"))?;
+        self.ack(&Line::Delete {
             thread: self.thread,
             revision: applied.revision,
             key,
@@ -185,7 +277,7 @@ impl Writer {
     }
 
     /// Compare MOD(counter) == the last mod seen; put the next number, or read the counter.
-    fn cas(&mut self) -> Result<Line, String> {
+    fn cas(&mut self) -> Result<(), String> {
         let (prev_mod, prev_value) = self.counter;
         let next = prev_value + 1;
         let applied = self
@@ -211,7 +303,7 @@ impl Writer {
         let revision = applied.revision;
         if applied.response.succeeded {
             self.counter = (revision, next);
-            return Ok(Line::CasSucceeded {
+            return self.ack(&Line::CasSucceeded {
                 thread: self.thread,
                 revision,
                 prev_mod,
@@ -233,7 +325,7 @@ impl Writer {
             other => return Err(format!("the failure branch answered {other:?}")),
         };
         self.counter = seen;
-        Ok(Line::CasFailed {
+        self.ack(&Line::CasFailed {
             thread: self.thread,
             revision,
             seen_mod: seen.0,
