@@ -15,6 +15,9 @@ pub struct Config {
     /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
     /// `--snapshot-count` default).
     pub checkpoint_entries: u64,
+    /// Keys whose compacted history is dropped per step; the apply thread takes one step
+    /// between requests, so a compaction never holds writes up for long. Default 1,000.
+    pub compaction_batch: usize,
     /// The most operations one Txn may hold (etcd's `--max-txn-ops`). Default 128.
     pub max_txn_ops: usize,
     /// When kept history would grow past this many bytes, the NOSPACE alarm is raised and
@@ -49,6 +52,7 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
+            compaction_batch: 1000,
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,
             min_lease_ttl: 2,
@@ -75,6 +79,9 @@ impl Config {
             return Err(Error::InvalidConfig(
                 "watch_buffer, watch_batch and watch_sync_interval must be positive".into(),
             ));
+        }
+        if self.compaction_batch == 0 {
+            return Err(Error::InvalidConfig("compaction_batch must be at least 1".into()));
         }
         if self.max_txn_ops == 0 {
             return Err(Error::InvalidConfig("max_txn_ops must be at least 1".into()));

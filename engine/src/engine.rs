@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 
 use bytes::Bytes;
 use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
-use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::{self, CheckpointRef};
@@ -238,7 +238,8 @@ fn apply(state: &mut State, request: &Request) -> Answer {
             Ok((Response::Txn(r), rev))
         }
         Request::Compact { revision } => {
-            store.compact(*revision)?;
+            // Logical now; the apply thread drops the history in bounded batches.
+            store.begin_compaction(*revision)?;
             Ok((Response::Compact, store.current_revision()))
         }
         Request::LeaseGrant { id, ttl } => {
@@ -280,6 +281,7 @@ struct Applier {
     wal: Arc<Wal>,
     dir: PathBuf,
     checkpoint_entries: u64,
+    compaction_batch: usize,
     checkpointing: Arc<Mutex<()>>,
 }
 
@@ -290,11 +292,31 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
         wal,
         dir,
         checkpoint_entries,
+        compaction_batch,
         checkpointing,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
-    for p in rx {
+    loop {
+        // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
+        // write waits behind it for long.
+        if state.read().store.compaction_pending() {
+            let mut st = state.write();
+            st.store.compaction_step(compaction_batch);
+        }
+        let next = if state.read().store.compaction_pending() {
+            match rx.try_recv() {
+                Ok(p) => p,
+                Err(TryRecvError::Empty) => continue,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(p) => p,
+                Err(_) => break,
+            }
+        };
+        let p = next;
         let outcome = match p.durable.wait() {
             Ok(_) => {
                 let mut st = state.write();
@@ -525,6 +547,7 @@ impl Engine {
                 wal: wal.clone(),
                 dir: dir.clone(),
                 checkpoint_entries: config.checkpoint_entries,
+                compaction_batch: config.compaction_batch,
                 checkpointing: checkpointing.clone(),
             };
             std::thread::Builder::new()

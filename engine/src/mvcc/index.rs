@@ -159,14 +159,33 @@ impl TreeIndex {
 
     /// Compacts every key at revision `at` (see [`KeyIndex::compact`]) and drops keys with
     /// nothing left. Returns the revisions whose values must be kept.
-    pub(crate) fn compact(&mut self, at: i64) -> Vec<Revision> {
-        let mut keep = Vec::new();
-        self.tree.retain(|_, ki| {
-            ki.compact(at, &mut keep);
-            !ki.is_empty()
-        });
-        keep.sort_unstable();
-        keep
+    /// Compacts up to `limit` keys at revision `at`, starting with the first key `>= from`.
+    /// Returns the revisions dropped from their histories (to drop from the revision log too)
+    /// and the key to continue from, or `None` when no key is left.
+    pub(crate) fn compact_batch(&mut self, at: i64, from: &[u8], limit: usize) -> (Vec<Revision>, Option<Vec<u8>>) {
+        let mut dropped = Vec::new();
+        let mut emptied = Vec::new();
+        let mut next = None;
+        let mut ignored_keep = Vec::new();
+        let from = (Bound::Included(from), Bound::Unbounded);
+        for (done, (key, ki)) in self.tree.range_mut::<[u8], _>(from).enumerate() {
+            if done == limit {
+                next = Some(key.clone());
+                break;
+            }
+            let before: Vec<Revision> = ki.generations.iter().flat_map(|g| g.revs.iter().copied()).collect();
+            ki.compact(at, &mut ignored_keep);
+            let after: std::collections::BTreeSet<Revision> =
+                ki.generations.iter().flat_map(|g| g.revs.iter().copied()).collect();
+            dropped.extend(before.into_iter().filter(|r| !after.contains(r)));
+            if ki.is_empty() {
+                emptied.push(key.clone());
+            }
+        }
+        for key in emptied {
+            self.tree.remove(&key);
+        }
+        (dropped, next)
     }
 }
 
@@ -234,7 +253,11 @@ mod tests {
         idx.put(b"a", rev(2)).unwrap();
         idx.put(b"b", rev(3)).unwrap();
         idx.tombstone(b"b", rev(4)).unwrap();
-        assert_eq!(idx.compact(4), vec![rev(2)]);
+        // One key per batch: a, then b.
+        let (dropped, next) = idx.compact_batch(4, b"", 1);
+        assert_eq!((dropped, next.as_deref()), (vec![rev(1)], Some(&b"b"[..])));
+        let (dropped, next) = idx.compact_batch(4, b"b", 1);
+        assert_eq!((dropped, next), (vec![rev(3), rev(4)], None));
         assert_eq!(idx.tree.len(), 1);
         assert_eq!(idx.get(b"a", 4).map(|f| f.version), Some(2));
     }

@@ -75,18 +75,6 @@ impl RevisionLog {
             self.bytes -= record_size(old.key.len(), old.put.as_ref().map_or(0, |(v, _)| v.len()));
         }
     }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Revision) -> bool) {
-        let mut freed = 0;
-        self.changes.retain(|rev, c| {
-            let kept = keep(rev);
-            if !kept {
-                freed += record_size(c.key.len(), c.put.as_ref().map_or(0, |(v, _)| v.len()));
-            }
-            kept
-        });
-        self.bytes -= freed;
-    }
 }
 
 /// What happened to a key at a revision (etcd's `mvccpb.Event`).
@@ -150,10 +138,25 @@ pub struct Store {
     current: i64,
     /// History below this revision is gone.
     compacted: i64,
+    /// Physical compaction still under way: reads already behave as if it were done.
+    compacting: Option<Compaction>,
+}
+
+/// Physical compaction in progress: keys before `next_key` are done.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Compaction {
+    at: i64,
+    next_key: Vec<u8>,
 }
 
 fn internal(e: KeyIndexError) -> Error {
     Error::Internal(e.to_string())
+}
+
+impl Compaction {
+    fn with_next(self, next_key: Vec<u8>) -> Compaction {
+        Compaction { next_key, ..self }
+    }
 }
 
 impl Default for Store {
@@ -164,6 +167,7 @@ impl Default for Store {
             log: RevisionLog::default(),
             current: 1,
             compacted: 0,
+            compacting: None,
         }
     }
 }
@@ -264,8 +268,18 @@ impl Store {
     }
 
     /// Drops the history below `revision`: reads below it fail with [`Error::Compacted`], and
-    /// each key keeps its newest version at or below it.
+    /// each key keeps its newest version at or below it. All at once; the engine uses
+    /// [`Store::begin_compaction`] and bounded [`Store::compaction_step`]s instead.
     pub fn compact(&mut self, revision: i64) -> Result<()> {
+        self.begin_compaction(revision)?;
+        while self.compaction_step(usize::MAX) {}
+        Ok(())
+    }
+
+    /// Compacts at `revision` logically, at once: reads below it fail, and everything a read,
+    /// a watch or HashKV can observe is as after compaction. The history is dropped later, a
+    /// batch of keys per [`Store::compaction_step`]; a newer compaction restarts the sweep.
+    pub(crate) fn begin_compaction(&mut self, revision: i64) -> Result<()> {
         if revision <= self.compacted {
             return Err(Error::Compacted {
                 requested: revision,
@@ -278,11 +292,35 @@ impl Store {
                 current: self.current,
             });
         }
-        let keep = self.index.compact(revision);
-        self.log
-            .retain(|rev| rev.main > revision || keep.binary_search(rev).is_ok());
         self.compacted = revision;
+        self.compacting = Some(Compaction {
+            at: revision,
+            next_key: Vec::new(),
+        });
         Ok(())
+    }
+
+    /// Drops the compacted history of up to `keys` keys; returns whether any is left.
+    pub(crate) fn compaction_step(&mut self, keys: usize) -> bool {
+        let Some(c) = self.compacting.take() else {
+            return false;
+        };
+        let (dropped, next) = self.index.compact_batch(c.at, &c.next_key, keys);
+        for rev in &dropped {
+            self.log.remove(rev);
+        }
+        self.compacting = next.map(|next_key| c.with_next(next_key));
+        self.compacting.is_some()
+    }
+
+    pub(crate) fn compaction_pending(&self) -> bool {
+        self.compacting.is_some()
+    }
+
+    /// Whether the change at `rev` of `key` is still history: after the compacted revision,
+    /// or the value each key keeps at it. Changes the sweep has not dropped yet are not.
+    fn visible(&self, rev: &Revision, key: &[u8]) -> bool {
+        rev.main > self.compacted || self.index.get(key, self.compacted).is_some_and(|f| f.modified == *rev)
     }
 
     /// The events of revisions `from..=to` on keys of `range`, in revision order, whole
@@ -295,12 +333,13 @@ impl Store {
             if limit != 0 && out.len() >= limit && out.last().is_some_and(|e| e.kv.mod_revision != rev.main) {
                 break;
             }
-            if !range.contains(&change.key) {
+            if !range.contains(&change.key) || !self.visible(rev, &change.key) {
                 continue;
             }
+            // Below the compacted revision the previous value is gone (or going).
             let prev_kv = match self.index.get(&change.key, rev.main - 1) {
-                Some(found) => Some(self.key_value(&change.key, found, false)?),
-                None => None,
+                Some(found) if rev.main > self.compacted => Some(self.key_value(&change.key, found, false)?),
+                _ => None,
             };
             let event = match &change.put {
                 Some(_) => {
@@ -338,6 +377,9 @@ impl Store {
         let at = self.read_revision(revision)?;
         let mut h = crc32fast::Hasher::new();
         for (rev, change) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
+            if !self.visible(rev, &change.key) {
+                continue;
+            }
             h.update(&rev.encode());
             h.update(&(change.key.len() as u64).to_be_bytes());
             h.update(&change.key);
@@ -551,6 +593,44 @@ mod tests {
         write(&mut store, "a", Some("2"));
         let a = store.range(b"a", &[], ReadOptions::default()).unwrap();
         assert_eq!((a.kvs[0].mod_revision, a.kvs[0].version), (4, 2));
+    }
+
+    #[test]
+    fn a_compaction_sweep_is_invisible_at_every_step() {
+        let mut swept = Store::new();
+        for i in 0..30 {
+            let key = format!("k{}", i % 6);
+            write(&mut swept, &key, if i % 7 == 3 { None } else { Some("v") });
+        }
+        let mut at_once = swept.clone();
+        at_once.compact(20).unwrap();
+        swept.begin_compaction(20).unwrap();
+        let everything = KeyRange::new(&[0], &[0]);
+        let same = |a: &Store, b: &Store| {
+            assert_eq!(a.hash_kv(0).unwrap(), b.hash_kv(0).unwrap());
+            for rev in 20..=a.current_revision() {
+                let opts = ReadOptions {
+                    revision: rev,
+                    ..ReadOptions::default()
+                };
+                assert_eq!(a.range(&[0], &[0], opts).unwrap(), b.range(&[0], &[0], opts).unwrap());
+            }
+            assert_eq!(
+                a.events(20, 31, &everything, 0).unwrap(),
+                b.events(20, 31, &everything, 0).unwrap()
+            );
+        };
+        let mut steps = 0;
+        loop {
+            same(&swept, &at_once);
+            if !swept.compaction_step(1) {
+                break;
+            }
+            steps += 1;
+        }
+        same(&swept, &at_once);
+        assert!(steps >= 5, "one key per step");
+        assert_eq!(swept.size_in_use(), at_once.size_in_use(), "the same history is left");
     }
 
     #[test]
