@@ -1,7 +1,7 @@
 //! The `cairn` binary.
 //!
-//! Today it opens (or creates) the data directory and recovers its write-ahead log, then says
-//! that the etcd v3 gRPC API is not served yet. The server issue replaces this with the real
+//! Today it opens (or creates) the data directory with the embedded engine, recovering its
+//! state, then says that the etcd v3 gRPC API is not served yet. The server issue replaces this with the real
 //! node; the flags below already carry etcd's names and defaults.
 
 use std::path::PathBuf;
@@ -32,28 +32,26 @@ fn main() -> ExitCode {
     let data_dir = args
         .data_dir
         .unwrap_or_else(|| PathBuf::from(format!("{}.cairn", args.name)));
-    let wal_dir = data_dir.join("member").join("wal");
-    let opened = cairn_engine::wal::Wal::open(&wal_dir, cairn_engine::wal::Config::default()).and_then(|replay| {
-        let mut records = 0u64;
-        let mut replay = replay;
-        for r in replay.by_ref() {
-            r?;
-            records += 1;
-        }
-        replay.finish().map(|wal| (wal, records))
-    });
+    let member_dir = data_dir.join("member");
+    let opened = cairn_engine::Engine::open(&member_dir, cairn_engine::Config::default());
     match opened {
-        Ok((wal, records)) => {
+        Ok(engine) => {
             println!(
-                "cairn: data dir {} ready ({records} wal records recovered)",
-                data_dir.display()
+                "cairn: data dir {} ready (revision {})",
+                data_dir.display(),
+                engine.current_revision()
             );
             println!(
                 "cairn: the etcd v3 API on {} is not implemented yet; see README.md",
                 args.listen_client_urls
             );
-            drop(wal);
-            ExitCode::SUCCESS
+            match engine.close() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("cairn: closing {}: {e}", data_dir.display());
+                    ExitCode::from(1)
+                }
+            }
         }
         Err(e) => {
             eprintln!("cairn: cannot open data dir {}: {e}", data_dir.display());
