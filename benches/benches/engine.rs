@@ -1,6 +1,7 @@
 //! Criterion benches of the embedded engine (issue #3's list): a durable put (one fdatasync
 //! each, so this is mostly the disk), a single-key get, a range over 1,000 keys with limit 100
-//! and its count, a count-only range, and a compare-and-swap txn.
+//! and its count, a count-only range, a compare-and-swap txn, and one put delivered to 1,000
+//! watchers (the put's fsync included).
 //!
 //! Kept short (10 samples, 2 s each); reads are pure CPU on the in-memory index and values.
 
@@ -91,6 +92,26 @@ fn engine_benches(c: &mut Criterion) {
                 failure: vec![],
             };
             engine.txn(txn).expect("txn")
+        })
+    });
+    // Watch fan-out: one put delivered to 1,000 watchers of its prefix.
+    let watchers: Vec<cairn_engine::Watch> = (0..1000)
+        .map(|_| {
+            engine
+                .watch(&cairn_engine::WatchRequest {
+                    key: b"w/".to_vec(),
+                    range_end: cairn_engine::prefix_end(b"w/"),
+                    ..cairn_engine::WatchRequest::default()
+                })
+                .expect("watch")
+        })
+        .collect();
+    group.bench_function("watch/fanout/1000", |b| {
+        b.iter(|| {
+            engine.put(put(b"w/k", &value)).expect("put");
+            for w in &watchers {
+                black_box(w.recv_timeout(Duration::from_secs(10)).expect("event"));
+            }
         })
     });
     group.finish();
