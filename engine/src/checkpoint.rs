@@ -18,8 +18,9 @@
 //! directory fsynced; a crash leaves the old checkpoint or the new one, whole. A checkpoint
 //! that fails its checks is an error, never silently ignored (the log before it may be gone).
 //!
-//! Today the checkpoint holds the whole state and is written by the apply thread, so writes
-//! wait while it is written; the memory-mapped backend will make it a small record.
+//! Today the checkpoint holds the whole state: writes wait while the apply thread encodes it
+//! (the file is written on another thread); the memory-mapped backend will make it a small
+//! record.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};

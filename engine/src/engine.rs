@@ -17,7 +17,7 @@
 //! history) comes next; this seam, log then apply in order, is the one Raft will drive.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -90,19 +90,28 @@ impl State {
             alarms: self.alarms.iter().copied().collect(),
         })
     }
-
-    fn checkpoint(&self, dir: &Path) -> Result<()> {
-        checkpoint::write_bytes(dir, &self.checkpoint_bytes()?)
-    }
 }
 
-/// Writes a checkpoint of `state` and releases the log it covers. `checkpointing` keeps two
-/// checkpoints from writing the same temporary file at once.
-fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal, checkpointing: &Mutex<()>) -> Result<()> {
-    let _one_at_a_time = checkpointing.lock();
-    state.checkpoint(dir)?;
-    wal.release_before(LogIndex(state.applied_index.saturating_add(1)))?;
+/// The applied index of the newest checkpoint written. Held while one is written, so two
+/// never write the same temporary file at once, and an older one never replaces a newer one
+/// (the log it needs may be released already).
+type Checkpointing = Mutex<u64>;
+
+/// Writes checkpoint `bytes` of the state at `applied` and releases the log it covers.
+fn write_and_release(dir: &Path, bytes: &[u8], applied: u64, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
+    let mut newest = checkpointing.lock();
+    if applied < *newest {
+        return Ok(());
+    }
+    checkpoint::write_bytes(dir, bytes)?;
+    *newest = applied;
+    wal.release_before(LogIndex(applied.saturating_add(1)))?;
     Ok(())
+}
+
+/// Writes a checkpoint of `state` and releases the log it covers.
+fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
+    write_and_release(dir, &state.checkpoint_bytes()?, state.applied_index, wal, checkpointing)
 }
 
 struct Inner {
@@ -112,8 +121,8 @@ struct Inner {
     proposer: Mutex<Option<Proposer>>,
     state: Arc<RwLock<State>>,
     hub: Arc<Mutex<WatchHub>>,
-    /// Held while a checkpoint is written.
-    checkpointing: Arc<Mutex<()>>,
+    /// See [`Checkpointing`].
+    checkpointing: Arc<Checkpointing>,
     /// The next server-chosen lease ID candidate.
     next_lease_id: AtomicI64,
 }
@@ -282,7 +291,7 @@ struct Applier {
     dir: PathBuf,
     checkpoint_entries: u64,
     compaction_batch: usize,
-    checkpointing: Arc<Mutex<()>>,
+    checkpointing: Arc<Checkpointing>,
 }
 
 fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
@@ -297,6 +306,31 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
+    // The state is encoded here, under the lock; writing and fsyncing the file happen on the
+    // checkpointer thread while requests go on being applied. One at a time: while one is
+    // being written, the next waits for more entries.
+    let writing = Arc::new(AtomicBool::new(false));
+    let (to_write, written) = bounded::<(Vec<u8>, u64)>(1);
+    let checkpointer = {
+        let (dir, wal, checkpointing, writing) = (dir.clone(), wal.clone(), checkpointing.clone(), writing.clone());
+        std::thread::Builder::new()
+            .name("cairn-checkpoint".into())
+            .spawn(move || {
+                for (bytes, applied) in written {
+                    if let Err(e) = write_and_release(&dir, &bytes, applied, &wal, &checkpointing) {
+                        tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
+                    }
+                    writing.store(false, Ordering::Release);
+                }
+            })
+    };
+    let (to_write, checkpointer) = match checkpointer {
+        Ok(thread) => (Some(to_write), Some(thread)),
+        Err(e) => {
+            tracing::error!(error = %e, "no checkpoint thread; checkpoints only on close");
+            (None, None)
+        }
+    };
     loop {
         // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
         // write waits behind it for long.
@@ -335,12 +369,21 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
                     }
                 }
                 since_checkpoint += 1;
-                if checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries {
+                let due = checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries;
+                if let Some(tx) = to_write.as_ref().filter(|_| due && !writing.load(Ordering::Acquire)) {
                     since_checkpoint = 0;
-                    // Readers go on while it is written; writes wait (this is their thread).
+                    // Readers go on while it is encoded; writes wait (this is their thread).
                     let st = parking_lot::RwLockWriteGuard::downgrade(st);
-                    if let Err(e) = checkpoint_and_release(&dir, &st, &wal, &checkpointing) {
-                        tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
+                    match st.checkpoint_bytes() {
+                        Ok(bytes) => {
+                            writing.store(true, Ordering::Release);
+                            let applied = st.applied_index;
+                            drop(st);
+                            if tx.send((bytes, applied)).is_err() {
+                                writing.store(false, Ordering::Release);
+                            }
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint"),
                     }
                 }
                 outcome
@@ -348,6 +391,11 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
             Err(e) => Err(Error::from(e)),
         };
         let _ = p.reply.send(outcome);
+    }
+    // Let a checkpoint being written finish before the final one is taken.
+    drop(to_write);
+    if let Some(thread) = checkpointer {
+        let _ = thread.join();
     }
 }
 
@@ -538,7 +586,7 @@ impl Engine {
         let wal = Arc::new(replay.finish()?);
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
-        let checkpointing = Arc::new(Mutex::new(()));
+        let checkpointing = Arc::new(Mutex::new(state.read().applied_index));
         let (apply_tx, apply_rx) = unbounded();
         let apply_thread = {
             let applier = Applier {
@@ -888,5 +936,36 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_at(applied: u64) -> Vec<u8> {
+        checkpoint::encode(&CheckpointRef {
+            applied_index: applied,
+            store: &Store::new(),
+            leases: Vec::new(),
+            alarms: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_older_checkpoint_never_replaces_a_newer_one() {
+        // The log before the newer one may be released already: going back would lose it.
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path().join("wal"), cairn_wal::Config::default())
+            .unwrap()
+            .finish()
+            .unwrap();
+        let checkpointing: Checkpointing = Mutex::new(0);
+        write_and_release(dir.path(), &bytes_at(10), 10, &wal, &checkpointing).unwrap();
+        write_and_release(dir.path(), &bytes_at(5), 5, &wal, &checkpointing).unwrap();
+        assert_eq!(checkpoint::read(dir.path()).unwrap().unwrap().applied_index, 10);
+        write_and_release(dir.path(), &bytes_at(12), 12, &wal, &checkpointing).unwrap();
+        assert_eq!(checkpoint::read(dir.path()).unwrap().unwrap().applied_index, 12);
     }
 }
