@@ -14,10 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args().nth(1).unwrap_or_else(|| "counter.cairn".to_string());
     let engine = Engine::open(&dir, Config::default())?;
     loop {
-        let current = engine.range(&RangeRequest {
-            key: b"counter".to_vec(),
-            ..RangeRequest::default()
-        })?;
+        let current = engine.range(&RangeRequest::key("counter"))?;
         let (value, mod_revision) = match current.kvs.first() {
             Some(kv) => (std::str::from_utf8(&kv.value)?.parse::<u64>()?, kv.mod_revision),
             None => (0, 0),

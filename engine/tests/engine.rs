@@ -31,14 +31,7 @@ fn put(key: &str, value: &str) -> PutRequest {
 }
 
 fn all_at(engine: &Engine, revision: i64) -> RangeResponse {
-    engine
-        .range(&RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            revision,
-            ..RangeRequest::default()
-        })
-        .unwrap()
+    engine.range(&RangeRequest::all().at_revision(revision)).unwrap()
 }
 
 #[test]

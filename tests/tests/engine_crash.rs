@@ -168,12 +168,7 @@ fn read(engine: &Engine, key: &str, revision: i64) -> Result<Option<KeyValue>, E
 
 fn read_all(engine: &Engine, revision: i64) -> Vec<KeyValue> {
     engine
-        .range(&RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            revision,
-            ..RangeRequest::default()
-        })
+        .range(&RangeRequest::all().at_revision(revision))
         .unwrap_or_else(|e| panic!("full range at {revision}: {e}"))
         .kvs
 }

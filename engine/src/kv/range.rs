@@ -62,6 +62,37 @@ pub struct RangeResponse {
 }
 
 impl RangeRequest {
+    /// One key.
+    pub fn key(key: impl Into<Vec<u8>>) -> RangeRequest {
+        RangeRequest {
+            key: key.into(),
+            ..RangeRequest::default()
+        }
+    }
+
+    /// Every key starting with `prefix` (etcdctl's `--prefix`).
+    pub fn prefix(prefix: &[u8]) -> RangeRequest {
+        RangeRequest {
+            key: prefix.to_vec(),
+            range_end: crate::mvcc::index::prefix_end(prefix),
+            ..RangeRequest::default()
+        }
+    }
+
+    /// Every key (etcd's `key = range_end = "\0"`).
+    pub fn all() -> RangeRequest {
+        RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..RangeRequest::default()
+        }
+    }
+
+    /// The same request, read at `revision` (0 or less: the current one).
+    pub fn at_revision(self, revision: i64) -> RangeRequest {
+        RangeRequest { revision, ..self }
+    }
+
     fn filters(&self) -> bool {
         self.min_mod_revision != 0
             || self.max_mod_revision != 0
@@ -182,6 +213,18 @@ mod tests {
             .iter()
             .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
             .collect()
+    }
+
+    #[test]
+    fn builders_name_etcds_key_ranges() {
+        assert_eq!(
+            (RangeRequest::key("k").key, RangeRequest::key("k").range_end),
+            (b"k".to_vec(), vec![])
+        );
+        let p = RangeRequest::prefix(b"a/");
+        assert_eq!((p.key, p.range_end), (b"a/".to_vec(), b"a0".to_vec()));
+        let all = RangeRequest::all().at_revision(7);
+        assert_eq!((all.key, all.range_end, all.revision), (vec![0], vec![0], 7));
     }
 
     #[test]
