@@ -334,11 +334,9 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
     loop {
         // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
         // write waits behind it for long.
-        if state.read().store.compaction_pending() {
-            let mut st = state.write();
-            st.store.compaction_step(compaction_batch);
-        }
-        let next = if state.read().store.compaction_pending() {
+        let compacting = state.read().store.compaction_pending();
+        let p = if compacting {
+            state.write().store.compaction_step(compaction_batch);
             match rx.try_recv() {
                 Ok(p) => p,
                 Err(TryRecvError::Empty) => continue,
@@ -350,7 +348,6 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
                 Err(_) => break,
             }
         };
-        let p = next;
         let outcome = match p.durable.wait() {
             Ok(_) => {
                 let mut st = state.write();

@@ -107,16 +107,19 @@ impl TreeIndex {
         self.tree.get_mut(key).ok_or(KeyIndexError::NotLive)?.tombstone(rev)
     }
 
-    /// A copy of one key's history, to restore if a write request is abandoned.
-    pub(crate) fn save(&self, key: &[u8]) -> Option<KeyIndex> {
-        self.tree.get(key).cloned()
+    /// The revision that last changed `key`, if it has any history.
+    pub(crate) fn modified(&self, key: &[u8]) -> Option<Revision> {
+        self.tree.get(key).map(|ki| ki.modified)
     }
 
-    /// Puts back a key's history saved by [`TreeIndex::save`] (`None`: the key had none).
-    pub(crate) fn restore(&mut self, key: &[u8], saved: Option<KeyIndex>) {
-        match saved {
-            Some(ki) => {
-                self.tree.insert(key.to_vec(), ki);
+    /// Takes back the last change of `key` (see [`KeyIndex::undo`]); `previous` is what
+    /// [`TreeIndex::modified`] said before it, `None` for a key that had no history.
+    pub(crate) fn undo(&mut self, key: &[u8], rev: Revision, tombstone: bool, previous: Option<Revision>) {
+        match previous {
+            Some(previous) => {
+                if let Some(ki) = self.tree.get_mut(key) {
+                    ki.undo(rev, tombstone, previous);
+                }
             }
             None => {
                 self.tree.remove(key);

@@ -112,6 +112,24 @@ impl KeyIndex {
         Ok(())
     }
 
+    /// Takes back the last change, made at `rev` (a put, or a delete when `tombstone`), which
+    /// followed `previous` (the key's `modified` before it). For abandoning a write request.
+    pub(crate) fn undo(&mut self, rev: Revision, tombstone: bool, previous: Revision) {
+        if tombstone && self.generations.last().is_some_and(Generation::is_empty) {
+            self.generations.pop();
+        }
+        if let Some(g) = self.generations.last_mut() {
+            if g.revs.last() == Some(&rev) {
+                g.revs.pop();
+                g.ver -= 1;
+            }
+        }
+        if self.generations.is_empty() {
+            self.generations.push(Generation::default());
+        }
+        self.modified = previous;
+    }
+
     /// Whether the key exists at the newest revision.
     pub(crate) fn is_live(&self) -> bool {
         self.generations.last().is_some_and(|g| !g.is_empty())

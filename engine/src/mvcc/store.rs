@@ -262,7 +262,7 @@ impl Store {
             main,
             sub: 0,
             lease_changes: Vec::new(),
-            saved: Vec::new(),
+            undo: Vec::new(),
             finished: false,
         }
     }
@@ -419,8 +419,9 @@ pub struct WriteTxn<'a> {
     /// Changes made so far; the next one's sub-revision.
     sub: i64,
     lease_changes: Vec<LeaseChange>,
-    /// Each key's history before this request first changed it, to undo with.
-    saved: Vec<(Vec<u8>, Option<super::key_index::KeyIndex>)>,
+    /// Every change made, in order, to take back: key, revision, whether a delete, and the
+    /// key's previous `modified` (`None`: no history before).
+    undo: Vec<(Vec<u8>, Revision, bool, Option<Revision>)>,
     finished: bool,
 }
 
@@ -429,8 +430,8 @@ impl Drop for WriteTxn<'_> {
         if self.finished || self.sub == 0 {
             return;
         }
-        for (key, saved) in self.saved.drain(..).rev() {
-            self.store.index.restore(&key, saved);
+        for (key, rev, tombstone, previous) in std::mem::take(&mut self.undo).into_iter().rev() {
+            self.store.index.undo(&key, rev, tombstone, previous);
         }
         for sub in 0..self.sub {
             self.store.log.remove(&Revision::new(self.main, sub));
@@ -439,14 +440,6 @@ impl Drop for WriteTxn<'_> {
 }
 
 impl WriteTxn<'_> {
-    /// Remembers `key`'s history the first time this request changes it.
-    fn save(&mut self, key: &[u8]) {
-        if !self.saved.iter().any(|(k, _)| k.as_slice() == key) {
-            let saved = self.store.index.save(key);
-            self.saved.push((key.to_vec(), saved));
-        }
-    }
-
     fn next_revision(&mut self) -> Revision {
         let rev = Revision::new(self.main, self.sub);
         self.sub += 1;
@@ -477,9 +470,10 @@ impl WriteTxn<'_> {
             let key = Bytes::copy_from_slice(key);
             self.lease_changes.push(LeaseChange { key, from, to: lease });
         }
-        self.save(key);
+        let previous = self.store.index.modified(key);
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
+        self.undo.push((key.to_vec(), rev, false, previous));
         let key = Bytes::copy_from_slice(key);
         self.store.log.insert(
             rev,
@@ -511,9 +505,10 @@ impl WriteTxn<'_> {
                 }
                 deleted.push(kv);
             }
-            self.save(&k);
+            let previous = self.store.index.modified(&k);
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
+            self.undo.push((k.clone(), rev, true, previous));
             self.store.log.insert(
                 rev,
                 Change {
