@@ -43,6 +43,9 @@ impl Config {
     /// The smallest segment size accepted (tests use tiny segments to exercise rotation).
     pub const MIN_SEGMENT_SIZE: u64 = 512;
 
+    /// Checks every field is in range: `segment_size` at least [`Self::MIN_SEGMENT_SIZE`],
+    /// `max_record_bytes` between 1 and `u32::MAX - 64`, `queue_depth` at least 1. Opening a
+    /// log calls it; a failure is [`Error::InvalidConfig`].
     pub fn validate(&self) -> Result<()> {
         if self.segment_size < Self::MIN_SEGMENT_SIZE || self.segment_size <= HEADER_LEN as u64 {
             return Err(Error::InvalidConfig("segment_size must be at least 512 bytes"));

@@ -30,8 +30,12 @@ pub const FRAME_ALIGN: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
+    /// A [`crate::Record::Entry`]; the frame's index is the entry's index.
     Entry = 1,
+    /// A [`crate::Record::State`] the caller appended; the frame's index is 0.
     State = 2,
+    /// A [`crate::Record::Truncate`]; the frame's index is the truncation point and the payload
+    /// is empty.
     Truncate = 3,
     /// The latest state, repeated by the log at the head of a new segment.
     CarriedState = 4,
@@ -52,8 +56,11 @@ impl FrameKind {
 /// A decoded frame borrowing its payload from the buffer it was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Frame<'a> {
+    /// What the frame holds.
     pub kind: FrameKind,
+    /// The entry index or truncation point, per `kind`; 0 for state frames.
     pub index: u64,
+    /// The payload, without padding.
     pub payload: &'a [u8],
     /// The stored checksum; the next frame's seed.
     pub crc: u32,

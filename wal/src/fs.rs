@@ -30,6 +30,8 @@ pub trait DirLock: Send + fmt::Debug {}
 
 /// Directory and file operations.
 pub trait FileSystem: Send + Sync + fmt::Debug {
+    /// Creates `dir` and any missing ancestors. New entries are durable only once their parent
+    /// directory is synced with [`FileSystem::sync_dir`].
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// The names of the entries of `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
@@ -37,7 +39,9 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn create(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
     /// Opens an existing file for reading and writing.
     fn open(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
+    /// Renames `from` to `to`, replacing any file at `to`. Durable once the directory is synced.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes the file at `path`. Durable once the directory is synced.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// fsyncs the directory, making creations, renames and removals in it durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;

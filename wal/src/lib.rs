@@ -12,6 +12,8 @@
 //!
 //! This crate knows bytes, indexes and segments; it knows nothing of Raft or MVCC.
 
+#![warn(missing_docs)]
+
 mod config;
 mod error;
 mod frame;

@@ -22,21 +22,32 @@
 use crate::error::CorruptionReason;
 use crate::types::{LogIndex, SegmentSeq};
 
+/// The first eight bytes of every segment file.
 pub const MAGIC: [u8; 8] = *b"CAIRNWAL";
+/// The on-disk format version this crate writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of the segment header; the first frame starts at this offset, which is 8-aligned.
 pub const HEADER_LEN: usize = 40;
 const SUFFIX: &str = ".wal";
 const TMP_SUFFIX: &str = ".tmp";
+/// Suffix of a damaged segment's copy, kept by a repair.
 pub const BROKEN_SUFFIX: &str = ".broken";
 
+/// The decoded header of a segment file. `seq` and `first_index` repeat the file name;
+/// recovery checks that they match it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// The segment's sequence number.
     pub seq: SegmentSeq,
+    /// The index the next entry was expected to have when the segment was created.
     pub first_index: LogIndex,
+    /// The crc the first record is chained from: the stored crc of the previous segment's last
+    /// record, or 0 for the first segment of a new log.
     pub crc_seed: u32,
 }
 
 impl SegmentHeader {
+    /// The header's 40 bytes, header crc included.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         let mut w = Vec::with_capacity(HEADER_LEN);
@@ -52,6 +63,8 @@ impl SegmentHeader {
         out
     }
 
+    /// Decodes the header at the start of `buf`, checking its length, magic, crc and format
+    /// version. It does not compare `seq` or `first_index` with the file name.
     pub fn decode(buf: &[u8]) -> Result<SegmentHeader, CorruptionReason> {
         let h = buf
             .get(..HEADER_LEN)
@@ -107,6 +120,7 @@ pub fn tmp_name(n: u64) -> String {
     format!("{n:016x}{TMP_SUFFIX}")
 }
 
+/// Whether `name` is a preallocated segment not yet in use.
 pub fn is_tmp_name(name: &str) -> bool {
     name.ends_with(TMP_SUFFIX)
 }

@@ -119,6 +119,7 @@ fn take_budget(budget: &mut Option<u64>) -> bool {
 }
 
 impl SimFs {
+    /// An empty file system: no files, no directories, no faults.
     pub fn new() -> SimFs {
         SimFs::default()
     }
@@ -172,6 +173,8 @@ impl SimFs {
         SyncGate { gate, fs: self.clone() }
     }
 
+    /// Stops injecting faults: syncs and writes succeed again. Does not release a
+    /// [`SyncGate`].
     pub fn clear_faults(&self) {
         let mut st = self.state.lock();
         st.syncs_left = None;

@@ -14,6 +14,7 @@ impl LogIndex {
         LogIndex(self.0.saturating_add(1))
     }
 
+    /// The index as a plain number.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -45,13 +46,21 @@ impl fmt::Display for SegmentSeq {
 pub enum Record {
     /// An entry at `index`. Invariant: `index` is the previous entry's index + 1, or any index
     /// when the log holds no entry yet or right after a truncation to `index`.
-    Entry { index: LogIndex, payload: Bytes },
+    Entry {
+        /// The entry's position in the log.
+        index: LogIndex,
+        /// Opaque bytes, at most [`crate::Config::max_record_bytes`] long.
+        payload: Bytes,
+    },
     /// Opaque metadata (Raft's HardState and ConfState, for instance); the latest one wins.
     /// The log carries the latest state into every new segment, so releasing old segments never
     /// loses it.
     State(Bytes),
     /// Drops every entry with an index `>= from`; the next entry must have index `from`.
-    Truncate { from: LogIndex },
+    Truncate {
+        /// The first index dropped.
+        from: LogIndex,
+    },
 }
 
 /// How durable an append must be before its [`crate::Ticket`] completes.
