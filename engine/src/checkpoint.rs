@@ -1,4 +1,4 @@
-//! Checkpoints: the applied log index and the complete state it describes, in one file.
+//! Checkpoints: the applied log index and the state it describes, in one small file.
 //!
 //! Opening loads the checkpoint, then replays only the log entries after its applied index;
 //! segments of the log wholly below it are released. The applied index and the state are
@@ -8,19 +8,20 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (1)
+//! 8       4     format version, u32 LE (2)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
-//! 24      len   body: postcard of (applied index, store, leases, alarms)
+//! 24      len   body: postcard of (applied index, layout epoch, store meta, leases, alarms)
 //! ```
+//!
+//! The store meta is the revision, the compacted revision and the data files' layout (each
+//! file's id and length, in order); the records themselves are in the data files, which are
+//! fsynced before the checkpoint naming them is written. The layout epoch counts
+//! defragmentations: of two checkpoints at the same applied index, the later layout wins.
 //!
 //! Crash safety: written to `checkpoint.tmp`, fsynced, renamed over `checkpoint`, and the
 //! directory fsynced; a crash leaves the old checkpoint or the new one, whole. A checkpoint
 //! that fails its checks is an error, never silently ignored (the log before it may be gone).
-//!
-//! Today the checkpoint holds the whole state: writes wait while the apply thread encodes it
-//! (the file is written on another thread); the memory-mapped backend will make it a small
-//! record.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -28,31 +29,31 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseRecord;
-use crate::mvcc::store::Store;
+use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER_LEN: usize = 24;
 const NAME: &str = "checkpoint";
 const TMP_NAME: &str = "checkpoint.tmp";
 
-/// What a checkpoint holds, borrowed for writing.
-#[derive(serde::Serialize)]
-pub(crate) struct CheckpointRef<'a> {
+/// What a checkpoint holds.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Checkpoint {
     pub(crate) applied_index: u64,
-    pub(crate) store: &'a Store,
+    /// Defragmentations so far (see the module docs).
+    pub(crate) epoch: u64,
+    pub(crate) store: StoreMeta,
     pub(crate) leases: Vec<LeaseRecord>,
     pub(crate) alarms: Vec<Alarm>,
 }
 
-/// What a checkpoint holds, loaded. The same fields, in the same order, as [`CheckpointRef`].
-#[derive(serde::Deserialize)]
-pub(crate) struct Checkpoint {
-    pub(crate) applied_index: u64,
-    pub(crate) store: Store,
-    pub(crate) leases: Vec<LeaseRecord>,
-    pub(crate) alarms: Vec<Alarm>,
+impl Checkpoint {
+    /// Which of two checkpoints is newer.
+    pub(crate) fn order(&self) -> (u64, u64) {
+        (self.applied_index, self.epoch)
+    }
 }
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -60,7 +61,7 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 }
 
 /// The checkpoint's bytes: header and body.
-pub(crate) fn encode(checkpoint: &CheckpointRef<'_>) -> Result<Vec<u8>> {
+pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
     let body = postcard::to_allocvec(checkpoint).map_err(|e| Error::Checkpoint(format!("encode: {e}")))?;
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);

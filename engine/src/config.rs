@@ -15,6 +15,9 @@ pub struct Config {
     /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
     /// `--snapshot-count` default).
     pub checkpoint_entries: u64,
+    /// Bytes each data file is preallocated with (a record larger than this gets a file of its
+    /// own size). At most 1 GiB. Default 64 MiB.
+    pub data_file_size: u64,
     /// Keys whose compacted history is dropped per step; the apply thread takes one step
     /// between requests, so a compaction never holds writes up for long. Default 1,000.
     pub compaction_batch: usize,
@@ -52,6 +55,7 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
+            data_file_size: 64 << 20,
             compaction_batch: 1000,
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,
@@ -78,6 +82,11 @@ impl Config {
         if self.watch_buffer == 0 || self.watch_batch == 0 || self.watch_sync_interval.is_zero() {
             return Err(Error::InvalidConfig(
                 "watch_buffer, watch_batch and watch_sync_interval must be positive".into(),
+            ));
+        }
+        if !(4096..=1 << 30).contains(&self.data_file_size) {
+            return Err(Error::InvalidConfig(
+                "data_file_size must be between 4 KiB and 1 GiB".into(),
             ));
         }
         if self.compaction_batch == 0 {

@@ -57,6 +57,12 @@ pub enum Error {
     /// Writing or reading the checkpoint failed, or it is damaged.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// Reading or writing the data files failed, or they are damaged.
+    #[error("backend: {0}")]
+    Backend(String),
+    /// A snapshot could not be written or read, or it is damaged.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
     /// The engine has been closed.
     #[error("engine is closed")]
     Closed,

@@ -6,6 +6,7 @@
 //! it. The durable backend, leases, watch, snapshots and the embedded `Engine` arrive with
 //! issue #3 (see README.md's status table).
 
+mod backend;
 mod checkpoint;
 mod clock;
 mod config;
@@ -15,12 +16,13 @@ mod kv;
 mod lease;
 mod mvcc;
 mod request;
+mod snapshot;
 mod watch;
 
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
-pub use engine::{Applied, Engine, LeaseGrant, Pending, PendingFuture, Watch};
+pub use engine::{Applied, Defragmented, Engine, LeaseGrant, Pending, PendingFuture, Watch};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

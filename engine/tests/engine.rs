@@ -212,9 +212,26 @@ fn a_snapshot_restores_into_an_identical_engine() {
 
     // Refused: into a directory in use, or from damaged bytes.
     let err = Engine::restore(&mut snapshot.as_slice(), dir.path()).unwrap_err();
-    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
-    let mut damaged = snapshot.clone();
-    damaged[40] ^= 1;
-    let err = Engine::restore(&mut damaged.as_slice(), restored_dir.path().join("other")).unwrap_err();
-    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    assert!(matches!(err, Error::Snapshot(_)), "{err}");
+    for at in [3, 40, snapshot.len() / 2, snapshot.len() - 3] {
+        let mut damaged = snapshot.clone();
+        damaged[at] ^= 1;
+        let other = restored_dir.path().join(format!("other{at}"));
+        let err = Engine::restore(&mut damaged.as_slice(), &other).unwrap_err();
+        assert!(matches!(err, Error::Snapshot(_)), "{err}");
+        assert!(
+            Engine::open(&other, small())
+                .unwrap()
+                .range(&RangeRequest::all())
+                .unwrap()
+                .kvs
+                .is_empty(),
+            "a failed restore leaves nothing behind"
+        );
+    }
+    let cut = &snapshot[..snapshot.len() - 1];
+    assert!(matches!(
+        Engine::restore(&mut &cut[..], restored_dir.path().join("cut")),
+        Err(Error::Snapshot(_))
+    ));
 }

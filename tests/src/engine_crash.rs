@@ -49,6 +49,8 @@ pub fn config() -> cairn_engine::Config {
         },
         // Checkpoints every 100 entries, so kills also land while one is written.
         checkpoint_entries: 100,
+        // Small data files, so the state spans several and defragmentation replaces them.
+        data_file_size: 64 << 10,
         ..Default::default()
     }
 }

@@ -43,7 +43,6 @@ pub(crate) struct LeaseRecord {
     pub(crate) id: i64,
     pub(crate) ttl: i64,
     pub(crate) remaining_ttl: i64,
-    pub(crate) keys: Vec<Bytes>,
 }
 
 /// What [`Lessor::time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
@@ -262,14 +261,14 @@ impl Lessor {
                 id: *id,
                 ttl: l.ttl,
                 remaining_ttl: l.remaining_ttl,
-                keys: l.keys.iter().cloned().collect(),
             })
             .collect();
         out.sort_by_key(|r| r.id);
         out
     }
 
-    /// Loads leases from a checkpoint; their clocks start with [`Lessor::restart_clocks`].
+    /// Loads leases from a checkpoint, their keys from the store; their clocks start with
+    /// [`Lessor::restart_clocks`].
     pub(crate) fn load(&mut self, records: Vec<LeaseRecord>) {
         let now = self.clock.now();
         for r in records {
@@ -281,7 +280,7 @@ impl Lessor {
                     ttl: r.ttl,
                     remaining_ttl: r.remaining_ttl,
                     expiry,
-                    keys: r.keys.into_iter().collect(),
+                    keys: Default::default(),
                     revoking: false,
                 },
             );

@@ -43,6 +43,12 @@ impl KeyRange {
         }
     }
 
+    /// Whether the range holds every key (keys are never empty, so any start up to `[0]`
+    /// with no end).
+    pub(crate) fn is_everything(&self) -> bool {
+        !self.single && self.end.is_none() && self.start.as_slice() <= [0].as_slice()
+    }
+
     /// Whether `key` falls in the range.
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
         <(Bound<&[u8]>, Bound<&[u8]>) as std::ops::RangeBounds<[u8]>>::contains(&self.bounds(), key)
@@ -84,27 +90,59 @@ pub(crate) struct IndexRange {
     pub(crate) count: usize,
 }
 
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct TreeIndex {
-    #[serde(with = "super::sorted_map")]
     tree: BTreeMap<Vec<u8>, KeyIndex>,
+    /// Keys that exist now. Invariant: the number of live entries of `tree`.
+    live: usize,
 }
 
 impl TreeIndex {
-    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
-        match self.tree.get_mut(key) {
-            Some(ki) => ki.put(rev),
-            None => {
-                let mut ki = KeyIndex::default();
-                ki.put(rev)?;
-                self.tree.insert(key.to_vec(), ki);
-                Ok(())
-            }
+    /// Applies `change` to the history of `key` (created if it has none), keeping `live`.
+    fn change(
+        &mut self,
+        key: &[u8],
+        change: impl FnOnce(&mut KeyIndex) -> Result<(), KeyIndexError>,
+    ) -> Result<(), KeyIndexError> {
+        let ki = match self.tree.get_mut(key) {
+            Some(ki) => ki,
+            None => self.tree.entry(key.to_vec()).or_default(),
+        };
+        let was_live = ki.is_live();
+        let result = change(ki);
+        let is_live = ki.is_live();
+        if ki.is_empty() {
+            self.tree.remove(key);
         }
+        self.live = (self.live + usize::from(is_live)).saturating_sub(usize::from(was_live));
+        result
+    }
+
+    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
+        self.change(key, |ki| ki.put(rev))
     }
 
     pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
-        self.tree.get_mut(key).ok_or(KeyIndexError::NotLive)?.tombstone(rev)
+        if !self.tree.contains_key(key) {
+            return Err(KeyIndexError::NotLive);
+        }
+        self.change(key, |ki| ki.tombstone(rev))
+    }
+
+    /// See [`KeyIndex::restore`].
+    pub(crate) fn restore(
+        &mut self,
+        key: &[u8],
+        rev: Revision,
+        created: Revision,
+        version: i64,
+    ) -> Result<(), KeyIndexError> {
+        self.change(key, |ki| ki.restore(rev, created, version))
+    }
+
+    /// Keys that exist now.
+    pub(crate) fn live(&self) -> usize {
+        self.live
     }
 
     /// The revision that last changed `key`, if it has any history.
@@ -117,12 +155,17 @@ impl TreeIndex {
     pub(crate) fn undo(&mut self, key: &[u8], rev: Revision, tombstone: bool, previous: Option<Revision>) {
         match previous {
             Some(previous) => {
-                if let Some(ki) = self.tree.get_mut(key) {
-                    ki.undo(rev, tombstone, previous);
+                if self.tree.contains_key(key) {
+                    let _ = self.change(key, |ki| {
+                        ki.undo(rev, tombstone, previous);
+                        Ok(())
+                    });
                 }
             }
             None => {
-                self.tree.remove(key);
+                if self.tree.remove(key).is_some_and(|ki| ki.is_live()) {
+                    self.live -= 1;
+                }
             }
         }
     }
@@ -137,15 +180,20 @@ impl TreeIndex {
     }
 
     /// The keys of `range` that existed at revision `at`; at most `limit` of them (0: no limit)
-    /// returned, all of them counted.
-    pub(crate) fn range(&self, range: &KeyRange, at: i64, limit: usize) -> IndexRange {
+    /// returned, all of them counted, unless `uncounted`: then the walk stops at the limit
+    /// (the caller knows the count).
+    pub(crate) fn range(&self, range: &KeyRange, at: i64, limit: usize, uncounted: bool) -> IndexRange {
         let mut out = IndexRange::default();
         for (key, ki) in self.tree.range::<[u8], _>(range.bounds()) {
             if let Some(found) = ki.get(at) {
-                out.count += 1;
-                if limit == 0 || out.keys.len() < limit {
+                if limit != 0 && out.keys.len() >= limit {
+                    if uncounted {
+                        break;
+                    }
+                } else {
                     out.keys.push((key.clone(), found));
                 }
+                out.count += 1;
             }
         }
         out
@@ -160,27 +208,21 @@ impl TreeIndex {
             .collect()
     }
 
-    /// Compacts every key at revision `at` (see [`KeyIndex::compact`]) and drops keys with
-    /// nothing left. Returns the revisions whose values must be kept.
-    /// Compacts up to `limit` keys at revision `at`, starting with the first key `>= from`.
-    /// Returns the revisions dropped from their histories (to drop from the revision log too)
-    /// and the key to continue from, or `None` when no key is left.
+    /// Compacts up to `limit` keys at revision `at` (see [`KeyIndex::compact`]), starting with
+    /// the first key `>= from`, and drops keys with nothing left. Returns the revisions dropped
+    /// from their histories (to drop from the revision log too) and the key to continue from,
+    /// or `None` when no key is left.
     pub(crate) fn compact_batch(&mut self, at: i64, from: &[u8], limit: usize) -> (Vec<Revision>, Option<Vec<u8>>) {
         let mut dropped = Vec::new();
         let mut emptied = Vec::new();
         let mut next = None;
-        let mut ignored_keep = Vec::new();
         let from = (Bound::Included(from), Bound::Unbounded);
         for (done, (key, ki)) in self.tree.range_mut::<[u8], _>(from).enumerate() {
             if done == limit {
                 next = Some(key.clone());
                 break;
             }
-            let before: Vec<Revision> = ki.generations.iter().flat_map(|g| g.revs.iter().copied()).collect();
-            ki.compact(at, &mut ignored_keep);
-            let after: std::collections::BTreeSet<Revision> =
-                ki.generations.iter().flat_map(|g| g.revs.iter().copied()).collect();
-            dropped.extend(before.into_iter().filter(|r| !after.contains(r)));
+            ki.compact(at, &mut dropped);
             if ki.is_empty() {
                 emptied.push(key.clone());
             }
@@ -238,13 +280,19 @@ mod tests {
         }
         idx.tombstone(b"b", rev(5)).unwrap();
         let all = KeyRange::new(b"a", b"\0");
-        let now = idx.range(&all, 5, 2);
+        let now = idx.range(&all, 5, 2, false);
         assert_eq!(now.count, 3);
         assert_eq!(
             now.keys.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(),
             [b"a", b"c"]
         );
-        let then = idx.range(&all, 2, 0);
+        let then = idx.range(&all, 2, 0, false);
+        assert_eq!(idx.live(), 3);
+        assert_eq!(
+            idx.range(&all, 5, 2, true).count,
+            2,
+            "uncounted: the walk stops at the limit"
+        );
         assert_eq!(then.count, 2, "at revision 2 only a and b existed");
         assert_eq!(idx.live_keys(&KeyRange::new(b"a", b"c")), vec![b"a".to_vec()]);
     }

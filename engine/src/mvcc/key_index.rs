@@ -21,7 +21,7 @@
 use super::revision::Revision;
 
 /// One life of a key.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Generation {
     /// Puts in this generation (the key's version is reset by a delete).
     /// Invariant: `ver >= revs.len()` once compaction has dropped early revisions.
@@ -54,7 +54,7 @@ pub(crate) enum KeyIndexError {
 
 /// The revisions of one key. Invariant: `generations` is non-empty, only the last generation
 /// may be empty, and all revisions ascend across generations.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KeyIndex {
     /// The last revision that changed the key (a put or its tombstone).
     pub(crate) modified: Revision,
@@ -183,10 +183,9 @@ impl KeyIndex {
         })
     }
 
-    /// Drops history that no read at or after revision `at` can see (see the module docs).
-    /// Adds to `keep` the revision still holding the key's value at `at`, if it is not a
-    /// tombstone: compaction of the value files must keep it.
-    pub(crate) fn compact(&mut self, at: i64, keep: &mut Vec<Revision>) {
+    /// Drops history that no read at or after revision `at` can see (see the module docs),
+    /// adding the revisions dropped to `dropped`: their records can go.
+    pub(crate) fn compact(&mut self, at: i64, dropped: &mut Vec<Revision>) {
         let last = self.generations.len().saturating_sub(1);
         // The first generation still alive at `at`: its tombstone is after `at`, or it is the
         // current one.
@@ -199,19 +198,36 @@ impl KeyIndex {
         }
         if let Some(g) = self.generations.get_mut(gi) {
             if let Some(n) = g.newest_at(at) {
-                g.revs.drain(..n);
+                dropped.extend(g.revs.drain(..n));
                 if g.revs.len() == 1 && gi != last {
                     // Only the tombstone is left: the key did not exist at `at`.
                     gi += 1;
-                } else if let Some(r) = g.revs.first() {
-                    keep.push(*r);
                 }
             }
         }
-        self.generations.drain(..gi);
+        for g in self.generations.drain(..gi) {
+            dropped.extend(g.revs);
+        }
         if self.generations.is_empty() {
             self.generations.push(Generation::default());
         }
+    }
+
+    /// Records a change read back from a data file: a put at `rev` with the create revision
+    /// and version the record carries (earlier puts of the generation may be compacted away,
+    /// so they cannot be counted), or a tombstone when `version` is 0.
+    pub(crate) fn restore(&mut self, rev: Revision, created: Revision, version: i64) -> Result<(), KeyIndexError> {
+        if version == 0 {
+            return self.tombstone(rev);
+        }
+        self.put(rev)?;
+        if let Some(g) = self.generations.last_mut() {
+            if g.revs.len() == 1 {
+                g.created = created;
+            }
+            g.ver = version;
+        }
+        Ok(())
     }
 }
 
@@ -267,22 +283,23 @@ mod tests {
 
     #[test]
     fn compaction_keeps_what_later_reads_see() {
-        // Table: compact the example at `at`; the generations left, the revision kept for its
-        // value, and reads at or after `at` are unchanged.
+        // Table: compact the example at `at`; the generations left, the revisions dropped, and
+        // reads at or after `at` are unchanged.
         let cases: [(i64, Vec<Vec<i64>>, Vec<i64>); 7] = [
             (0, vec![vec![1, 2, 3, 4], vec![5, 6]], vec![]),
-            (1, vec![vec![1, 2, 3, 4], vec![5, 6]], vec![1]),
-            (2, vec![vec![2, 3, 4], vec![5, 6]], vec![2]),
-            (3, vec![vec![3, 4], vec![5, 6]], vec![3]),
-            (4, vec![vec![5, 6]], vec![]),
-            (5, vec![vec![5, 6]], vec![5]),
-            (7, vec![vec![6]], vec![6]),
+            (1, vec![vec![1, 2, 3, 4], vec![5, 6]], vec![]),
+            (2, vec![vec![2, 3, 4], vec![5, 6]], vec![1]),
+            (3, vec![vec![3, 4], vec![5, 6]], vec![1, 2]),
+            (4, vec![vec![5, 6]], vec![1, 2, 3, 4]),
+            (5, vec![vec![5, 6]], vec![1, 2, 3, 4]),
+            (7, vec![vec![6]], vec![1, 2, 3, 4, 5]),
         ];
-        for (at, generations, kept) in cases {
+        for (at, generations, expect_dropped) in cases {
             let before = example();
             let mut ki = before.clone();
-            let mut keep = Vec::new();
-            ki.compact(at, &mut keep);
+            let mut dropped = Vec::new();
+            ki.compact(at, &mut dropped);
+            dropped.sort();
             let left: Vec<Vec<i64>> = ki
                 .generations
                 .iter()
@@ -290,7 +307,11 @@ mod tests {
                 .map(|g| g.revs.iter().map(|r| r.main).collect())
                 .collect();
             assert_eq!(left, generations, "compact at {at}");
-            assert_eq!(keep.iter().map(|r| r.main).collect::<Vec<_>>(), kept, "kept at {at}");
+            assert_eq!(
+                dropped.iter().map(|r| r.main).collect::<Vec<_>>(),
+                expect_dropped,
+                "dropped at {at}"
+            );
             for read in at..=8 {
                 assert_eq!(
                     ki.get(read),
@@ -302,14 +323,36 @@ mod tests {
     }
 
     #[test]
+    fn restoring_surviving_records_rebuilds_the_compacted_history() {
+        let mut compacted = example();
+        compacted.compact(5, &mut Vec::new());
+        // What the data files still hold after compaction at 5: 5.0 (created 5, version 1)
+        // and 6.0 (version 2).
+        let mut restored = KeyIndex::default();
+        restored.restore(rev(5), rev(5), 1).unwrap();
+        restored.restore(rev(6), rev(5), 2).unwrap();
+        assert_eq!(restored, compacted);
+        // At 3 the first generation survives from 3.0 (version 3), with its tombstone.
+        let mut compacted = example();
+        compacted.compact(3, &mut Vec::new());
+        let mut restored = KeyIndex::default();
+        restored.restore(rev(3), rev(1), 3).unwrap();
+        restored.restore(rev(4), Revision::default(), 0).unwrap();
+        restored.restore(rev(5), rev(5), 1).unwrap();
+        restored.restore(rev(6), rev(5), 2).unwrap();
+        assert_eq!(restored, compacted);
+        assert_eq!(restored.get(3).map(|f| (f.created.main, f.version)), Some((1, 3)));
+    }
+
+    #[test]
     fn a_deleted_key_compacts_away_entirely() {
         let mut ki = KeyIndex::default();
         ki.put(rev(1)).unwrap();
         ki.tombstone(rev(2)).unwrap();
-        let mut keep = Vec::new();
-        ki.compact(2, &mut keep);
+        let mut dropped = Vec::new();
+        ki.compact(2, &mut dropped);
         assert!(ki.is_empty());
-        assert!(keep.is_empty());
+        assert_eq!(dropped, vec![rev(1), rev(2)]);
         // It can be created again afterwards.
         ki.put(rev(3)).unwrap();
         assert_eq!(ki.get(3).map(|f| f.version), Some(1));

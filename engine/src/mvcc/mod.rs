@@ -7,5 +7,4 @@
 pub(crate) mod index;
 pub(crate) mod key_index;
 pub(crate) mod revision;
-mod sorted_map;
 pub(crate) mod store;

@@ -6,16 +6,21 @@
 //! revision (0 for the current one) and see the store exactly as it was then, unless
 //! compaction has dropped that history.
 //!
-//! Values are kept per revision in a [`ValueStore`]; today that is an in-memory map, and the
-//! memory-mapped backend replaces it behind the same calls.
+//! Every change is a record in the backend's data files (a put's value, lease, create revision
+//! and version, or a tombstone); the revision log says where each record still in history
+//! lives, and the key index which revision each key's value is at.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
 
 use bytes::Bytes;
 
 use super::index::{KeyRange, TreeIndex};
 use super::key_index::{Found, KeyIndexError};
 use super::revision::Revision;
+use crate::backend::record::{self, Record};
+use crate::backend::{Active, Backend, FileLen, FileMaker, Loc, Mark, Sealed};
 use crate::error::{Error, Result};
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
@@ -33,46 +38,31 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// One change as the revision log keeps it: a put's value and lease, or a tombstone.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct Change {
-    key: Bytes,
-    /// `None` for a delete.
-    put: Option<(Bytes, i64)>,
-}
-
-/// Every change still in history, by revision (what etcd keeps in its key bucket, and what
-/// the memory-mapped backend will keep in its data files). Invariant: holds the change of every
-/// revision the index can still return.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+/// Where every change still in history lives, by revision (what etcd keeps in its key
+/// bucket). Invariant: holds the record of every revision the index can still return.
+#[derive(Debug, Default)]
 struct RevisionLog {
-    #[serde(with = "super::sorted_map")]
-    changes: BTreeMap<Revision, Change>,
-    /// Bytes the changes take in the backend's record format. Invariant: the sum of
-    /// [`record_size`] over `changes`.
+    changes: BTreeMap<Revision, Loc>,
+    /// Bytes the records take in the data files. Invariant: the sum of `len` over `changes`.
     bytes: u64,
 }
 
-/// Per-record overhead in the backend's format: revision, lengths, lease, checksum.
-pub(crate) const RECORD_OVERHEAD: u64 = 48;
-
-/// What a change of `key` with `value` takes in the backend.
+/// What a change of `key` with `value` takes in the backend (padding included).
 pub(crate) fn record_size(key: usize, value: usize) -> u64 {
-    RECORD_OVERHEAD + key as u64 + value as u64
+    record::padded(record::HEADER_LEN + key + value) as u64
 }
 
 impl RevisionLog {
-    fn insert(&mut self, rev: Revision, change: Change) {
-        let size = record_size(change.key.len(), change.put.as_ref().map_or(0, |(v, _)| v.len()));
-        self.bytes += size;
-        if let Some(old) = self.changes.insert(rev, change) {
-            self.bytes -= record_size(old.key.len(), old.put.as_ref().map_or(0, |(v, _)| v.len()));
+    fn insert(&mut self, rev: Revision, loc: Loc) {
+        self.bytes += u64::from(loc.len);
+        if let Some(old) = self.changes.insert(rev, loc) {
+            self.bytes -= u64::from(old.len);
         }
     }
 
     fn remove(&mut self, rev: &Revision) {
         if let Some(old) = self.changes.remove(rev) {
-            self.bytes -= record_size(old.key.len(), old.put.as_ref().map_or(0, |(v, _)| v.len()));
+            self.bytes -= u64::from(old.len);
         }
     }
 }
@@ -130,20 +120,31 @@ pub struct RangeResult {
 }
 
 /// The store's state.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug)]
 pub struct Store {
     index: TreeIndex,
     log: RevisionLog,
+    backend: Backend,
     /// The newest revision. Invariant: `compacted <= current`.
     current: i64,
     /// History below this revision is gone.
     compacted: i64,
     /// Physical compaction still under way: reads already behave as if it were done.
     compacting: Option<Compaction>,
+    /// Snapshots being streamed: the compaction sweep waits for them (their records must stay).
+    pub(crate) pinned: usize,
+}
+
+/// What a checkpoint records of a store: the rest is rebuilt from the data files.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct StoreMeta {
+    pub(crate) current: i64,
+    pub(crate) compacted: i64,
+    pub(crate) layout: Vec<FileLen>,
 }
 
 /// Physical compaction in progress: keys before `next_key` are done.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Compaction {
     at: i64,
     next_key: Vec<u8>,
@@ -160,22 +161,112 @@ impl Compaction {
 }
 
 impl Default for Store {
-    /// An empty store at revision 1, as etcd's: the first write gets revision 2.
+    /// An empty store in memory, at revision 1 as etcd's: the first write gets revision 2.
     fn default() -> Self {
-        Store {
-            index: TreeIndex::default(),
-            log: RevisionLog::default(),
-            current: 1,
-            compacted: 0,
-            compacting: None,
+        Store::with_backend(Backend::in_memory(IN_MEMORY_FILE_SIZE))
+    }
+}
+
+/// Data "files" of a store in memory.
+const IN_MEMORY_FILE_SIZE: usize = 1 << 20;
+
+/// Records and their new places.
+pub(crate) type Moved = Vec<(Revision, Loc)>;
+
+/// A defragmentation under way (see [`Store::begin_defrag`]).
+#[derive(Debug)]
+pub(crate) struct Defrag {
+    /// Records up to this revision are copied; later ones are written to new files anyway.
+    pub(crate) cut: Revision,
+    old: Vec<(u32, Sealed)>,
+    maker: FileMaker,
+}
+
+impl Defrag {
+    /// Copies the records of `chunk` (from [`Store::defrag_chunk`]) into `out`, starting new
+    /// files as they fill. Returns the records' new places and the files filled.
+    pub(crate) fn copy(
+        &self,
+        chunk: &[(Revision, Loc)],
+        out: &mut Option<Active>,
+    ) -> Result<(Moved, Vec<(u32, Sealed)>)> {
+        let mut moved = Vec::with_capacity(chunk.len());
+        let mut filled = Vec::new();
+        for (rev, loc) in chunk {
+            let file = self
+                .old
+                .iter()
+                .find(|(id, _)| *id == loc.file)
+                .map(|(_, f)| f)
+                .ok_or_else(|| Error::Internal(format!("record {loc:?} is in no file being defragmented")))?;
+            let record = file.read(*loc)?;
+            let active = match out {
+                Some(a) => a,
+                None => out.insert(self.maker.create(&record)?),
+            };
+            let (new_loc, full) = self.maker.append(active, &record)?;
+            filled.extend(full);
+            moved.push((*rev, new_loc));
         }
+        Ok((moved, filled))
+    }
+
+    pub(crate) fn old_ids(&self) -> Vec<u32> {
+        self.old.iter().map(|(id, _)| *id).collect()
     }
 }
 
 impl Store {
-    /// An empty store at revision 1, as etcd's: the first write gets revision 2.
+    /// An empty store in memory at revision 1, as etcd's: the first write gets revision 2.
     pub fn new() -> Store {
         Store::default()
+    }
+
+    fn with_backend(backend: Backend) -> Store {
+        Store {
+            index: TreeIndex::default(),
+            log: RevisionLog::default(),
+            backend,
+            current: 1,
+            compacted: 0,
+            compacting: None,
+            pinned: 0,
+        }
+    }
+
+    /// Opens the store kept in `data_dir`: the state `meta` describes (none: a new store),
+    /// rebuilt by scanning its data files.
+    pub(crate) fn open(data_dir: &Path, file_size: u64, meta: Option<&StoreMeta>) -> Result<Store> {
+        let layout = meta.map(|m| m.layout.as_slice()).unwrap_or_default();
+        let mut store = Store::with_backend(Backend::open(data_dir, file_size, layout)?);
+        let Some(meta) = meta else {
+            return Ok(store);
+        };
+        let Store {
+            index, log, backend, ..
+        } = &mut store;
+        backend.scan(|loc, record| {
+            index
+                .restore(record.key, record.rev, record.created, record.version)
+                .map_err(|e| Error::Backend(format!("data files disagree at revision {}: {e}", record.rev)))?;
+            log.insert(record.rev, loc);
+            Ok(())
+        })?;
+        store.current = meta.current;
+        if meta.compacted > 0 {
+            store.begin_compaction(meta.compacted)?;
+            while store.compaction_step(usize::MAX) {}
+        }
+        Ok(store)
+    }
+
+    /// What a checkpoint records of the store.
+    pub(crate) fn meta(&self) -> StoreMeta {
+        StoreMeta {
+            current: self.current,
+            compacted: self.compacted,
+            layout: self.backend.layout(),
+        }
     }
 
     /// The newest revision (1 for an empty, never written store, as in etcd).
@@ -191,6 +282,17 @@ impl Store {
     /// Bytes of history kept, in the backend's record format (what the quota limits).
     pub fn size_in_use(&self) -> u64 {
         self.log.bytes
+    }
+
+    /// Bytes the data files take, history no longer kept included (what defragmentation
+    /// returns to the file system).
+    pub fn size(&self) -> u64 {
+        self.backend.file_bytes()
+    }
+
+    /// Keys that exist now.
+    pub fn key_count(&self) -> usize {
+        self.index.live()
     }
 
     fn read_revision(&self, requested: i64) -> Result<i64> {
@@ -212,20 +314,31 @@ impl Store {
         Ok(requested)
     }
 
-    fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
-        let (value, lease) = self
+    fn record(&self, rev: Revision) -> Result<Record<'_>> {
+        let loc = self
             .log
             .changes
-            .get(&found.modified)
-            .and_then(|c| c.put.as_ref())
-            .ok_or_else(|| Error::Internal(format!("no value stored for revision {}", found.modified)))?;
+            .get(&rev)
+            .ok_or_else(|| Error::Internal(format!("no record stored for revision {rev}")))?;
+        self.backend.read(*loc)
+    }
+
+    fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
+        let record = self.record(found.modified)?;
+        if record.is_tombstone() {
+            return Err(Error::Internal(format!("revision {} is a tombstone", found.modified)));
+        }
         Ok(KeyValue {
             key: Bytes::copy_from_slice(key),
             create_revision: found.created.main,
             mod_revision: found.modified.main,
             version: found.version,
-            value: if keys_only { Bytes::new() } else { value.clone() },
-            lease: *lease,
+            value: if keys_only {
+                Bytes::new()
+            } else {
+                Bytes::copy_from_slice(record.value)
+            },
+            lease: record.lease,
         })
     }
 
@@ -237,7 +350,14 @@ impl Store {
 
     fn range_at(&self, range: &KeyRange, at: i64, opts: ReadOptions) -> Result<RangeResult> {
         let limit = if opts.count_only { 1 } else { opts.limit };
-        let found = self.index.range(range, at, limit);
+        // Every key now: the index keeps the count, so only `limit` keys are walked.
+        let found = if at == self.current && range.is_everything() {
+            let mut found = self.index.range(range, at, limit, true);
+            found.count = self.index.live();
+            found
+        } else {
+            self.index.range(range, at, limit, false)
+        };
         let mut kvs = Vec::new();
         if !opts.count_only {
             kvs.reserve(found.keys.len());
@@ -257,12 +377,14 @@ impl Store {
     /// [`WriteTxn::end`] to finish.
     pub fn write(&mut self) -> WriteTxn<'_> {
         let main = self.current + 1;
+        let mark = self.backend.mark();
         WriteTxn {
             store: self,
             main,
             sub: 0,
             lease_changes: Vec::new(),
             undo: Vec::new(),
+            mark,
             finished: false,
         }
     }
@@ -300,8 +422,12 @@ impl Store {
         Ok(())
     }
 
-    /// Drops the compacted history of up to `keys` keys; returns whether any is left.
+    /// Drops the compacted history of up to `keys` keys; returns whether any is left. Waits
+    /// (does nothing) while a snapshot is being streamed.
     pub(crate) fn compaction_step(&mut self, keys: usize) -> bool {
+        if self.pinned > 0 {
+            return false;
+        }
         let Some(c) = self.compacting.take() else {
             return false;
         };
@@ -314,13 +440,14 @@ impl Store {
     }
 
     pub(crate) fn compaction_pending(&self) -> bool {
-        self.compacting.is_some()
+        self.compacting.is_some() && self.pinned == 0
     }
 
-    /// Whether the change at `rev` of `key` is still history: after the compacted revision,
-    /// or the value each key keeps at it. Changes the sweep has not dropped yet are not.
-    fn visible(&self, rev: &Revision, key: &[u8]) -> bool {
-        rev.main > self.compacted || self.index.get(key, self.compacted).is_some_and(|f| f.modified == *rev)
+    /// Whether the change at `rev` of `key` is still history as of compaction at `compacted`:
+    /// after it, or the value each key keeps at it. Changes the sweep has not dropped yet are
+    /// not.
+    fn visible(&self, rev: &Revision, key: &[u8], compacted: i64) -> bool {
+        rev.main > compacted || self.index.get(key, compacted).is_some_and(|f| f.modified == *rev)
     }
 
     /// The events of revisions `from..=to` on keys of `range`, in revision order, whole
@@ -329,34 +456,25 @@ impl Store {
     pub(crate) fn events(&self, from: i64, to: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>> {
         let mut out: Vec<Event> = Vec::new();
         let span = Revision::new(from, 0)..=Revision::new(to, i64::MAX);
-        for (rev, change) in self.log.changes.range(span) {
+        for (rev, loc) in self.log.changes.range(span) {
             if limit != 0 && out.len() >= limit && out.last().is_some_and(|e| e.kv.mod_revision != rev.main) {
                 break;
             }
-            if !range.contains(&change.key) || !self.visible(rev, &change.key) {
+            let record = self.backend.read(*loc)?;
+            if !range.contains(record.key) || !self.visible(rev, record.key, self.compacted) {
                 continue;
             }
             // Below the compacted revision the previous value is gone (or going).
-            let prev_kv = match self.index.get(&change.key, rev.main - 1) {
-                Some(found) if rev.main > self.compacted => Some(self.key_value(&change.key, found, false)?),
+            let prev_kv = match self.index.get(record.key, rev.main - 1) {
+                Some(found) if rev.main > self.compacted => Some(self.key_value(record.key, found, false)?),
                 _ => None,
             };
-            let event = match &change.put {
-                Some(_) => {
-                    let found = self
-                        .index
-                        .at_exactly(&change.key, *rev)
-                        .ok_or_else(|| Error::Internal(format!("revision {rev} missing from the index")))?;
-                    Event {
-                        kind: EventKind::Put,
-                        kv: self.key_value(&change.key, found, false)?,
-                        prev_kv,
-                    }
-                }
-                None => Event {
+            let key = Bytes::copy_from_slice(record.key);
+            let event = if record.is_tombstone() {
+                Event {
                     kind: EventKind::Delete,
                     kv: KeyValue {
-                        key: change.key.clone(),
+                        key,
                         create_revision: 0,
                         mod_revision: rev.main,
                         version: 0,
@@ -364,7 +482,20 @@ impl Store {
                         lease: 0,
                     },
                     prev_kv,
-                },
+                }
+            } else {
+                Event {
+                    kind: EventKind::Put,
+                    kv: KeyValue {
+                        key,
+                        create_revision: record.created.main,
+                        mod_revision: rev.main,
+                        version: record.version,
+                        value: Bytes::copy_from_slice(record.value),
+                        lease: record.lease,
+                    },
+                    prev_kv,
+                }
             };
             out.push(event);
         }
@@ -376,21 +507,21 @@ impl Store {
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
         let at = self.read_revision(revision)?;
         let mut h = crc32fast::Hasher::new();
-        for (rev, change) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
-            if !self.visible(rev, &change.key) {
+        for (rev, loc) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
+            let record = self.backend.read(*loc)?;
+            if !self.visible(rev, record.key, self.compacted) {
                 continue;
             }
             h.update(&rev.encode());
-            h.update(&(change.key.len() as u64).to_be_bytes());
-            h.update(&change.key);
-            match &change.put {
-                Some((value, lease)) => {
-                    h.update(&[1]);
-                    h.update(&(value.len() as u64).to_be_bytes());
-                    h.update(value);
-                    h.update(&lease.to_be_bytes());
-                }
-                None => h.update(&[0]),
+            h.update(&(record.key.len() as u64).to_be_bytes());
+            h.update(record.key);
+            if record.is_tombstone() {
+                h.update(&[0]);
+            } else {
+                h.update(&[1]);
+                h.update(&(record.value.len() as u64).to_be_bytes());
+                h.update(record.value);
+                h.update(&record.lease.to_be_bytes());
             }
         }
         Ok(HashKv {
@@ -398,6 +529,93 @@ impl Store {
             compact_revision: self.compacted,
             hash_revision: at,
         })
+    }
+
+    /// Every key that exists now with a lease attached, and its lease (for the lessor to
+    /// rebuild its key sets on open).
+    pub(crate) fn leased_keys(&self) -> Result<Vec<(Bytes, i64)>> {
+        let mut out = Vec::new();
+        for (key, found) in self
+            .index
+            .range(&KeyRange::new(&[0], &[0]), self.current, 0, false)
+            .keys
+        {
+            let lease = self.record(found.modified)?.lease;
+            if lease != 0 {
+                out.push((Bytes::from(key), lease));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The records in history as of compaction at `compacted`, after revision `after` (none:
+    /// from the start) up to revision `to`, encoded; at most `limit` looked at. Returns them
+    /// and the last revision looked at (`None`: nothing left).
+    pub(crate) fn export_chunk(
+        &self,
+        after: Option<Revision>,
+        to: i64,
+        compacted: i64,
+        limit: usize,
+    ) -> Result<(Vec<Vec<u8>>, Option<Revision>)> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut out = Vec::new();
+        let mut last = None;
+        let span = (from, Bound::Included(Revision::new(to, i64::MAX)));
+        for (rev, loc) in self.log.changes.range(span).take(limit) {
+            let record = self.backend.read(*loc)?;
+            if self.visible(rev, record.key, compacted) {
+                out.push(record.encode());
+            }
+            last = Some(*rev);
+        }
+        Ok((out, last))
+    }
+
+    /// Starts defragmenting: the active file is sealed (writes go on into a new one) and every
+    /// record kept so far is to be copied, in [`Store::defrag_chunk`]s, by [`Defrag::copy`]
+    /// (without the store's lock), then pointed at by [`Store::defrag_migrate`], and finally
+    /// [`Store::defrag_switch`] drops the old files.
+    pub(crate) fn begin_defrag(&mut self) -> Result<Defrag> {
+        let (old, maker) = self.backend.begin_defrag()?;
+        let cut = Revision::new(self.current, i64::MAX);
+        Ok(Defrag { cut, old, maker })
+    }
+
+    /// The next `limit` records to copy, after revision `after`.
+    pub(crate) fn defrag_chunk(&self, defrag: &Defrag, after: Option<Revision>, limit: usize) -> Vec<(Revision, Loc)> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.log
+            .changes
+            .range((from, Bound::Included(defrag.cut)))
+            .take(limit)
+            .map(|(r, l)| (*r, *l))
+            .collect()
+    }
+
+    /// Makes `files` readable and points the records `moved` at their copies (records
+    /// compacted away meanwhile are skipped).
+    pub(crate) fn defrag_migrate(&mut self, files: Vec<(u32, Sealed)>, moved: &[(Revision, Loc)]) {
+        for (id, file) in files {
+            self.backend.register(id, file);
+        }
+        for (rev, loc) in moved {
+            if let Some(at) = self.log.changes.get_mut(rev) {
+                *at = *loc;
+            }
+        }
+    }
+
+    /// Finishes a defragmentation whose copies are the files `fresh`: returns the old files'
+    /// paths, to delete once a checkpoint of the new layout is durable.
+    pub(crate) fn defrag_switch(&mut self, defrag: &Defrag, fresh: &[u32]) -> Result<Vec<std::path::PathBuf>> {
+        let old = defrag.old_ids();
+        if let Some((rev, loc)) = self.log.changes.iter().find(|(_, l)| old.contains(&l.file)) {
+            return Err(Error::Internal(format!(
+                "revision {rev} still in an old data file at {loc:?}"
+            )));
+        }
+        Ok(self.backend.switch(&old, fresh))
     }
 }
 
@@ -422,6 +640,8 @@ pub struct WriteTxn<'a> {
     /// Every change made, in order, to take back: key, revision, whether a delete, and the
     /// key's previous `modified` (`None`: no history before).
     undo: Vec<(Vec<u8>, Revision, bool, Option<Revision>)>,
+    /// Where the data files ended before the request, to cut its records off again.
+    mark: Mark,
     finished: bool,
 }
 
@@ -436,6 +656,7 @@ impl Drop for WriteTxn<'_> {
         for sub in 0..self.sub {
             self.store.log.remove(&Revision::new(self.main, sub));
         }
+        self.store.backend.rollback(self.mark);
     }
 }
 
@@ -453,6 +674,31 @@ impl WriteTxn<'_> {
         } else {
             self.store.current
         }
+    }
+
+    /// Appends the record of the change at `rev` and logs where it is.
+    fn append(&mut self, key: &[u8], rev: Revision, value: &[u8], lease: i64, tombstone: bool) -> Result<()> {
+        let (created, version) = if tombstone {
+            (Revision::default(), 0)
+        } else {
+            let found = self
+                .store
+                .index
+                .at_exactly(key, rev)
+                .ok_or_else(|| Error::Internal(format!("revision {rev} missing from the index")))?;
+            (found.created, found.version)
+        };
+        let record = Record {
+            rev,
+            created,
+            version,
+            lease,
+            key,
+            value,
+        };
+        let loc = self.store.backend.append(&record)?;
+        self.store.log.insert(rev, loc);
+        Ok(())
     }
 
     /// Puts `value` at `key`; returns the previous key-value, if the key existed.
@@ -474,14 +720,7 @@ impl WriteTxn<'_> {
         let rev = self.next_revision();
         self.store.index.put(key, rev).map_err(internal)?;
         self.undo.push((key.to_vec(), rev, false, previous));
-        let key = Bytes::copy_from_slice(key);
-        self.store.log.insert(
-            rev,
-            Change {
-                key,
-                put: Some((value, lease)),
-            },
-        );
+        self.append(key, rev, &value, lease, false)?;
         Ok(prev)
     }
 
@@ -509,13 +748,7 @@ impl WriteTxn<'_> {
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
             self.undo.push((k.clone(), rev, true, previous));
-            self.store.log.insert(
-                rev,
-                Change {
-                    key: Bytes::from(k),
-                    put: None,
-                },
-            );
+            self.append(&k, rev, &[], 0, true)?;
         }
         Ok(deleted)
     }
@@ -592,12 +825,15 @@ mod tests {
 
     #[test]
     fn a_compaction_sweep_is_invisible_at_every_step() {
-        let mut swept = Store::new();
-        for i in 0..30 {
-            let key = format!("k{}", i % 6);
-            write(&mut swept, &key, if i % 7 == 3 { None } else { Some("v") });
-        }
-        let mut at_once = swept.clone();
+        let build = || {
+            let mut s = Store::new();
+            for i in 0..30 {
+                let key = format!("k{}", i % 6);
+                write(&mut s, &key, if i % 7 == 3 { None } else { Some("v") });
+            }
+            s
+        };
+        let (mut swept, mut at_once) = (build(), build());
         at_once.compact(20).unwrap();
         swept.begin_compaction(20).unwrap();
         let everything = KeyRange::new(&[0], &[0]);
@@ -639,6 +875,7 @@ mod tests {
             s
         };
         let (x, y, z) = (build("3"), build("3"), build("4"));
+        let (mut cx, mut cz) = (build("3"), build("4"));
         assert_eq!(x.hash_kv(0).unwrap(), y.hash_kv(0).unwrap(), "same history, same hash");
         assert_ne!(x.hash_kv(0).unwrap().hash, z.hash_kv(0).unwrap().hash);
         // Revisions: a=2, b=3, delete a=4, c=5.
@@ -653,7 +890,6 @@ mod tests {
             "the tombstone counts"
         );
         assert!(matches!(x.hash_kv(6), Err(Error::FutureRevision { .. })));
-        let (mut cx, mut cz) = (x.clone(), z.clone());
         cx.compact(4).unwrap();
         cz.compact(4).unwrap();
         assert_eq!(cx.hash_kv(4).unwrap(), cz.hash_kv(4).unwrap());

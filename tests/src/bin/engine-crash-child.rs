@@ -16,7 +16,7 @@
 //! the writer prints its line (module docs of [`engine_crash`]): every line is a promise that the
 //! write is durable and applied. Writer 0 also asks for a compaction at the current revision
 //! less [`COMPACT_LAG`] each time `<compact-every>` more writes have been acknowledged, printing
-//! `compacting <rev>` before and `compact <rev>` once acknowledged.
+//! `compacting <rev>` before and `compact <rev>` once acknowledged, then defragments.
 //!
 //! Exit codes (the parent fails on any exit other than its own SIGKILL): 1 for an error of the
 //! engine or of stdout, 3 for bad arguments.
@@ -333,7 +333,8 @@ impl Writer {
         })
     }
 
-    /// Compacts at the current revision less [`COMPACT_LAG`], if that is a revision.
+    /// Compacts at the current revision less [`COMPACT_LAG`], if that is a revision, then
+    /// defragments.
     fn compact(&self) -> Result<(), String> {
         let target = self.engine.current_revision() - COMPACT_LAG;
         if target < 1 {
@@ -341,7 +342,15 @@ impl Writer {
         }
         print_line(&Line::Compacting { revision: target }).map_err(|e| format!("stdout: {e}"))?;
         match self.engine.compact(target) {
-            Ok(_) => print_line(&Line::Compacted { revision: target }).map_err(|e| format!("stdout: {e}")),
+            Ok(_) => {
+                print_line(&Line::Compacted { revision: target }).map_err(|e| format!("stdout: {e}"))?;
+                // Then return the space while the other writers go on: kills land mid-copy,
+                // mid-switch and mid-delete too.
+                self.engine
+                    .defragment()
+                    .map(|_| ())
+                    .map_err(|e| format!("defragment: {e}"))
+            }
             // An earlier compaction (one logged by a killed child but never acknowledged, say)
             // already went at least as far.
             Err(Error::Compacted { .. }) => Ok(()),

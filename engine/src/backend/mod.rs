@@ -1,0 +1,445 @@
+//! The backend: per-revision records in append-only, memory-mapped data files.
+//!
+//! Every change the store makes (a put or a tombstone) is appended as one [`record`] to the
+//! active data file and read back through its map; the store's revision log remembers where
+//! each record lives ([`Loc`]). Files are preallocated at `file_size` bytes and named
+//! `data/{id:08x}.dat`; when the active file is full it is sealed (never written again) and a
+//! new one started.
+//!
+//! **Durability** comes from the WAL, not from these files: appends are not synced one by
+//! one. A checkpoint syncs the files and records the *layout*, each file's id and length in
+//! scan order, together with the applied index. Opening maps the layout's files, ignores bytes
+//! past each length (appends after the checkpoint, replayed again from the WAL), deletes files
+//! the layout does not name, and rebuilds the key index by scanning the records in order.
+//!
+//! **Defragmentation** copies the records still in history into fresh files while the store
+//! keeps serving (see `Store::defragment` in the store module), then switches the layout: the
+//! fresh files replace the old ones, which are deleted once a checkpoint naming the new layout
+//! is durable.
+
+mod mmap;
+pub(crate) mod record;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use mmap::MappedFile;
+use record::Record;
+
+use crate::error::{Error, Result};
+
+/// Where a record lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) file: u32,
+    pub(crate) offset: u32,
+    /// Padded length.
+    pub(crate) len: u32,
+}
+
+/// Where the layout ended at some point: the active file and its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    id: u32,
+    len: u64,
+}
+
+/// One data file of a layout, as a checkpoint records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct FileLen {
+    pub(crate) id: u32,
+    /// Bytes of records in the file; anything after is not part of the state.
+    pub(crate) len: u64,
+}
+
+/// The directory of the data files, under the engine's directory.
+pub(crate) const DATA_DIR: &str = "data";
+
+fn file_name(id: u32) -> String {
+    format!("{id:08x}.dat")
+}
+
+/// The path of data file `id` in `data_dir`.
+pub(crate) fn file_path(data_dir: &Path, id: u32) -> PathBuf {
+    data_dir.join(file_name(id))
+}
+
+fn io_error(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::Backend(format!("{what}: {e}"))
+}
+
+/// A file still being appended to.
+#[derive(Debug)]
+pub(crate) struct Active {
+    id: u32,
+    map: MappedFile,
+    len: u64,
+}
+
+impl Active {
+    fn create(dir: Option<&Path>, id: u32, capacity: u64) -> Result<Active> {
+        let map = match dir {
+            Some(dir) => {
+                let path = file_path(dir, id);
+                MappedFile::create(&path, capacity).map_err(io_error(format!("create {}", path.display())))?
+            }
+            None => MappedFile::heap(
+                usize::try_from(capacity).map_err(|_| Error::Backend("data file size too large".into()))?,
+            ),
+        };
+        Ok(Active { id, map, len: 0 })
+    }
+
+    /// Appends `record`; `None` if it does not fit.
+    fn append(&mut self, record: &Record<'_>) -> Option<Loc> {
+        let len = record.padded_len();
+        let offset = usize::try_from(self.len).ok()?;
+        let end = offset.checked_add(len)?;
+        let out = self.map.bytes_mut().get_mut(offset..end)?;
+        record.encode_into(out)?;
+        self.len += len as u64;
+        Some(Loc {
+            file: self.id,
+            offset: u32::try_from(offset).ok()?,
+            len: u32::try_from(len).ok()?,
+        })
+    }
+
+    pub(crate) fn seal(self) -> (u32, Sealed) {
+        let sealed = Sealed {
+            map: Arc::new(self.map),
+            len: self.len,
+        };
+        (self.id, sealed)
+    }
+}
+
+/// A file no longer written: shared, so defragmentation can read it without the store's lock.
+#[derive(Clone, Debug)]
+pub(crate) struct Sealed {
+    map: Arc<MappedFile>,
+    len: u64,
+}
+
+impl Sealed {
+    /// The record at `loc`, which must be in this file.
+    pub(crate) fn read(&self, loc: Loc) -> Result<Record<'_>> {
+        read_at(self.map.bytes(), self.len, loc)
+    }
+}
+
+fn read_at(bytes: &[u8], len: u64, loc: Loc) -> Result<Record<'_>> {
+    let end = u64::from(loc.offset) + u64::from(loc.len);
+    let slice = (end <= len)
+        .then(|| bytes.get(loc.offset as usize..end as usize))
+        .flatten()
+        .ok_or_else(|| Error::Internal(format!("record {loc:?} is outside its file")))?;
+    record::decode(slice)
+        .map(|(r, _)| r)
+        .map_err(|e| Error::Backend(format!("record {loc:?}: {e}")))
+}
+
+/// Files for new records: where and how big, and the next free id (shared with
+/// defragmentation, which creates files without the store's lock).
+#[derive(Clone, Debug)]
+pub(crate) struct FileMaker {
+    dir: Option<PathBuf>,
+    file_size: u64,
+    next_id: Arc<AtomicU32>,
+}
+
+impl FileMaker {
+    /// A new file with room for at least `record`.
+    pub(crate) fn create(&self, record: &Record<'_>) -> Result<Active> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let needed = (record.padded_len() as u64).div_ceil(4096) * 4096;
+        Active::create(self.dir.as_deref(), id, self.file_size.max(needed))
+    }
+
+    /// Appends `record` to `active`, first sealing it into `sealed` and starting a new file if
+    /// it is full.
+    pub(crate) fn append(&self, active: &mut Active, record: &Record<'_>) -> Result<(Loc, Option<(u32, Sealed)>)> {
+        if let Some(loc) = active.append(record) {
+            return Ok((loc, None));
+        }
+        let full = std::mem::replace(active, self.create(record)?);
+        let loc = active
+            .append(record)
+            .ok_or_else(|| Error::Internal("a record does not fit a new data file".into()))?;
+        Ok((loc, Some(full.seal())))
+    }
+
+    /// Syncs data files to disk, then their directory, so a checkpoint can name them.
+    pub(crate) fn sync_files(data_dir: &Path, files: &[FileLen]) -> Result<()> {
+        for f in files {
+            let path = file_path(data_dir, f.id);
+            std::fs::File::open(&path)
+                .and_then(|file| file.sync_data())
+                .map_err(io_error(format!("fsync {}", path.display())))?;
+        }
+        std::fs::File::open(data_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_error(format!("fsync {}", data_dir.display())))
+    }
+}
+
+/// The data files of a store (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Backend {
+    maker: FileMaker,
+    /// Every sealed file records may point into: the layout's, and a defragmentation's new
+    /// ones before the switch.
+    sealed: BTreeMap<u32, Sealed>,
+    /// Sealed files that make up the state, in scan order; the active file follows them.
+    layout: Vec<u32>,
+    active: Active,
+}
+
+impl Backend {
+    /// A backend in anonymous memory: nothing survives the process.
+    pub(crate) fn in_memory(file_size: usize) -> Backend {
+        let maker = FileMaker {
+            dir: None,
+            file_size: file_size as u64,
+            next_id: Arc::new(AtomicU32::new(1)),
+        };
+        let active = Active {
+            id: 0,
+            map: MappedFile::heap(file_size),
+            len: 0,
+        };
+        Backend {
+            maker,
+            sealed: BTreeMap::new(),
+            layout: Vec::new(),
+            active,
+        }
+    }
+
+    /// Opens the data files of `data_dir` in `layout` (none: a new, empty backend); files it
+    /// does not name are deleted.
+    pub(crate) fn open(data_dir: &Path, file_size: u64, layout: &[FileLen]) -> Result<Backend> {
+        std::fs::create_dir_all(data_dir).map_err(io_error(format!("create {}", data_dir.display())))?;
+        let listed: std::collections::BTreeSet<u32> = layout.iter().map(|f| f.id).collect();
+        let mut max_id = layout.iter().map(|f| f.id).max();
+        let entries = std::fs::read_dir(data_dir).map_err(io_error(format!("list {}", data_dir.display())))?;
+        for entry in entries {
+            let entry = entry.map_err(io_error(format!("list {}", data_dir.display())))?;
+            let name = entry.file_name();
+            let id = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".dat"))
+                .and_then(|n| u32::from_str_radix(n, 16).ok());
+            if id.is_some_and(|id| listed.contains(&id)) {
+                continue;
+            }
+            // Not part of the checkpointed state: written after it (the WAL replays it) or
+            // left by an unfinished defragmentation.
+            tracing::info!(file = ?entry.path(), "removing a data file the checkpoint does not name");
+            std::fs::remove_file(entry.path()).map_err(io_error(format!("remove {:?}", entry.path())))?;
+            max_id = max_id.max(id);
+        }
+        let maker = FileMaker {
+            dir: Some(data_dir.to_path_buf()),
+            file_size,
+            next_id: Arc::new(AtomicU32::new(max_id.map_or(0, |id| id.saturating_add(1)))),
+        };
+        let mut sealed = BTreeMap::new();
+        let mut maps = Vec::with_capacity(layout.len());
+        for f in layout {
+            let path = file_path(data_dir, f.id);
+            let map = MappedFile::open(&path).map_err(io_error(format!("open {}", path.display())))?;
+            if map.capacity() < f.len {
+                return Err(Error::Backend(format!(
+                    "{} holds {} bytes, but the checkpoint counts {}",
+                    path.display(),
+                    map.capacity(),
+                    f.len
+                )));
+            }
+            maps.push((f.id, map, f.len));
+        }
+        let active = match maps.pop() {
+            Some((id, map, len)) => Active { id, map, len },
+            None => {
+                let empty = Record {
+                    rev: Default::default(),
+                    created: Default::default(),
+                    version: 0,
+                    lease: 0,
+                    key: &[],
+                    value: &[],
+                };
+                maker.create(&empty)?
+            }
+        };
+        let mut order = Vec::with_capacity(maps.len());
+        for (id, map, len) in maps {
+            sealed.insert(
+                id,
+                Sealed {
+                    map: Arc::new(map),
+                    len,
+                },
+            );
+            order.push(id);
+        }
+        Ok(Backend {
+            maker,
+            sealed,
+            layout: order,
+            active,
+        })
+    }
+
+    pub(crate) fn append(&mut self, record: &Record<'_>) -> Result<Loc> {
+        let (loc, full) = self.maker.append(&mut self.active, record)?;
+        if let Some((id, sealed)) = full {
+            self.sealed.insert(id, sealed);
+            self.layout.push(id);
+        }
+        Ok(loc)
+    }
+
+    /// Where the files end now, to cut off what is appended after (see [`Backend::rollback`]).
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            id: self.active.id,
+            len: self.active.len,
+        }
+    }
+
+    /// Forgets every record appended since `mark` (their write request was abandoned): files
+    /// end where they ended then, and files started since are left empty.
+    pub(crate) fn rollback(&mut self, mark: Mark) {
+        if self.active.id == mark.id {
+            self.active.len = mark.len;
+            return;
+        }
+        self.active.len = 0;
+        for id in &self.layout {
+            if let Some(file) = self.sealed.get_mut(id) {
+                if *id == mark.id {
+                    file.len = mark.len;
+                } else if *id > mark.id {
+                    file.len = 0;
+                }
+            }
+        }
+    }
+
+    /// The record at `loc`.
+    pub(crate) fn read(&self, loc: Loc) -> Result<Record<'_>> {
+        if loc.file == self.active.id {
+            return read_at(self.active.map.bytes(), self.active.len, loc);
+        }
+        self.sealed
+            .get(&loc.file)
+            .ok_or_else(|| Error::Internal(format!("record {loc:?} names an unknown data file")))?
+            .read(loc)
+    }
+
+    /// The files that make up the state and their lengths, in scan order.
+    pub(crate) fn layout(&self) -> Vec<FileLen> {
+        let sealed = self
+            .layout
+            .iter()
+            .filter_map(|id| self.sealed.get(id).map(|s| FileLen { id: *id, len: s.len }));
+        sealed
+            .chain(std::iter::once(FileLen {
+                id: self.active.id,
+                len: self.active.len,
+            }))
+            .collect()
+    }
+
+    /// Bytes the data files take on disk.
+    pub(crate) fn file_bytes(&self) -> u64 {
+        self.sealed.values().map(|s| s.map.capacity()).sum::<u64>() + self.active.map.capacity()
+    }
+
+    /// Calls `f` with every record of the layout, in order.
+    pub(crate) fn scan(&self, mut f: impl FnMut(Loc, Record<'_>) -> Result<()>) -> Result<()> {
+        let files = self
+            .layout
+            .iter()
+            .filter_map(|id| self.sealed.get(id).map(|s| (*id, s.map.bytes(), s.len)))
+            .chain(std::iter::once((
+                self.active.id,
+                self.active.map.bytes(),
+                self.active.len,
+            )));
+        for (id, bytes, len) in files {
+            let mut offset = 0u64;
+            while offset < len {
+                let rest = bytes.get(offset as usize..len as usize).unwrap_or_default();
+                let (record, used) = record::decode(rest).map_err(|e| {
+                    Error::Backend(format!(
+                        "data file {} is damaged at offset {offset}: {e}",
+                        file_name(id)
+                    ))
+                })?;
+                let loc = Loc {
+                    file: id,
+                    offset: offset as u32,
+                    len: used as u32,
+                };
+                f(loc, record)?;
+                offset += used as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// The data directory; `None` in memory.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        self.maker.dir.as_deref()
+    }
+
+    /// Starts a defragmentation: seals the active file (writes go on in a new one) and returns
+    /// the files to copy from, with a maker for the new files.
+    pub(crate) fn begin_defrag(&mut self) -> Result<(Vec<(u32, Sealed)>, FileMaker)> {
+        let empty = Record {
+            rev: Default::default(),
+            created: Default::default(),
+            version: 0,
+            lease: 0,
+            key: &[],
+            value: &[],
+        };
+        let fresh = self.maker.create(&empty)?;
+        let (id, sealed) = std::mem::replace(&mut self.active, fresh).seal();
+        self.sealed.insert(id, sealed);
+        self.layout.push(id);
+        let old = self
+            .layout
+            .iter()
+            .filter_map(|id| self.sealed.get(id).map(|s| (*id, s.clone())))
+            .collect();
+        Ok((old, self.maker.clone()))
+    }
+
+    /// Makes a new sealed file readable (records may point into it from now on).
+    pub(crate) fn register(&mut self, id: u32, file: Sealed) {
+        self.sealed.insert(id, file);
+    }
+
+    /// Finishes a defragmentation: the `fresh` files replace the `old` ones at the head of the
+    /// layout. Returns the paths of the old files, to delete once a checkpoint naming the new
+    /// layout is durable.
+    pub(crate) fn switch(&mut self, old: &[u32], fresh: &[u32]) -> Vec<PathBuf> {
+        let mut layout = fresh.to_vec();
+        layout.extend(self.layout.iter().filter(|id| !old.contains(id)));
+        self.layout = layout;
+        let mut paths = Vec::new();
+        for id in old {
+            self.sealed.remove(id);
+            if let Some(dir) = self.dir() {
+                paths.push(file_path(dir, *id));
+            }
+        }
+        paths
+    }
+}

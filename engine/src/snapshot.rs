@@ -1,0 +1,179 @@
+//! Snapshots: the complete state as a stream, written and read in bounded memory.
+//!
+//! ```text
+//! "CAIRNSNP" | format version u32 LE (1)
+//! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
+//!   1 meta     postcard of (applied index, revision, compacted revision, leases, alarms)
+//!   2 records  data-file records (see `backend::record`), back to back, in revision order
+//!   3 end      the number of records, u64 LE
+//! ```
+//!
+//! The meta frame comes first and the end frame last; anything after the end frame, a missing
+//! end frame, a bad checksum or a record out of order is refused. The records are those still
+//! in history at the snapshot's revision, so restoring rebuilds the same state, HashKV
+//! included.
+
+use std::io::{Read, Write};
+
+use crate::backend::record::{self, Record};
+use crate::error::{Error, Result};
+use crate::lease::lessor::LeaseRecord;
+use crate::mvcc::revision::Revision;
+use crate::request::Alarm;
+
+const MAGIC: &[u8; 8] = b"CAIRNSNP";
+const VERSION: u32 = 1;
+const META: u32 = 1;
+const RECORDS: u32 = 2;
+const END: u32 = 3;
+/// Frames are written well below this; a longer one is damage, not data.
+const MAX_FRAME: u32 = 256 << 20;
+
+/// Everything in a snapshot besides the records.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SnapshotMeta {
+    pub(crate) applied_index: u64,
+    pub(crate) current: i64,
+    pub(crate) compacted: i64,
+    pub(crate) leases: Vec<LeaseRecord>,
+    pub(crate) alarms: Vec<Alarm>,
+}
+
+fn write_error(e: std::io::Error) -> Error {
+    Error::Snapshot(format!("write: {e}"))
+}
+
+/// Writes a snapshot frame by frame.
+pub(crate) struct SnapshotWriter<'a> {
+    out: &'a mut dyn Write,
+    written: u64,
+    records: u64,
+}
+
+impl<'a> SnapshotWriter<'a> {
+    /// Writes the header and the meta frame.
+    pub(crate) fn new(out: &'a mut dyn Write, meta: &SnapshotMeta) -> Result<SnapshotWriter<'a>> {
+        let mut w = SnapshotWriter {
+            out,
+            written: 0,
+            records: 0,
+        };
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        w.out.write_all(&header).map_err(write_error)?;
+        w.written += header.len() as u64;
+        let body = postcard::to_allocvec(meta).map_err(|e| Error::Snapshot(format!("encode: {e}")))?;
+        w.frame(META, &body)?;
+        Ok(w)
+    }
+
+    fn frame(&mut self, kind: u32, body: &[u8]) -> Result<()> {
+        let len = u32::try_from(body.len())
+            .ok()
+            .filter(|l| *l <= MAX_FRAME)
+            .ok_or_else(|| Error::Snapshot("frame too large".into()))?;
+        let mut header = [0u8; 12];
+        header[..4].copy_from_slice(&kind.to_le_bytes());
+        header[4..8].copy_from_slice(&len.to_le_bytes());
+        header[8..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+        self.out.write_all(&header).map_err(write_error)?;
+        self.out.write_all(body).map_err(write_error)?;
+        self.written += 12 + body.len() as u64;
+        Ok(())
+    }
+
+    /// Writes encoded records (in revision order, after any written before) as one frame.
+    pub(crate) fn records(&mut self, records: &[Vec<u8>]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.records += records.len() as u64;
+        self.frame(RECORDS, &records.concat())
+    }
+
+    /// Writes the end frame; returns the snapshot's size in bytes.
+    pub(crate) fn finish(mut self) -> Result<u64> {
+        let count = self.records.to_le_bytes();
+        self.frame(END, &count)?;
+        self.out.flush().map_err(write_error)?;
+        Ok(self.written)
+    }
+}
+
+fn read_exact(input: &mut dyn Read, buf: &mut [u8], what: &str) -> Result<()> {
+    input
+        .read_exact(buf)
+        .map_err(|e| Error::Snapshot(format!("{what}: {e} (the snapshot is cut short or unreadable)")))
+}
+
+fn read_frame(input: &mut dyn Read, body: &mut Vec<u8>) -> Result<u32> {
+    let mut header = [0u8; 12];
+    read_exact(input, &mut header, "frame header")?;
+    let word = |at: usize| {
+        header
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    let (kind, len, crc) = (word(0), word(4), word(8));
+    if len > MAX_FRAME {
+        return Err(Error::Snapshot(format!("frame of {len} bytes is too large: damaged")));
+    }
+    body.resize(len as usize, 0);
+    read_exact(input, body, "frame body")?;
+    if crc32fast::hash(body) != crc {
+        return Err(Error::Snapshot("frame checksum mismatch: damaged".into()));
+    }
+    Ok(kind)
+}
+
+/// Reads and verifies a snapshot, handing each record to `each` in order; returns its meta.
+pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Result<()>) -> Result<SnapshotMeta> {
+    let mut header = [0u8; 12];
+    read_exact(input, &mut header, "header")?;
+    if &header[..8] != MAGIC {
+        return Err(Error::Snapshot("not a cairn snapshot (bad magic)".into()));
+    }
+    if header[8..] != VERSION.to_le_bytes() {
+        return Err(Error::Snapshot("unknown snapshot format version".into()));
+    }
+    let mut body = Vec::new();
+    if read_frame(input, &mut body)? != META {
+        return Err(Error::Snapshot("the meta frame is missing".into()));
+    }
+    let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
+    let mut count = 0u64;
+    let mut last: Option<Revision> = None;
+    loop {
+        match read_frame(input, &mut body)? {
+            RECORDS => {
+                let mut rest = body.as_slice();
+                while !rest.is_empty() {
+                    let (record, used) = record::decode(rest).map_err(|e| Error::Snapshot(format!("record: {e}")))?;
+                    if last.is_some_and(|l| record.rev <= l) || record.rev.main > meta.current {
+                        return Err(Error::Snapshot(format!("record {} out of order", record.rev)));
+                    }
+                    last = Some(record.rev);
+                    each(record)?;
+                    count += 1;
+                    rest = rest.get(used..).unwrap_or_default();
+                }
+            }
+            END => {
+                if body.as_slice() != count.to_le_bytes() {
+                    return Err(Error::Snapshot("record count mismatch: damaged".into()));
+                }
+                let mut extra = [0u8; 1];
+                if input
+                    .read(&mut extra)
+                    .map_err(|e| Error::Snapshot(format!("read: {e}")))?
+                    != 0
+                {
+                    return Err(Error::Snapshot("data after the end frame".into()));
+                }
+                return Ok(meta);
+            }
+            kind => return Err(Error::Snapshot(format!("unknown frame kind {kind}"))),
+        }
+    }
+}
