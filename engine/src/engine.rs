@@ -109,7 +109,8 @@ struct Encoded {
 }
 
 impl State {
-    fn checkpoint(&self) -> Result<Encoded> {
+    fn checkpoint(&mut self) -> Result<Encoded> {
+        self.store.flush()?;
         let c = Checkpoint {
             applied_index: self.applied_index,
             epoch: self.epoch,
@@ -145,7 +146,7 @@ fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpo
 }
 
 /// Writes a checkpoint of `state` and releases the log it covers.
-fn checkpoint_and_release(dir: &Path, state: &State, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
+fn checkpoint_and_release(dir: &Path, state: &mut State, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
     write_and_release(dir, &state.checkpoint()?, wal, checkpointing)
 }
 
@@ -158,6 +159,8 @@ struct Inner {
     hub: Arc<Mutex<WatchHub>>,
     /// See [`Checkpointing`].
     checkpointing: Arc<Checkpointing>,
+    /// See [`Swept`].
+    swept: Arc<Swept>,
     /// Held by the one defragmentation that may run at a time.
     defragmenting: Mutex<()>,
     /// The next server-chosen lease ID candidate.
@@ -329,7 +332,11 @@ struct Applier {
     checkpoint_entries: u64,
     compaction_batch: usize,
     checkpointing: Arc<Checkpointing>,
+    swept: Arc<Swept>,
 }
+
+/// Signalled (under its mutex) when a compaction's sweep finishes.
+type Swept = (Mutex<()>, parking_lot::Condvar);
 
 fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
     let Applier {
@@ -340,6 +347,7 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
         checkpoint_entries,
         compaction_batch,
         checkpointing,
+        swept,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
@@ -371,13 +379,26 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
     loop {
         // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
         // write waits behind it for long.
-        let compacting = state.read().store.compaction_pending();
+        let (compacting, unfinished) = {
+            let st = state.read();
+            (st.store.compaction_pending(), st.store.compaction_unfinished())
+        };
         let p = if compacting {
-            state.write().store.compaction_step(compaction_batch);
+            if !state.write().store.compaction_step(compaction_batch) {
+                let _signal = swept.0.lock();
+                swept.1.notify_all();
+            }
             match rx.try_recv() {
                 Ok(p) => p,
                 Err(TryRecvError::Empty) => continue,
                 Err(TryRecvError::Disconnected) => break,
+            }
+        } else if unfinished {
+            // Paused by a snapshot: look again now and then, requests or not.
+            match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                Ok(p) => p,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
             }
         } else {
             match rx.recv() {
@@ -632,12 +653,14 @@ impl Engine {
                 next_index = index.0.saturating_add(1);
             }
         }
+        state.store.release_pages();
         // Lease clocks restart now: a restart can delay expiry, never hasten it.
         state.lessor.restart_clocks();
         let wal = Arc::new(replay.finish()?);
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
         let checkpointing = Arc::new(Mutex::new((state.read().applied_index, state.read().epoch)));
+        let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let (apply_tx, apply_rx) = unbounded();
         let apply_thread = {
             let applier = Applier {
@@ -648,6 +671,7 @@ impl Engine {
                 checkpoint_entries: config.checkpoint_entries,
                 compaction_batch: config.compaction_batch,
                 checkpointing: checkpointing.clone(),
+                swept: swept.clone(),
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
@@ -677,6 +701,7 @@ impl Engine {
             hub,
             checkpointing,
             defragmenting: Mutex::new(()),
+            swept,
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
             config,
         });
@@ -765,6 +790,21 @@ impl Engine {
             (Response::Compact, revision) => Ok(Applied { response: (), revision }),
             (other, _) => Err(Error::Internal(format!("compact answered with {other:?}"))),
         }
+    }
+
+    /// Waits until the history dropped by compactions so far is gone from the index and the
+    /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Engine::defragment`]
+    /// then returns its space.
+    pub fn wait_compacted(&self) -> Result<()> {
+        let (lock, signal) = &*self.inner.swept;
+        let mut guard = lock.lock();
+        while self.inner.state.read().store.compaction_unfinished() {
+            if self.inner.proposer.lock().is_none() {
+                return Err(Error::Closed);
+            }
+            signal.wait_for(&mut guard, std::time::Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// Reads a key or range (etcd's `Range`), concurrently with other reads.
@@ -940,6 +980,7 @@ impl Engine {
         let restored = (|| {
             let mut backend = crate::backend::Backend::open(&data_dir, Config::default().data_file_size, &[])?;
             let meta = snapshot::read(snapshot, |record| backend.append(&record).map(|_| ()))?;
+            backend.flush()?;
             Ok::<_, Error>((meta, backend.layout()))
         })();
         let (meta, layout) = match restored {
@@ -1018,7 +1059,7 @@ impl Engine {
             }
         }
         if let Some(active) = out.take() {
-            let (id, sealed) = active.seal();
+            let (id, sealed) = defrag.finish(active)?;
             fresh.push(id);
             migrate(vec![(id, sealed)], &mut pending);
         }
@@ -1038,6 +1079,17 @@ impl Engine {
             before,
             after: after_size,
         })
+    }
+
+    /// Writes a checkpoint now and releases the log before it (also done every
+    /// `Config::checkpoint_entries` entries and on close).
+    pub fn checkpoint(&self) -> Result<()> {
+        let wal = {
+            let guard = self.inner.proposer.lock();
+            guard.as_ref().ok_or(Error::Closed)?.wal.clone()
+        };
+        let encoded = self.inner.state.write().checkpoint()?;
+        write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)
     }
 
     /// The alarms raised (etcd's `Alarm` list).
@@ -1105,7 +1157,12 @@ impl Engine {
             let _ = t.join();
         }
         // Everything queued is applied: checkpoint it, so the next open replays nothing.
-        checkpoint_and_release(&self.dir, &self.inner.state.read(), &wal, &self.inner.checkpointing)?;
+        checkpoint_and_release(
+            &self.dir,
+            &mut self.inner.state.write(),
+            &wal,
+            &self.inner.checkpointing,
+        )?;
         match Arc::try_unwrap(wal) {
             Ok(wal) => wal.close()?,
             Err(shared) => {
@@ -1127,7 +1184,7 @@ mod tests {
     use super::*;
 
     fn at(applied: u64) -> Encoded {
-        let state = State {
+        let mut state = State {
             store: Store::new(),
             lessor: Lessor::new(1, Arc::new(crate::clock::ManualClock::default())),
             alarms: Default::default(),

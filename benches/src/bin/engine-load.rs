@@ -1,22 +1,32 @@
-//! Loads N keys into a fresh engine and reports memory and restart cost (issue #3):
+//! Loads N keys into a fresh engine and reports memory, restart cost and maintenance under
+//! load (issue #3):
 //!
 //! ```sh
-//! cargo run --release -p cairn-benches --bin engine-load -- --dir /tmp/load --keys 1000000
+//! cargo run --release -p cairn-benches --bin engine-load -- --dir /tmp/load --keys 1000000 --maintenance
 //! ```
 //!
 //! Keys are 8 bytes, values 256 bytes, written by `--writers` threads keeping writes in
 //! flight (`put_async`), so the WAL's group commit batches them. It prints the load rate, the
-//! process's resident memory after loading, the checkpoint and WAL sizes, the time `close`
-//! takes (the final checkpoint) and the time a fresh `open` takes, and the resident memory
-//! after reopening in a new process is not measured here (the same process keeps its heap).
+//! process's resident memory after loading, the data and WAL sizes, and the time `close`
+//! takes. Reopening runs in a fresh process (this binary with `--reopen`), so its resident
+//! memory is what a restarted member uses, not this process's leftover heap.
+//!
+//! With `--maintenance`, it also measures what compaction and defragmentation cost writers:
+//! probe threads put one key at a time (each waits for its write to be durable) and record
+//! latencies. First for `--probe-seconds` with nothing else running (the baseline); then while
+//! every key is overwritten once more is compacted away (N revisions) until the sweep is
+//! done; then while the engine defragments. It reports each phase's p50 and p99, and the p99
+//! as a ratio of the baseline's, measured in the same run.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_engine::{Config, Engine, PutRequest};
 use clap::Parser;
+use hdrhistogram::Histogram;
 
 #[derive(Debug, Parser)]
 #[command(name = "engine-load")]
@@ -33,15 +43,38 @@ struct Args {
     /// Writes each writer keeps in flight.
     #[arg(long, default_value_t = 64)]
     in_flight: usize,
+    /// Also measure write latency during compaction and defragmentation.
+    #[arg(long)]
+    maintenance: bool,
+    /// Seconds of the baseline probe.
+    #[arg(long, default_value_t = 5)]
+    probe_seconds: u64,
+    /// Probe threads.
+    #[arg(long, default_value_t = 2)]
+    probes: u64,
+    /// Internal: only reopen `--dir` and print the time and resident memory.
+    #[arg(long, hide = true)]
+    reopen: bool,
 }
 
-fn rss_mib() -> f64 {
+/// A line of /proc/self/status, in MiB.
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Resident memory: the total, then its heap (anonymous) and mapped-file parts.
+fn rss() -> String {
+    format!(
+        "{:.0} MiB (heap {:.0}, mapped files {:.0})",
+        status_mib("VmRSS"),
+        status_mib("RssAnon"),
+        status_mib("RssFile") + status_mib("RssShmem")
+    )
 }
 
 fn dir_mib(dir: &Path) -> f64 {
@@ -59,27 +92,28 @@ fn dir_mib(dir: &Path) -> f64 {
     total as f64 / (1 << 20) as f64
 }
 
-fn run(args: &Args) -> Result<(), String> {
-    if args.dir.exists() {
-        return Err(format!("{} exists; give a new directory", args.dir.display()));
-    }
-    let config = || Config {
+fn config() -> Config {
+    Config {
         lease_check_interval: None,
-        checkpoint_entries: 0,
         ..Config::default()
-    };
-    let engine = Engine::open(&args.dir, config()).map_err(|e| format!("open: {e}"))?;
-    let value = Bytes::from(vec![0x5a; 256]);
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    i.to_be_bytes().to_vec()
+}
+
+/// Puts every key once, `writers` threads with `in_flight` writes each.
+fn load(engine: &Engine, args: &Args, value: &Bytes) -> Result<Duration, String> {
     let started = Instant::now();
     std::thread::scope(|s| -> Result<(), String> {
         let handles: Vec<_> = (0..args.writers)
             .map(|w| {
-                let (engine, value) = (&engine, value.clone());
                 s.spawn(move || -> Result<(), String> {
                     let mut pending = std::collections::VecDeque::new();
                     for i in (w..args.keys).step_by(args.writers as usize) {
                         let req = PutRequest {
-                            key: i.to_be_bytes().to_vec(),
+                            key: key(i),
                             value: value.clone(),
                             ..PutRequest::default()
                         };
@@ -102,34 +136,151 @@ fn run(args: &Args) -> Result<(), String> {
         }
         Ok(())
     })?;
-    let load = started.elapsed();
-    let rss_loaded = rss_mib();
-    let wal = dir_mib(&args.dir.join("wal"));
-    let closing = Instant::now();
-    engine.close().map_err(|e| format!("close: {e}"))?;
-    let close = closing.elapsed();
-    let checkpoint = dir_mib(&args.dir) - dir_mib(&args.dir.join("wal"));
+    Ok(started.elapsed())
+}
+
+/// Runs `work` while `probes` threads put keys one at a time; returns its result, how long
+/// it took and the probes' latencies in microseconds.
+fn probed<T>(
+    engine: &Engine,
+    args: &Args,
+    work: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, Duration, Histogram<u64>), String> {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let probes: Vec<_> = (0..args.probes)
+            .map(|p| {
+                let done = &done;
+                s.spawn(move || -> Result<Histogram<u64>, String> {
+                    let mut h = Histogram::new(3).map_err(|e| e.to_string())?;
+                    let mut i = p;
+                    while !done.load(Ordering::Relaxed) {
+                        let req = PutRequest {
+                            key: key(i % args.keys.max(1)),
+                            value: Bytes::from_static(b"probe"),
+                            ..PutRequest::default()
+                        };
+                        let t = Instant::now();
+                        engine.put(req).map_err(|e| format!("probe put: {e}"))?;
+                        h.saturating_record(t.elapsed().as_micros() as u64);
+                        i += args.probes * 7919;
+                    }
+                    Ok(h)
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let result = work();
+        let took = started.elapsed();
+        done.store(true, Ordering::Relaxed);
+        let mut all = Histogram::new(3).map_err(|e| e.to_string())?;
+        for p in probes {
+            let h = p.join().map_err(|_| "a probe panicked".to_string())??;
+            all.add(&h).map_err(|e| e.to_string())?;
+        }
+        Ok((result?, took, all))
+    })
+}
+
+fn latency_line(name: &str, took: Duration, h: &Histogram<u64>, baseline_p99: Option<u64>) {
+    let ratio = baseline_p99.map_or(String::new(), |b| {
+        format!(
+            ", p99/baseline {:.2}x",
+            h.value_at_quantile(0.99) as f64 / b.max(1) as f64
+        )
+    });
+    println!(
+        "{name:<24}{:.2} s, {} writes, p50 {} us, p99 {} us{ratio}",
+        took.as_secs_f64(),
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+    );
+}
+
+fn maintenance(engine: &Engine, args: &Args, value: &Bytes) -> Result<(), String> {
+    let window = Duration::from_secs(args.probe_seconds);
+    let ((), took, base) = probed(engine, args, || {
+        std::thread::sleep(window);
+        Ok(())
+    })?;
+    latency_line("baseline", took, &base, None);
+    let base_p99 = base.value_at_quantile(0.99);
+
+    let overwrite = load(engine, args, value)?;
+    println!("overwrite               {:.1} s", overwrite.as_secs_f64());
+    let ((), took, h) = probed(engine, args, || {
+        engine
+            .compact(engine.current_revision())
+            .map_err(|e| format!("compact: {e}"))?;
+        engine.wait_compacted().map_err(|e| format!("compact: {e}"))
+    })?;
+    latency_line("compaction", took, &h, Some(base_p99));
+
+    let (sizes, took, h) = probed(engine, args, || {
+        engine.defragment().map_err(|e| format!("defragment: {e}"))
+    })?;
+    latency_line("defragment", took, &h, Some(base_p99));
+    println!(
+        "data files              {:.0} MiB before defragment, {:.0} MiB after",
+        sizes.before as f64 / (1 << 20) as f64,
+        sizes.after as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn reopen(dir: &Path) -> Result<(), String> {
     let opening = Instant::now();
-    let engine = Engine::open(&args.dir, config()).map_err(|e| format!("reopen: {e}"))?;
-    let reopen = opening.elapsed();
-    let revision = engine.current_revision();
-    drop(engine);
+    let engine = Engine::open(dir, config()).map_err(|e| format!("reopen: {e}"))?;
+    let took = opening.elapsed();
+    println!(
+        "reopen                  {:.2} s (revision {}, {} keys), RSS {}",
+        took.as_secs_f64(),
+        engine.current_revision(),
+        engine.key_count(),
+        rss()
+    );
+    engine.close().map_err(|e| format!("close: {e}"))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    if args.reopen {
+        return reopen(&args.dir);
+    }
+    if args.dir.exists() {
+        return Err(format!("{} exists; give a new directory", args.dir.display()));
+    }
+    let engine = Engine::open(&args.dir, config()).map_err(|e| format!("open: {e}"))?;
+    let value = Bytes::from(vec![0x5a; 256]);
+    let took = load(&engine, args, &value)?;
     println!("keys                    {}", args.keys);
     println!(
         "load                    {:.1} s ({:.0} puts/s)",
-        load.as_secs_f64(),
-        args.keys as f64 / load.as_secs_f64()
+        took.as_secs_f64(),
+        args.keys as f64 / took.as_secs_f64()
     );
-    println!("RSS after loading       {rss_loaded:.0} MiB");
-    println!("WAL before close        {wal:.0} MiB");
+    println!("RSS after loading       {}", rss());
     println!(
-        "close (checkpoint)      {:.2} s, checkpoint {checkpoint:.0} MiB",
-        close.as_secs_f64()
+        "on disk                 data {:.0} MiB, WAL {:.0} MiB",
+        dir_mib(&args.dir.join("data")),
+        dir_mib(&args.dir.join("wal"))
     );
-    println!(
-        "reopen                  {:.2} s (revision {revision})",
-        reopen.as_secs_f64()
-    );
+    if args.maintenance {
+        maintenance(&engine, args, &value)?;
+    }
+    let closing = Instant::now();
+    engine.close().map_err(|e| format!("close: {e}"))?;
+    println!("close (checkpoint)      {:.2} s", closing.elapsed().as_secs_f64());
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let status = std::process::Command::new(me)
+        .arg("--dir")
+        .arg(&args.dir)
+        .arg("--reopen")
+        .status()
+        .map_err(|e| format!("run the reopen: {e}"))?;
+    if !status.success() {
+        return Err(format!("the reopen failed: {status}"));
+    }
     Ok(())
 }
 

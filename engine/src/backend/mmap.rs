@@ -1,9 +1,13 @@
 //! Memory-mapped data files: the only `unsafe` code in the engine.
 //!
-//! A [`MappedFile`] is a data file (or, for a store without a directory, anonymous memory)
-//! mapped shared and writable at its full, preallocated capacity. Records are written by
-//! copying into the map and read by borrowing from it. Syncing is by path, with `fsync` on
-//! the file, which on Linux also writes back pages dirtied through shared mappings.
+//! A [`MappedFile`] is a data file (or, for a store without a directory, heap memory standing
+//! in for one) mapped shared and read-only at its full, preallocated capacity. Records are
+//! written with `pwrite` and read by borrowing from the map: on Linux both go through the one
+//! page cache, so a read sees every write before it. As in LMDB's default mode, the map is
+//! never writable, so no stray store through a pointer can reach the file, and the file's
+//! pages count towards the process's memory only while reads use them.
+//!
+//! Syncing is by path, with `fsync` on the file (see `FileMaker::sync_files`).
 //!
 //! # Safety argument
 //!
@@ -13,26 +17,30 @@
 //! - the engine's directory is locked (the WAL takes an exclusive `flock` before any data file
 //!   is opened), so no other cairn process opens these files, and they are not for anyone
 //!   else to edit while the engine runs, as with bbolt or LMDB files;
-//! - a file is sized to its capacity (`fallocate`, so the blocks exist and a write cannot hit
-//!   ENOSPC through the map) before it is mapped, and cairn never shrinks a mapped file: a
-//!   file leaves the engine only by being dropped from the set and then deleted, and deleting
-//!   a mapped file leaves the mapping valid;
-//! - all access goes through `&self`/`&mut self` of the owning `MappedFile`, so Rust's borrow
-//!   rules order the engine's own reads and writes.
+//! - a file is sized to its capacity (`fallocate`, so the blocks exist) before it is mapped,
+//!   and cairn never shrinks a mapped file: a file leaves the engine only by being dropped
+//!   from the set and then deleted, and deleting a mapped file leaves the mapping valid; the
+//!   one file ever shortened, a defragmentation's last, is unmapped first and mapped again
+//!   after (`shrink`);
+//! - cairn's own writes only append past the end of the records already read (`Active` keeps
+//!   the length), so bytes a reader borrows never change while it holds them.
 
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use memmap2::{MmapMut, MmapOptions};
+use memmap2::{Mmap, MmapOptions, UncheckedAdvice};
 
 /// A mapped data file, or heap memory standing in for one.
 #[derive(Debug)]
 pub(crate) enum MappedFile {
-    /// The file's descriptor is not kept: the mapping outlives it.
-    File(MmapMut),
+    File {
+        map: Mmap,
+        file: File,
+    },
     /// For a store without a directory.
     Heap(Box<[u8]>),
 }
@@ -41,7 +49,7 @@ fn preallocate(file: &File, len: u64) -> io::Result<()> {
     match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
         Ok(()) => Ok(()),
         // File systems that cannot fallocate (tmpfs on old kernels, some FUSE): a sized
-        // sparse file, at the risk of ENOSPC surfacing as SIGBUS on such file systems only.
+        // sparse file.
         Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
             if file.metadata()?.len() < len {
                 file.set_len(len)?;
@@ -71,8 +79,21 @@ impl MappedFile {
         let len = usize::try_from(len).map_err(|_| io::Error::other("data file too large to map"))?;
         // SAFETY: see the module docs: the file is cairn's alone and at least `len` bytes long
         // (it was preallocated or its size just read), and it is never shrunk while mapped.
-        let map = unsafe { MmapOptions::new().len(len).map_mut(&file)? };
-        Ok(MappedFile::File(map))
+        let map = unsafe { MmapOptions::new().len(len).map(&file)? };
+        Ok(MappedFile::File { map, file })
+    }
+
+    /// Shrinks the file to `len` bytes: the map is dropped before the file is cut and a new
+    /// one made after, so no map ever reaches past the end.
+    pub(crate) fn shrink(self, len: u64) -> io::Result<MappedFile> {
+        match self {
+            MappedFile::File { map, file } => {
+                drop(map);
+                file.set_len(len)?;
+                Self::map(file, len)
+            }
+            heap => Ok(heap),
+        }
     }
 
     /// Zeroed heap memory of `capacity` bytes (allocated lazily by the OS), for a store
@@ -83,19 +104,46 @@ impl MappedFile {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
-            MappedFile::File(map) => map,
+            MappedFile::File { map, .. } => map,
             MappedFile::Heap(b) => b,
         }
     }
 
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+    /// Writes `bytes` at `offset`, which must be past every byte a reader may hold (see the
+    /// module docs) and within the capacity.
+    pub(crate) fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .filter(|end| *end <= self.capacity())
+            .ok_or_else(|| io::Error::other("write past the data file's capacity"))?;
         match self {
-            MappedFile::File(map) => map,
-            MappedFile::Heap(b) => b,
+            MappedFile::File { file, .. } => file.write_all_at(bytes, offset),
+            MappedFile::Heap(b) => {
+                let range = usize::try_from(offset).ok().zip(usize::try_from(end).ok());
+                range
+                    .and_then(|(start, end)| b.get_mut(start..end))
+                    .ok_or_else(|| io::Error::other("write past the heap file"))?
+                    .copy_from_slice(bytes);
+                Ok(())
+            }
         }
     }
 
     pub(crate) fn capacity(&self) -> u64 {
         self.bytes().len() as u64
+    }
+
+    /// Tells the kernel this process is done with the pages it touched (after scanning the
+    /// whole file on open): they leave its resident set but stay in the page cache, and a
+    /// later read maps them again.
+    pub(crate) fn release_pages(&self) {
+        if let MappedFile::File { map, .. } = self {
+            // SAFETY: for a shared, read-only file mapping, MADV_DONTNEED only drops this
+            // process's page table entries: the next access reads the same bytes back from the
+            // page cache or the file, so no borrowed slice can observe a change.
+            if let Err(e) = unsafe { map.unchecked_advise(UncheckedAdvice::DontNeed) } {
+                tracing::debug!(error = %e, "madvise(DONTNEED) on a data file failed");
+            }
+        }
     }
 }

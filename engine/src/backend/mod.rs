@@ -70,15 +70,35 @@ fn io_error(what: String) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::Backend(format!("{what}: {e}"))
 }
 
-/// A file still being appended to.
+/// A file still being appended to. New records collect in a buffer and are written in one
+/// `pwrite` when it fills (or before a checkpoint or seal), not one system call per record;
+/// reads of records still in the buffer are served from it.
 #[derive(Debug)]
 pub(crate) struct Active {
     id: u32,
     map: MappedFile,
+    /// Bytes written to the file. Invariant: a record boundary.
+    flushed: u64,
+    /// Records after `flushed`, not yet written.
+    buf: Vec<u8>,
+    /// `flushed + buf.len()`.
     len: u64,
 }
 
+/// Records buffered before a write.
+const WRITE_BUFFER: usize = 256 << 10;
+
 impl Active {
+    fn new(id: u32, map: MappedFile, len: u64) -> Active {
+        Active {
+            id,
+            map,
+            flushed: len,
+            buf: Vec::new(),
+            len,
+        }
+    }
+
     fn create(dir: Option<&Path>, id: u32, capacity: u64) -> Result<Active> {
         let map = match dir {
             Some(dir) => {
@@ -89,30 +109,85 @@ impl Active {
                 usize::try_from(capacity).map_err(|_| Error::Backend("data file size too large".into()))?,
             ),
         };
-        Ok(Active { id, map, len: 0 })
+        Ok(Active::new(id, map, 0))
     }
 
-    /// Appends `record`; `None` if it does not fit.
-    fn append(&mut self, record: &Record<'_>) -> Option<Loc> {
+    /// Appends `record`; `Ok(None)` if it does not fit.
+    fn append(&mut self, record: &Record<'_>) -> Result<Option<Loc>> {
         let len = record.padded_len();
-        let offset = usize::try_from(self.len).ok()?;
-        let end = offset.checked_add(len)?;
-        let out = self.map.bytes_mut().get_mut(offset..end)?;
-        record.encode_into(out)?;
-        self.len += len as u64;
-        Some(Loc {
+        let end = self.len + len as u64;
+        if end > self.map.capacity() {
+            return Ok(None);
+        }
+        let (Ok(offset), Ok(len32)) = (u32::try_from(self.len), u32::try_from(len)) else {
+            return Ok(None);
+        };
+        let at = self.buf.len();
+        self.buf.resize(at + len, 0);
+        let out = self.buf.get_mut(at..).unwrap_or_default();
+        if record.encode_into(out).is_none() {
+            self.buf.truncate(at);
+            return Err(Error::Internal("a record does not encode".into()));
+        }
+        self.len = end;
+        if self.buf.len() >= WRITE_BUFFER {
+            self.flush()?;
+        }
+        Ok(Some(Loc {
             file: self.id,
-            offset: u32::try_from(offset).ok()?,
-            len: u32::try_from(len).ok()?,
-        })
+            offset,
+            len: len32,
+        }))
     }
 
-    pub(crate) fn seal(self) -> (u32, Sealed) {
+    /// Writes the buffered records to the file.
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.map
+            .write_at(self.flushed, &self.buf)
+            .map_err(io_error(format!("write data file {}", file_name(self.id))))?;
+        self.flushed = self.len;
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn read(&self, loc: Loc) -> Result<Record<'_>> {
+        match u64::from(loc.offset).checked_sub(self.flushed) {
+            Some(in_buf) => read_at(
+                &self.buf,
+                self.buf.len() as u64,
+                Loc {
+                    offset: u32::try_from(in_buf).unwrap_or(u32::MAX),
+                    ..loc
+                },
+            ),
+            None => read_at(self.map.bytes(), self.flushed, loc),
+        }
+    }
+
+    /// Forgets everything after `len`.
+    fn cut(&mut self, len: u64) {
+        match len.checked_sub(self.flushed) {
+            Some(in_buf) => self.buf.truncate(usize::try_from(in_buf).unwrap_or(usize::MAX)),
+            None => {
+                // Bytes past `len` on disk are overwritten by the next records.
+                self.buf.clear();
+                self.flushed = len;
+            }
+        }
+        self.len = len;
+    }
+
+    /// Writes what is buffered and seals the file.
+    pub(crate) fn seal(mut self) -> Result<(u32, Sealed)> {
+        self.flush()?;
         let sealed = Sealed {
             map: Arc::new(self.map),
             len: self.len,
         };
-        (self.id, sealed)
+        Ok((self.id, sealed))
     }
 }
 
@@ -158,17 +233,32 @@ impl FileMaker {
         Active::create(self.dir.as_deref(), id, self.file_size.max(needed))
     }
 
+    /// Seals a file that will never be appended to, cut down to the pages its records use.
+    pub(crate) fn finish(&self, mut active: Active) -> Result<(u32, Sealed)> {
+        active.flush()?;
+        let Active { id, map, len, .. } = active;
+        let map = match &self.dir {
+            Some(dir) => {
+                let path = file_path(dir, id);
+                map.shrink(len.div_ceil(4096).max(1) * 4096)
+                    .map_err(io_error(format!("shrink {}", path.display())))?
+            }
+            None => map,
+        };
+        Active::new(id, map, len).seal()
+    }
+
     /// Appends `record` to `active`, first sealing it into `sealed` and starting a new file if
     /// it is full.
     pub(crate) fn append(&self, active: &mut Active, record: &Record<'_>) -> Result<(Loc, Option<(u32, Sealed)>)> {
-        if let Some(loc) = active.append(record) {
+        if let Some(loc) = active.append(record)? {
             return Ok((loc, None));
         }
         let full = std::mem::replace(active, self.create(record)?);
         let loc = active
-            .append(record)
+            .append(record)?
             .ok_or_else(|| Error::Internal("a record does not fit a new data file".into()))?;
-        Ok((loc, Some(full.seal())))
+        Ok((loc, Some(full.seal()?)))
     }
 
     /// Syncs data files to disk, then their directory, so a checkpoint can name them.
@@ -205,11 +295,7 @@ impl Backend {
             file_size: file_size as u64,
             next_id: Arc::new(AtomicU32::new(1)),
         };
-        let active = Active {
-            id: 0,
-            map: MappedFile::heap(file_size),
-            len: 0,
-        };
+        let active = Active::new(0, MappedFile::heap(file_size), 0);
         Backend {
             maker,
             sealed: BTreeMap::new(),
@@ -223,7 +309,8 @@ impl Backend {
     pub(crate) fn open(data_dir: &Path, file_size: u64, layout: &[FileLen]) -> Result<Backend> {
         std::fs::create_dir_all(data_dir).map_err(io_error(format!("create {}", data_dir.display())))?;
         let listed: std::collections::BTreeSet<u32> = layout.iter().map(|f| f.id).collect();
-        let mut max_id = layout.iter().map(|f| f.id).max();
+        // Ids of removed files are free again: only the layout's count.
+        let max_id = layout.iter().map(|f| f.id).max();
         let entries = std::fs::read_dir(data_dir).map_err(io_error(format!("list {}", data_dir.display())))?;
         for entry in entries {
             let entry = entry.map_err(io_error(format!("list {}", data_dir.display())))?;
@@ -239,7 +326,6 @@ impl Backend {
             // left by an unfinished defragmentation.
             tracing::info!(file = ?entry.path(), "removing a data file the checkpoint does not name");
             std::fs::remove_file(entry.path()).map_err(io_error(format!("remove {:?}", entry.path())))?;
-            max_id = max_id.max(id);
         }
         let maker = FileMaker {
             dir: Some(data_dir.to_path_buf()),
@@ -262,7 +348,7 @@ impl Backend {
             maps.push((f.id, map, f.len));
         }
         let active = match maps.pop() {
-            Some((id, map, len)) => Active { id, map, len },
+            Some((id, map, len)) => Active::new(id, map, len),
             None => {
                 let empty = Record {
                     rev: Default::default(),
@@ -315,10 +401,10 @@ impl Backend {
     /// end where they ended then, and files started since are left empty.
     pub(crate) fn rollback(&mut self, mark: Mark) {
         if self.active.id == mark.id {
-            self.active.len = mark.len;
+            self.active.cut(mark.len);
             return;
         }
-        self.active.len = 0;
+        self.active.cut(0);
         for id in &self.layout {
             if let Some(file) = self.sealed.get_mut(id) {
                 if *id == mark.id {
@@ -333,7 +419,7 @@ impl Backend {
     /// The record at `loc`.
     pub(crate) fn read(&self, loc: Loc) -> Result<Record<'_>> {
         if loc.file == self.active.id {
-            return read_at(self.active.map.bytes(), self.active.len, loc);
+            return self.active.read(loc);
         }
         self.sealed
             .get(&loc.file)
@@ -341,7 +427,22 @@ impl Backend {
             .read(loc)
     }
 
-    /// The files that make up the state and their lengths, in scan order.
+    /// Writes buffered records to the active file (before a checkpoint names its length).
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        self.active.flush()
+    }
+
+    /// Drops the pages of every file from this process's resident set (see
+    /// [`MappedFile::release_pages`]).
+    pub(crate) fn release_pages(&self) {
+        for file in self.sealed.values() {
+            file.map.release_pages();
+        }
+        self.active.map.release_pages();
+    }
+
+    /// The files that make up the state and their lengths, in scan order. Call
+    /// [`Backend::flush`] first when the files must hold them.
     pub(crate) fn layout(&self) -> Vec<FileLen> {
         let sealed = self
             .layout
@@ -401,16 +502,12 @@ impl Backend {
     /// Starts a defragmentation: seals the active file (writes go on in a new one) and returns
     /// the files to copy from, with a maker for the new files.
     pub(crate) fn begin_defrag(&mut self) -> Result<(Vec<(u32, Sealed)>, FileMaker)> {
-        let empty = Record {
-            rev: Default::default(),
-            created: Default::default(),
-            version: 0,
-            lease: 0,
-            key: &[],
-            value: &[],
-        };
-        let fresh = self.maker.create(&empty)?;
-        let (id, sealed) = std::mem::replace(&mut self.active, fresh).seal();
+        // A small file for the writes made meanwhile, so that defragmenting a small store does
+        // not leave it bigger; the next file has the full size again.
+        let id = self.maker.next_id.fetch_add(1, Ordering::Relaxed);
+        let small = (self.maker.file_size / 16).max(1 << 20).min(self.maker.file_size);
+        let fresh = Active::create(self.maker.dir.as_deref(), id, small)?;
+        let (id, sealed) = std::mem::replace(&mut self.active, fresh).seal()?;
         self.sealed.insert(id, sealed);
         self.layout.push(id);
         let old = self

@@ -211,6 +211,11 @@ impl Defrag {
         Ok((moved, filled))
     }
 
+    /// Seals the last file copied into (see [`FileMaker::finish`]).
+    pub(crate) fn finish(&self, last: Active) -> Result<(u32, Sealed)> {
+        self.maker.finish(last)
+    }
+
     pub(crate) fn old_ids(&self) -> Vec<u32> {
         self.old.iter().map(|(id, _)| *id).collect()
     }
@@ -260,7 +265,18 @@ impl Store {
         Ok(store)
     }
 
-    /// What a checkpoint records of the store.
+    /// Writes buffered records to the data files, so that [`Store::meta`] names them.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        self.backend.flush()
+    }
+
+    /// Drops the data files' pages from the process's resident set: after opening, which
+    /// read them all, they are the page cache's, not this process's working set.
+    pub(crate) fn release_pages(&self) {
+        self.backend.release_pages();
+    }
+
+    /// What a checkpoint records of the store. Call [`Store::flush`] first.
     pub(crate) fn meta(&self) -> StoreMeta {
         StoreMeta {
             current: self.current,
@@ -439,6 +455,12 @@ impl Store {
         self.compacting.is_some()
     }
 
+    /// Whether a compaction's sweep has history left to drop (paused by a snapshot or not).
+    pub(crate) fn compaction_unfinished(&self) -> bool {
+        self.compacting.is_some()
+    }
+
+    /// Whether the sweep has work to do now: unfinished and not paused by a snapshot.
     pub(crate) fn compaction_pending(&self) -> bool {
         self.compacting.is_some() && self.pinned == 0
     }
