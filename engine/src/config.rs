@@ -48,6 +48,10 @@ pub struct Config {
     pub watch_batch: usize,
     /// How often lagging watchers catch up. Default 100 ms.
     pub watch_sync_interval: Duration,
+    /// How often watchers that asked for progress notifications get one, if nothing was sent
+    /// to them meanwhile (etcd's `--experimental-watch-progress-notify-interval`); `None`
+    /// never. Default 10 minutes.
+    pub watch_progress_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             watch_buffer: 128,
             watch_batch: 1000,
             watch_sync_interval: Duration::from_millis(100),
+            watch_progress_interval: Some(Duration::from_secs(600)),
         }
     }
 }

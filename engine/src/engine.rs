@@ -452,10 +452,24 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
     }
 }
 
-fn watch_loop(state: Arc<RwLock<State>>, hub: Arc<Mutex<WatchHub>>, stop: Receiver<()>, every: std::time::Duration) {
+/// Catches lagging watchers up every `every`, and sends progress notifications every
+/// `progress_every`, until told to stop.
+fn watch_loop(
+    state: Arc<RwLock<State>>,
+    hub: Arc<Mutex<WatchHub>>,
+    stop: Receiver<()>,
+    every: std::time::Duration,
+    progress_every: Option<std::time::Duration>,
+) {
+    let mut last_progress = std::time::Instant::now();
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let st = state.read();
-        hub.lock().catch_up(&st.store);
+        let mut hub = hub.lock();
+        hub.catch_up(&st.store);
+        if progress_every.is_some_and(|p| last_progress.elapsed() >= p) {
+            last_progress = std::time::Instant::now();
+            hub.progress(st.store.current_revision());
+        }
     }
 }
 
@@ -681,10 +695,10 @@ impl Engine {
         let watch_thread = {
             let (state, hub) = (state.clone(), hub.clone());
             let (stop_tx, stop_rx) = bounded(0);
-            let every = config.watch_sync_interval;
+            let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
             let thread = std::thread::Builder::new()
                 .name("cairn-watch".into())
-                .spawn(move || watch_loop(state, hub, stop_rx, every))
+                .spawn(move || watch_loop(state, hub, stop_rx, every, progress_every))
                 .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
             (stop_tx, thread)
         };
@@ -910,6 +924,14 @@ impl Engine {
             rx,
             hub: Arc::downgrade(&self.inner.hub),
         })
+    }
+
+    /// Sends progress notifications now, as the periodic tick
+    /// (`Config::watch_progress_interval`) does: every synced watcher that asked for them and
+    /// was sent nothing since the last tick gets [`WatchResponse::Progress`].
+    pub fn notify_progress(&self) {
+        let st = self.inner.state.read();
+        self.inner.hub.lock().progress(st.store.current_revision());
     }
 
     /// etcd's progress-request rule: the current revision if every one of `watches` has

@@ -34,4 +34,4 @@ pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
 pub use mvcc::store::{Event, EventKind, HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
 pub use request::Alarm;
-pub use watch::hub::{WatchRequest, WatchResponse};
+pub use watch::hub::{fragment as fragment_events, WatchRequest, WatchResponse};

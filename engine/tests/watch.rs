@@ -299,3 +299,84 @@ fn a_key_put_and_deleted_in_one_revision_gives_both_events() {
     let replay = engine.watch(&prefix("k", 1)).unwrap();
     assert_eq!(summary(&events(&replay, 3))[..2], summary(&live)[..]);
 }
+
+#[test]
+fn progress_notifications_go_to_quiet_synced_watchers_that_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(
+        dir.path(),
+        Config {
+            // Only explicit ticks, so the test decides when one happens.
+            watch_progress_interval: None,
+            ..config(16)
+        },
+    )
+    .unwrap();
+    let asked = |key: &str| WatchRequest {
+        progress_notify: true,
+        ..prefix(key, 0)
+    };
+    let busy = engine.watch(&asked("busy/")).unwrap();
+    let quiet = engine.watch(&asked("quiet/")).unwrap();
+    let not_asked = engine.watch(&prefix("quiet/", 0)).unwrap();
+    let rev = put(&engine, "busy/1", "v");
+    assert_eq!(events(&busy, 1)[0].kv.mod_revision, rev);
+
+    engine.notify_progress();
+    assert_eq!(
+        quiet.try_recv(),
+        Some(WatchResponse::Progress { revision: rev }),
+        "nothing for it up to {rev}"
+    );
+    assert_eq!(busy.try_recv(), None, "it was sent events since the last tick");
+    assert_eq!(not_asked.try_recv(), None, "it did not ask");
+
+    // The next tick: the busy watcher has been quiet for a whole interval now.
+    engine.notify_progress();
+    assert_eq!(busy.try_recv(), Some(WatchResponse::Progress { revision: rev }));
+    assert_eq!(quiet.try_recv(), Some(WatchResponse::Progress { revision: rev }));
+
+    // A watcher still catching up from history gets no progress: it has not seen `rev` yet.
+    let behind = engine
+        .watch(&WatchRequest {
+            progress_notify: true,
+            ..prefix("busy/", 1)
+        })
+        .unwrap();
+    engine.notify_progress();
+    let first = behind.recv_timeout(HANG).unwrap();
+    assert!(
+        matches!(first, WatchResponse::Events { .. }),
+        "history first: {first:?}"
+    );
+}
+
+#[test]
+fn large_revisions_fragment_within_the_size_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(16)).unwrap();
+    let watch = engine.watch(&prefix("big/", 0)).unwrap();
+    let value = "x".repeat(1000);
+    let ops = (0..10)
+        .map(|i| {
+            cairn_engine::RequestOp::Put(PutRequest {
+                key: format!("big/{i}").into_bytes(),
+                value: Bytes::copy_from_slice(value.as_bytes()),
+                ..PutRequest::default()
+            })
+        })
+        .collect();
+    let txn = cairn_engine::TxnRequest {
+        success: ops,
+        ..Default::default()
+    };
+    engine.txn(txn).unwrap();
+    let all = events(&watch, 10);
+    let fragments = cairn_engine::fragment_events(all.clone(), 2500);
+    let sizes: Vec<usize> = fragments.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2, 2, 2, 2, 2], "two 1 KB events per 2.5 KB fragment");
+    assert_eq!(fragments.concat(), all, "in order, none lost");
+    // An event larger than the limit travels alone rather than not at all.
+    assert_eq!(cairn_engine::fragment_events(all.clone(), 10).len(), 10);
+    assert_eq!(cairn_engine::fragment_events(all, 1 << 20).len(), 1);
+}

@@ -30,6 +30,9 @@ pub struct WatchRequest {
     pub no_put: bool,
     /// Leave out delete events.
     pub no_delete: bool,
+    /// Send [`WatchResponse::Progress`] on every periodic tick with no events since the last
+    /// (etcd's `progress_notify`).
+    pub progress_notify: bool,
 }
 
 /// One message to a watcher.
@@ -40,6 +43,39 @@ pub enum WatchResponse {
     Events { events: Vec<Event>, revision: i64 },
     /// The watcher fell behind a compaction: it is cancelled (etcd's `compact_revision`).
     Compacted { compact_revision: i64 },
+    /// Nothing new for this watcher up to `revision` (etcd's progress notification: a
+    /// response with no events).
+    Progress { revision: i64 },
+}
+
+/// What an event takes on the wire, roughly: its keys and values plus field overhead.
+fn wire_size(e: &Event) -> usize {
+    const OVERHEAD: usize = 48;
+    let kv = |kv: &crate::mvcc::store::KeyValue| OVERHEAD + kv.key.len() + kv.value.len();
+    kv(&e.kv) + e.prev_kv.as_ref().map_or(0, kv)
+}
+
+/// Splits the events of one response into fragments of at most `max_bytes` each (etcd's
+/// `fragment` watch option, for responses larger than the request size limit); an event
+/// larger than the limit is a fragment of its own. Every fragment but the last is sent with
+/// `fragment` set.
+pub fn fragment(events: Vec<Event>, max_bytes: usize) -> Vec<Vec<Event>> {
+    let mut out: Vec<Vec<Event>> = Vec::new();
+    let mut size = 0;
+    for e in events {
+        let n = wire_size(&e);
+        match out.last_mut() {
+            Some(last) if !last.is_empty() && size + n <= max_bytes => {
+                size += n;
+                last.push(e);
+            }
+            _ => {
+                size = n;
+                out.push(vec![e]);
+            }
+        }
+    }
+    out
 }
 
 #[derive(Debug)]
@@ -51,6 +87,9 @@ struct Watcher {
     prev_kv: bool,
     no_put: bool,
     no_delete: bool,
+    progress_notify: bool,
+    /// Nothing sent since the last progress tick.
+    quiet: bool,
     tx: Sender<WatchResponse>,
 }
 
@@ -134,6 +173,8 @@ impl WatchHub {
                 prev_kv: req.prev_kv,
                 no_put: req.no_put,
                 no_delete: req.no_delete,
+                progress_notify: req.progress_notify,
+                quiet: true,
                 tx,
             },
         );
@@ -158,6 +199,7 @@ impl WatchHub {
             match send(&w.tx, WatchResponse::Events { events: mine, revision }) {
                 Sent::Delivered => {
                     w.next_rev = revision + 1;
+                    w.quiet = false;
                     true
                 }
                 Sent::Full => {
@@ -204,6 +246,7 @@ impl WatchHub {
             // seen everything up to `current`.
             let seen = if events.len() >= batch { last } else { current };
             let mine = w.shape(&events);
+            let has_events = !mine.is_empty();
             let delivered = mine.is_empty() || {
                 match send(
                     &w.tx,
@@ -221,6 +264,7 @@ impl WatchHub {
                 }
             };
             if delivered {
+                w.quiet &= !has_events;
                 w.next_rev = seen + 1;
                 w.synced = w.next_rev > current;
             }
@@ -236,6 +280,18 @@ impl WatchHub {
         self.watchers
             .get(&id)
             .is_none_or(|w| w.synced && w.next_rev > current && w.tx.is_empty())
+    }
+
+    /// The periodic progress tick: each synced watcher that asked for progress notifications
+    /// and was sent nothing since the last tick is told it has seen everything up to
+    /// `current`. A full buffer skips the notice (the watcher has news queued anyway).
+    pub(crate) fn progress(&mut self, current: i64) {
+        for w in self.watchers.values_mut().filter(|w| w.progress_notify) {
+            if w.quiet && w.synced && w.next_rev > current {
+                let _ = send(&w.tx, WatchResponse::Progress { revision: current });
+            }
+            w.quiet = true;
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
