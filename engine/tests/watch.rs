@@ -359,14 +359,14 @@ fn large_revisions_fragment_within_the_size_limit() {
     let value = "x".repeat(1000);
     let ops = (0..10)
         .map(|i| {
-            cairn_engine::RequestOp::Put(PutRequest {
+            RequestOp::Put(PutRequest {
                 key: format!("big/{i}").into_bytes(),
                 value: Bytes::copy_from_slice(value.as_bytes()),
                 ..PutRequest::default()
             })
         })
         .collect();
-    let txn = cairn_engine::TxnRequest {
+    let txn = TxnRequest {
         success: ops,
         ..Default::default()
     };
