@@ -15,10 +15,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_engine::Store;
 use cairn_engine::{
     Compare, CompareResult, CompareTarget, Config, Engine, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
-use cairn_engine::Store;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 
 fn put(key: &[u8], value: &[u8]) -> PutRequest {
