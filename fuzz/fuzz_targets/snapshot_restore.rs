@@ -57,7 +57,9 @@ fn valid() -> &'static (Vec<u8>, Vec<cairn_engine::KeyValue>) {
         let engine = Engine::open(dir.path(), config()).expect("open");
         let lease = engine.lease_grant(7, 3600).expect("grant").response.id;
         for i in 0..12 {
-            engine.put(put(&format!("k{}", i % 5), &format!("v{i}"), 0)).expect("put");
+            engine
+                .put(put(&format!("k{}", i % 5), &format!("v{i}"), 0))
+                .expect("put");
         }
         engine.put(put("leased", "x", lease)).expect("put");
         engine
@@ -141,7 +143,11 @@ fuzz_target!(|input: Input| {
                 let all = engine.range(&RangeRequest::all());
                 let _ = engine.hash_kv(0);
                 if untouched {
-                    assert_eq!(&all.expect("range").kvs, expected, "an undamaged snapshot restores whole");
+                    assert_eq!(
+                        &all.expect("range").kvs,
+                        expected,
+                        "an undamaged snapshot restores whole"
+                    );
                 }
                 let _ = engine.close();
             } else {
