@@ -36,10 +36,13 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock at time zero.
     pub fn new() -> ManualClock {
         ManualClock::default()
     }
 
+    /// Moves the time forward by `by`, for every clone; whole milliseconds only, the rest is
+    /// dropped.
     pub fn advance(&self, by: Duration) {
         let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
         self.millis.fetch_add(ms, Ordering::SeqCst);

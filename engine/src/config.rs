@@ -16,7 +16,7 @@ pub struct Config {
     /// `--snapshot-count` default).
     pub checkpoint_entries: u64,
     /// Bytes each data file is preallocated with (a record larger than this gets a file of its
-    /// own size). At most 1 GiB. Default 64 MiB.
+    /// own size). Between 4 KiB and 1 GiB. Default 64 MiB.
     pub data_file_size: u64,
     /// Keys whose compacted history is dropped per step; the apply thread takes one step
     /// between requests, so a compaction never holds writes up for long. Default 1,000.
@@ -77,6 +77,10 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Checks every field is in range: a valid `wal`, `data_file_size` between 4 KiB and
+    /// 1 GiB, `watch_sync_interval` non-zero, and the batch, buffer, `max_txn_ops` and
+    /// `min_lease_ttl` fields at least 1. [`crate::Engine::open`] calls it; a failure is
+    /// [`Error::InvalidConfig`].
     pub fn validate(&self) -> Result<()> {
         self.wal.validate().map_err(|e| Error::InvalidConfig(e.to_string()))?;
         if self.lease_revoke_batch == 0 || self.min_lease_ttl < 1 {

@@ -44,14 +44,19 @@ use crate::watch::hub::{WatchHub, WatchRequest, WatchResponse};
 /// A response with the store's revision after the request (etcd's `header.revision`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied<T> {
+    /// The request's own answer.
     pub response: T,
+    /// The store's revision once the request was applied: the new one if it changed
+    /// something, else the current one.
     pub revision: i64,
 }
 
 /// What a defragmentation did: the data files' size before and after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Defragmented {
+    /// Bytes the data files took when defragmentation began ([`Engine::size`]).
     pub before: u64,
+    /// Bytes the fresh data files take once switched to.
     pub after: u64,
 }
 
@@ -63,6 +68,7 @@ const DEFRAG_BATCH: usize = 4096;
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseGrant {
+    /// The lease's ID: the one asked for, or one the engine chose when asked for 0.
     pub id: i64,
     /// Seconds, raised to the minimum TTL.
     pub ttl: i64,

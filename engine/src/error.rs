@@ -10,12 +10,24 @@ pub enum Error {
     /// The key is empty (etcd: "key is not provided").
     #[error("key is not provided")]
     EmptyKey,
-    /// The requested revision is at or below the compacted one (etcd: ErrCompacted).
+    /// The requested revision is below the compacted one, or for a compaction at or below it
+    /// (etcd: ErrCompacted).
     #[error("mvcc: required revision has been compacted")]
-    Compacted { requested: i64, compacted: i64 },
+    Compacted {
+        /// The revision asked for, by a read, a HashKV or a compaction.
+        requested: i64,
+        /// The store's compacted revision: reads at or above it succeed, and a compaction must
+        /// be above it.
+        compacted: i64,
+    },
     /// The requested revision is after the current one (etcd: ErrFutureRev).
     #[error("mvcc: required revision is a future revision")]
-    FutureRevision { requested: i64, current: i64 },
+    FutureRevision {
+        /// The revision asked for, by a read, a HashKV or a compaction.
+        requested: i64,
+        /// The store's current revision at the time.
+        current: i64,
+    },
     /// `ignore_value`/`ignore_lease` on a key that does not exist (etcd: "key not found").
     #[error("key not found")]
     KeyNotFound,
@@ -27,7 +39,14 @@ pub enum Error {
     LeaseProvided,
     /// A txn with more operations than allowed (etcd: "too many operations in txn request").
     #[error("too many operations in txn request")]
-    TooManyOps { ops: usize, limit: usize },
+    TooManyOps {
+        /// The longest of the compare, success and failure lists of the offending txn (or
+        /// nested txn).
+        ops: usize,
+        /// What that list may hold: [`crate::Config::max_txn_ops`], less the longest list of
+        /// each enclosing txn (as etcd counts).
+        limit: usize,
+    },
     /// A txn that writes a key twice in one branch (etcd: "duplicate key given in txn request").
     #[error("duplicate key given in txn request")]
     DuplicateKey,
@@ -50,10 +69,20 @@ pub enum Error {
     /// The write-ahead log failed. When `poisoned`, no write can succeed until the engine is
     /// reopened.
     #[error("wal: {message}")]
-    Wal { poisoned: bool, message: String },
+    Wal {
+        /// Whether a failed write or fsync poisoned the log (the WAL's `Poisoned` error).
+        poisoned: bool,
+        /// The text of the WAL's error.
+        message: String,
+    },
     /// A logged request could not be decoded: the log is damaged.
     #[error("corrupt log entry {index}: {reason}")]
-    CorruptEntry { index: u64, reason: String },
+    CorruptEntry {
+        /// The log index of the entry.
+        index: u64,
+        /// Why its payload did not decode.
+        reason: String,
+    },
     /// Writing or reading the checkpoint failed, or it is damaged.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
@@ -71,6 +100,7 @@ pub enum Error {
     Internal(String),
 }
 
+/// `std::result::Result` with the engine's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<cairn_wal::Error> for Error {

@@ -1,10 +1,31 @@
-//! cairn's engine: the MVCC state machine, Raft replication and the embedded API.
+//! cairn's engine: the MVCC state machine and the embedded, durable [`Engine`].
 //!
-//! Today it holds the MVCC core: revisions, per-key generations, the B-tree key index, an
-//! in-memory [`Store`] with etcd's read, write and compaction semantics, and etcd's KV requests
-//! (Range with sorting and filters, Put, DeleteRange, Txn with compares and nested txns) over
-//! it. The durable backend, leases, watch, snapshots and the embedded `Engine` arrive with
-//! issue #3 (see README.md's status table).
+//! [`Store`] is the MVCC core: revisions, per-key generations, the B-tree key index, and etcd's
+//! read, write and compaction semantics, with etcd's KV requests over it (Range with sorting and
+//! filters, Put, DeleteRange, Txn with compares and nested txns). [`Engine`] keeps it in a
+//! directory: each request is logged in the WAL before it is applied, changes live in
+//! memory-mapped data files, and checkpoints bound what a restart replays. It serves txns,
+//! compaction, non-blocking defragmentation, leases, watch and streamed snapshots. Raft
+//! replication comes with a later issue.
+//!
+//! ```no_run
+//! use cairn_engine::{Config, Engine, PutRequest, RangeRequest};
+//!
+//! # fn main() -> cairn_engine::Result<()> {
+//! let engine = Engine::open("/var/lib/cairn", Config::default())?;
+//! let written = engine.put(PutRequest {
+//!     key: b"greeting".to_vec(),
+//!     value: "hello".into(),
+//!     ..PutRequest::default()
+//! })?;
+//! let read = engine.range(&RangeRequest::key("greeting"))?;
+//! assert_eq!(read.revision, written.revision);
+//! assert_eq!(read.kvs.first().map(|kv| kv.value.clone()), Some("hello".into()));
+//! engine.close()
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 mod backend;
 mod checkpoint;

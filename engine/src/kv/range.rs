@@ -11,51 +11,75 @@
 use crate::error::Result;
 use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
 
+/// The direction a range answer is sorted in (etcd's `RangeRequest.SortOrder`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SortOrder {
+    /// Key order; with a sort target other than the key, ascending (as etcd).
     #[default]
     None,
+    /// Smallest first.
     Ascend,
+    /// Largest first.
     Descend,
 }
 
+/// The field a range answer is sorted by (etcd's `RangeRequest.SortTarget`); ties are ordered
+/// by key, in the same direction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SortTarget {
+    /// The key, bytewise.
     #[default]
     Key,
+    /// [`KeyValue::version`].
     Version,
+    /// [`KeyValue::create_revision`].
     Create,
+    /// [`KeyValue::mod_revision`].
     Mod,
+    /// The value, bytewise.
     Value,
 }
 
 /// etcd's `RangeRequest`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeRequest {
+    /// The key read, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
+    /// The end of the range, exclusive: empty reads `key` alone, `"\0"` every key from `key`
+    /// on (see [`crate::prefix_end`]).
     pub range_end: Vec<u8>,
     /// At most this many keys; 0 for no limit.
     pub limit: i64,
     /// The revision to read at; 0 or less for the current one.
     pub revision: i64,
+    /// The direction `kvs` are sorted in.
     pub sort_order: SortOrder,
+    /// What `kvs` are sorted by.
     pub sort_target: SortTarget,
     /// Served from local state (no ReadIndex); the engine treats both alike until Raft.
     pub serializable: bool,
+    /// Return keys with empty values.
     pub keys_only: bool,
+    /// Return only `count`: no key-values, and `more` false.
     pub count_only: bool,
-    /// Filters, 0 for none: keep keys whose mod/create revision lies within.
+    /// Keep only keys last modified at or after this revision; 0 for no bound.
     pub min_mod_revision: i64,
+    /// Keep only keys last modified at or before this revision; 0 for no bound.
     pub max_mod_revision: i64,
+    /// Keep only keys created at or after this revision; 0 for no bound.
     pub min_create_revision: i64,
+    /// Keep only keys created at or before this revision; 0 for no bound.
     pub max_create_revision: i64,
 }
 
 /// etcd's `RangeResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeResponse {
+    /// The key-values found, sorted and filtered as asked, at most `limit` of them.
     pub kvs: Vec<KeyValue>,
+    /// Whether more keys matched than `limit` let through.
     pub more: bool,
+    /// Keys in the range at that revision, ignoring `limit` and the revision filters.
     pub count: i64,
     /// The revision the read was served at.
     pub revision: i64,

@@ -23,9 +23,14 @@ pub(crate) type Written<T> = (T, i64, Vec<LeaseChange>);
 /// etcd's `PutRequest`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PutRequest {
+    /// The key written; must not be empty.
     pub key: Vec<u8>,
+    /// The new value; must be empty with `ignore_value`.
     pub value: Bytes,
+    /// The lease to attach, which must exist; 0 for none, which detaches the key's lease if
+    /// it had one.
     pub lease: i64,
+    /// Return the key-value as it was before the put, in [`PutResponse::prev_kv`].
     pub prev_kv: bool,
     /// Keep the key's current value (the key must exist).
     pub ignore_value: bool,
@@ -33,81 +38,123 @@ pub struct PutRequest {
     pub ignore_lease: bool,
 }
 
+/// etcd's `PutResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PutResponse {
+    /// The key-value before the put, if the request asked for it and the key existed.
     pub prev_kv: Option<KeyValue>,
 }
 
 /// etcd's `DeleteRangeRequest`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeleteRangeRequest {
+    /// The key deleted, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
+    /// The end of the range, exclusive: empty deletes `key` alone, `"\0"` every key from
+    /// `key` on.
     pub range_end: Vec<u8>,
+    /// Return the deleted key-values, in [`DeleteRangeResponse::prev_kvs`].
     pub prev_kv: bool,
 }
 
+/// etcd's `DeleteRangeResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeleteRangeResponse {
+    /// How many keys were deleted.
     pub deleted: i64,
+    /// The deleted key-values in key order, if the request asked for them; else empty.
     pub prev_kvs: Vec<KeyValue>,
 }
 
 /// What a compare looks at, with the operand.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CompareTarget {
+    /// The key's [`KeyValue::version`] (etcd's `VERSION`); 0 for a missing key.
     Version(i64),
+    /// The key's [`KeyValue::create_revision`] (etcd's `CREATE`); 0 for a missing key.
     Create(i64),
+    /// The key's [`KeyValue::mod_revision`] (etcd's `MOD`); 0 for a missing key.
     Mod(i64),
+    /// The key's value, compared bytewise (etcd's `VALUE`); a missing key fails every
+    /// comparison.
     Value(Bytes),
+    /// The key's attached lease ID (etcd's `LEASE`); 0 for none or a missing key.
     Lease(i64),
 }
 
+/// How the key's field must relate to the operand for a compare to hold (etcd's
+/// `Compare.CompareResult`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CompareResult {
+    /// The field equals the operand.
     Equal,
+    /// The field is greater than the operand.
     Greater,
+    /// The field is less than the operand.
     Less,
+    /// The field differs from the operand.
     NotEqual,
 }
 
 /// etcd's `Compare`: every key of the range must satisfy it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Compare {
+    /// The key compared, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
+    /// The end of the range, exclusive: empty compares `key` alone, `"\0"` every key from
+    /// `key` on. A range with no key in it compares as a missing key.
     pub range_end: Vec<u8>,
+    /// The field compared, with the operand.
     pub target: CompareTarget,
+    /// The relation that must hold.
     pub result: CompareResult,
 }
 
 /// One operation of a Txn branch.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RequestOp {
+    /// A read (etcd's `request_range`); it sees the branch's earlier writes.
     Range(RangeRequest),
+    /// etcd's `request_put`.
     Put(PutRequest),
+    /// etcd's `request_delete_range`.
     DeleteRange(DeleteRangeRequest),
+    /// A nested txn (etcd's `request_txn`); its compares are evaluated with the outer ones,
+    /// before anything is written.
     Txn(TxnRequest),
 }
 
+/// The answer to one [`RequestOp`], of the same kind.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ResponseOp {
+    /// etcd's `response_range`.
     Range(RangeResponse),
+    /// etcd's `response_put`.
     Put(PutResponse),
+    /// etcd's `response_delete_range`.
     DeleteRange(DeleteRangeResponse),
+    /// etcd's `response_txn`.
     Txn(TxnResponse),
 }
 
 /// etcd's `TxnRequest`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TxnRequest {
+    /// Conditions that must all hold for `success` to run, else `failure` runs; none means
+    /// `success`.
     pub compare: Vec<Compare>,
+    /// Operations run in order when every compare holds.
     pub success: Vec<RequestOp>,
+    /// Operations run in order when some compare fails.
     pub failure: Vec<RequestOp>,
 }
 
+/// etcd's `TxnResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TxnResponse {
     /// Whether every compare held (the success branch ran).
     pub succeeded: bool,
+    /// One response per operation of the branch that ran, in order.
     pub responses: Vec<ResponseOp>,
 }
 
@@ -328,6 +375,9 @@ fn check_intervals(ops: &[RequestOp]) -> Result<(Vec<Vec<u8>>, Vec<KeyRange>)> {
 }
 
 impl PutRequest {
+    /// Checks the put on its own, as etcd does before proposing it: a key, no value with
+    /// `ignore_value`, no lease with `ignore_lease`. Whether the lease, or the key to keep
+    /// them from, exists is checked when the put is applied.
     pub fn validate(&self) -> Result<()> {
         if self.key.is_empty() {
             return Err(Error::EmptyKey);

@@ -45,13 +45,17 @@ pub(crate) struct LeaseRecord {
     pub(crate) remaining_ttl: i64,
 }
 
-/// What [`Lessor::time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
+/// What [`crate::Engine::lease_time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseStatus {
+    /// The lease asked about.
     pub id: i64,
     /// Seconds left, rounded up; -1 for a lease that does not exist.
     pub ttl: i64,
+    /// The TTL granted, in seconds, after raising to the minimum; 0 for a lease that does not
+    /// exist.
     pub granted_ttl: i64,
+    /// The keys attached, in key order, if asked for; else empty.
     pub keys: Vec<Bytes>,
 }
 

@@ -24,10 +24,13 @@ pub struct Revision {
 pub const REVISION_LEN: usize = 16;
 
 impl Revision {
+    /// The revision `{main, sub}`, in a `const` context too.
     pub const fn new(main: i64, sub: i64) -> Revision {
         Revision { main, sub }
     }
 
+    /// The 16-byte on-disk form: `main` then `sub`, big-endian, so byte order is revision
+    /// order for non-negative revisions. [`Revision::decode`] reverses it.
     pub fn encode(&self) -> [u8; REVISION_LEN] {
         let mut out = [0u8; REVISION_LEN];
         let (main, sub) = out.split_at_mut(8);

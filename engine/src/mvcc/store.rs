@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyValue {
+    /// The key; never empty.
     pub key: Bytes,
     /// The revision of the put that created the key (in its current generation).
     pub create_revision: i64,
@@ -33,6 +34,7 @@ pub struct KeyValue {
     pub mod_revision: i64,
     /// Puts since creation: 1 on create.
     pub version: i64,
+    /// The value; empty when read with `keys_only`, and in a delete event.
     pub value: Bytes,
     /// The attached lease, 0 for none.
     pub lease: i64,
@@ -70,6 +72,7 @@ impl RevisionLog {
 /// What happened to a key at a revision (etcd's `mvccpb.Event`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Event {
+    /// Whether the key was put or deleted.
     pub kind: EventKind,
     /// The key after the change; for a delete, only `key` and `mod_revision` (the deletion's
     /// revision) are set.
@@ -78,9 +81,12 @@ pub struct Event {
     pub prev_kv: Option<KeyValue>,
 }
 
+/// What a change did to a key (etcd's `mvccpb.Event.EventType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EventKind {
+    /// The key was put: created, or overwritten with a new version.
     Put,
+    /// The key was deleted, by a DeleteRange or a lease's revocation.
     Delete,
 }
 
@@ -89,7 +95,10 @@ pub enum EventKind {
 pub struct HashKv {
     /// CRC-32 over every change still in history up to `hash_revision`.
     pub hash: u32,
+    /// The store's compacted revision, 0 if never compacted (etcd's `compact_revision`).
     pub compact_revision: i64,
+    /// The revision hashed up to: the one asked for, or the current one for 0 (etcd's
+    /// `hash_revision`).
     pub hash_revision: i64,
 }
 
@@ -110,6 +119,7 @@ pub struct ReadOptions {
 /// The answer to a range read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeResult {
+    /// The key-values found, in key order, at most `limit`; none for `count_only`.
     pub kvs: Vec<KeyValue>,
     /// Keys in the range at that revision, ignoring the limit.
     pub count: usize,
@@ -406,8 +416,8 @@ impl Store {
     }
 
     /// Drops the history below `revision`: reads below it fail with [`Error::Compacted`], and
-    /// each key keeps its newest version at or below it. All at once; the engine uses
-    /// [`Store::begin_compaction`] and bounded [`Store::compaction_step`]s instead.
+    /// each key keeps its newest version at or below it. All at once; the engine compacts at
+    /// once logically but drops the history in bounded steps between requests.
     pub fn compact(&mut self, revision: i64) -> Result<()> {
         self.begin_compaction(revision)?;
         while self.compaction_step(usize::MAX) {}

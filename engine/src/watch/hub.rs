@@ -21,10 +21,15 @@ use crate::mvcc::store::{Event, EventKind, Store};
 /// What to watch (etcd's `WatchCreateRequest`, less the stream-level options).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WatchRequest {
+    /// The key watched, or the first key of the range; empty means `"\0"`, so with
+    /// `range_end` `"\0"` every key is watched.
     pub key: Vec<u8>,
+    /// The end of the range, exclusive: empty watches `key` alone, `"\0"` every key from
+    /// `key` on.
     pub range_end: Vec<u8>,
     /// The first revision to report; 0 for "from the next one".
     pub start_revision: i64,
+    /// Include the key-value before each change, in [`Event::prev_kv`].
     pub prev_kv: bool,
     /// Leave out put events.
     pub no_put: bool,
@@ -40,12 +45,24 @@ pub struct WatchRequest {
 pub enum WatchResponse {
     /// The events of one or more whole revisions, ascending; `revision` is the newest
     /// revision the watcher has now seen.
-    Events { events: Vec<Event>, revision: i64 },
+    Events {
+        /// The changes that match the watch's range and filters, in revision order, and in
+        /// change order within a revision; never empty.
+        events: Vec<Event>,
+        /// The newest revision seen, at or after the last event's: the watch resumes after it.
+        revision: i64,
+    },
     /// The watcher fell behind a compaction: it is cancelled (etcd's `compact_revision`).
-    Compacted { compact_revision: i64 },
+    Compacted {
+        /// The store's compacted revision; a new watch must start at or after it.
+        compact_revision: i64,
+    },
     /// Nothing new for this watcher up to `revision` (etcd's progress notification: a
     /// response with no events).
-    Progress { revision: i64 },
+    Progress {
+        /// The current revision: the watcher has been sent every event up to it.
+        revision: i64,
+    },
 }
 
 /// What an event takes on the wire, roughly: its keys and values plus field overhead.
