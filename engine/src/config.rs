@@ -36,9 +36,13 @@ pub struct Config {
     /// How often the lease checker records remaining TTLs durably (etcd checkpoints every 5
     /// minutes); `None` never does it on its own. Default 5 minutes.
     pub lease_checkpoint_interval: Option<Duration>,
-    /// At most this many expired leases are revoked per check, so mass expiry is spread over
+    /// At most this many expired leases are revoked per round, so mass expiry is spread over
     /// many small writes. Default 1000.
     pub lease_revoke_batch: usize,
+    /// A round of revokes also stops once its leases hold this many keys (at least one lease
+    /// per round): other writes queued behind a round wait for at most this many deletes.
+    /// The checker runs rounds back to back until no expired lease is left. Default 10,000.
+    pub lease_revoke_keys: usize,
     /// The clock leases expire by. Default: the system's monotonic clock.
     pub clock: Arc<dyn Clock>,
     /// Responses a watcher may have waiting before it falls behind and catches up from
@@ -67,6 +71,7 @@ impl Default for Config {
             lease_check_interval: Some(Duration::from_millis(500)),
             lease_checkpoint_interval: Some(Duration::from_secs(300)),
             lease_revoke_batch: 1000,
+            lease_revoke_keys: 10_000,
             clock: Arc::new(SystemClock::default()),
             watch_buffer: 128,
             watch_batch: 1000,

@@ -577,8 +577,14 @@ impl Inner {
 
     /// Proposes a revoke for up to a batch of expired leases, all at once so their fsyncs are
     /// shared, and waits for them. Returns how many were revoked.
-    fn expire_leases(&self) -> usize {
-        let expired = self.state.write().lessor.expired(self.config.lease_revoke_batch);
+    /// One round of revokes (see `Config::lease_revoke_keys`): returns how many leases it
+    /// revoked, and whether more expired ones are waiting.
+    fn expire_leases(&self) -> (usize, bool) {
+        let (expired, more) = self
+            .state
+            .write()
+            .lessor
+            .expired(self.config.lease_revoke_batch, self.config.lease_revoke_keys);
         let pending: Vec<(i64, Result<oneshot::Receiver<Answer>>)> = expired
             .into_iter()
             .map(|id| (id, self.submit(Request::LeaseRevoke { id })))
@@ -596,7 +602,7 @@ impl Inner {
                 }
             }
         }
-        revoked
+        (revoked, more)
     }
 }
 
@@ -607,7 +613,13 @@ fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duratio
     let clock = inner.config.clock.clone();
     let mut last_checkpoint = clock.now();
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
-        inner.expire_leases();
+        // Round after round while expired leases remain; other writes get in between rounds
+        // (they queue with the next round's revokes), and a stop request is seen between them.
+        while let (revoked, true) = inner.expire_leases() {
+            if revoked == 0 || !matches!(stop.try_recv(), Err(TryRecvError::Empty)) {
+                break;
+            }
+        }
         if checkpoint_every.is_some_and(|period| clock.now().saturating_sub(last_checkpoint) >= period) {
             last_checkpoint = clock.now();
             if let Err(e) = inner.checkpoint_leases() {
@@ -893,10 +905,12 @@ impl Engine {
         self.inner.state.read().lessor.leases()
     }
 
-    /// Revokes up to a batch of expired leases now; returns how many. The lease checker calls
-    /// this periodically unless `Config::lease_check_interval` is `None`.
+    /// Revokes one round of expired leases now (at most `Config::lease_revoke_batch` leases,
+    /// holding at most `Config::lease_revoke_keys` keys, but always one); returns how many.
+    /// The lease checker runs rounds periodically unless `Config::lease_check_interval` is
+    /// `None`.
     pub fn expire_leases(&self) -> usize {
-        self.inner.expire_leases()
+        self.inner.expire_leases().0
     }
 
     /// Records every lease's remaining TTL durably, so that a restart resumes from it. The

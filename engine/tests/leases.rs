@@ -169,3 +169,29 @@ fn a_renewal_after_a_checkpoint_survives_a_restart() {
     clock.advance(Duration::from_secs(1));
     assert_eq!(engine.expire_leases(), 1);
 }
+
+#[test]
+fn a_round_of_revokes_is_bounded_by_the_keys_it_deletes() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        lease_revoke_keys: 100,
+        ..config(&clock)
+    };
+    let engine = Engine::open(dir.path(), config).unwrap();
+    // Three leases of 40 keys, then one of 250 (more than a round's worth alone).
+    let mut leases = Vec::new();
+    for (l, keys) in [40, 40, 40, 250].into_iter().enumerate() {
+        let id = engine.lease_grant(0, 5).unwrap().response.id;
+        for k in 0..keys {
+            put(&engine, &format!("l{l}/k{k}"), id).unwrap();
+        }
+        leases.push(id);
+    }
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(engine.expire_leases(), 2, "80 keys; a third lease would make 120");
+    assert_eq!(engine.expire_leases(), 1, "40 + 250 is over the bound: one lease");
+    assert_eq!(engine.expire_leases(), 1, "alone, a lease goes whatever its keys");
+    assert_eq!(engine.expire_leases(), 0);
+    assert_eq!(count(&engine, "l"), 0);
+}

@@ -192,24 +192,34 @@ impl Lessor {
         }
     }
 
-    /// Up to `limit` expired leases not already being revoked, marked as being revoked.
-    pub(crate) fn expired(&mut self, limit: usize) -> Vec<i64> {
+    /// Expired leases not already being revoked, marked as being revoked: up to `limit` of
+    /// them, stopping once they hold `max_keys` keys (always at least one). Also says whether
+    /// more expired leases are left for another round.
+    pub(crate) fn expired(&mut self, limit: usize, max_keys: usize) -> (Vec<i64>, bool) {
         let now = self.clock.now();
         let mut out = Vec::new();
+        let mut keys = 0;
+        let mut more = false;
         for &(expiry, id) in self.by_expiry.keys() {
-            if expiry > now || out.len() >= limit {
+            if expiry > now {
                 break;
             }
-            if self.leases.get(&id).is_some_and(|l| !l.revoking) {
-                out.push(id);
+            let Some(lease) = self.leases.get(&id).filter(|l| !l.revoking) else {
+                continue;
+            };
+            if !out.is_empty() && (out.len() >= limit || keys + lease.keys.len() > max_keys) {
+                more = true;
+                break;
             }
+            keys += lease.keys.len();
+            out.push(id);
         }
         for id in &out {
             if let Some(l) = self.leases.get_mut(id) {
                 l.revoking = true;
             }
         }
-        out
+        (out, more)
     }
 
     /// Forgets that a revoke was proposed (it failed): the lease may be listed again.
@@ -328,16 +338,19 @@ mod tests {
         l.grant(1, 10).unwrap();
         l.grant(2, 20).unwrap();
         clock.advance(Duration::from_millis(9_999));
-        assert!(l.expired(10).is_empty(), "not a millisecond early");
+        assert!(l.expired(10, usize::MAX).0.is_empty(), "not a millisecond early");
         clock.advance(Duration::from_millis(1));
-        assert_eq!(l.expired(10), vec![1]);
-        assert!(l.expired(10).is_empty(), "listed once while its revoke is in flight");
+        assert_eq!(l.expired(10, usize::MAX), (vec![1], false));
+        assert!(
+            l.expired(10, usize::MAX).0.is_empty(),
+            "listed once while its revoke is in flight"
+        );
         l.revoke_failed(1);
-        assert_eq!(l.expired(10), vec![1]);
+        assert_eq!(l.expired(10, usize::MAX), (vec![1], false));
         l.revoke(1).unwrap();
         assert_eq!(l.renew(2).unwrap(), (20, false), "keep-alive restarts the TTL");
         clock.advance(Duration::from_secs(19));
-        assert!(l.expired(10).is_empty());
+        assert!(l.expired(10, usize::MAX).0.is_empty());
         assert_eq!(l.time_to_live(2, false).ttl, 1);
     }
 
@@ -348,9 +361,9 @@ mod tests {
             l.grant(id, 5).unwrap();
         }
         clock.advance(Duration::from_secs(5));
-        assert_eq!(l.expired(10).len(), 10);
-        assert_eq!(l.expired(10).len(), 10);
-        assert_eq!(l.expired(10).len(), 5);
+        assert_eq!(l.expired(10, usize::MAX).0.len(), 10);
+        assert_eq!(l.expired(10, usize::MAX).0.len(), 10);
+        assert_eq!(l.expired(10, usize::MAX).0.len(), 5);
     }
 
     #[test]
@@ -380,12 +393,16 @@ mod tests {
         l.checkpoint(1, 40);
         l.restart_clocks();
         clock.advance(Duration::from_secs(39));
-        assert!(l.expired(10).is_empty());
+        assert!(l.expired(10, usize::MAX).0.is_empty());
         clock.advance(Duration::from_secs(1));
-        assert_eq!(l.expired(10), vec![1]);
+        assert_eq!(l.expired(10, usize::MAX), (vec![1], false));
         clock.advance(Duration::from_secs(59));
-        assert_eq!(l.expired(10), Vec::<i64>::new(), "lease 2 gets its full TTL again");
+        assert_eq!(
+            l.expired(10, usize::MAX).0,
+            Vec::<i64>::new(),
+            "lease 2 gets its full TTL again"
+        );
         clock.advance(Duration::from_secs(1));
-        assert_eq!(l.expired(10), vec![2]);
+        assert_eq!(l.expired(10, usize::MAX).0, vec![2]);
     }
 }
