@@ -19,7 +19,7 @@ pub struct Config {
     /// own size). Between 4 KiB and 1 GiB. Default 64 MiB.
     pub data_file_size: u64,
     /// Keys whose compacted history is dropped per step; the apply thread takes one step
-    /// between requests, so a compaction never holds writes up for long. Default 1,000.
+    /// between requests, so a compaction never holds writes up for long. Default 250.
     pub compaction_batch: usize,
     /// The most operations one Txn may hold (etcd's `--max-txn-ops`). Default 128.
     pub max_txn_ops: usize,
@@ -41,7 +41,7 @@ pub struct Config {
     pub lease_revoke_batch: usize,
     /// A round of revokes also stops once its leases hold this many keys (at least one lease
     /// per round): other writes queued behind a round wait for at most this many deletes.
-    /// The checker runs rounds back to back until no expired lease is left. Default 10,000.
+    /// The checker runs rounds back to back until no expired lease is left. Default 1,000.
     pub lease_revoke_keys: usize,
     /// The clock leases expire by. Default: the system's monotonic clock.
     pub clock: Arc<dyn Clock>,
@@ -64,14 +64,14 @@ impl Default for Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
             data_file_size: 64 << 20,
-            compaction_batch: 1000,
+            compaction_batch: 250,
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,
             min_lease_ttl: 2,
             lease_check_interval: Some(Duration::from_millis(500)),
             lease_checkpoint_interval: Some(Duration::from_secs(300)),
             lease_revoke_batch: 1000,
-            lease_revoke_keys: 10_000,
+            lease_revoke_keys: 1000,
             clock: Arc::new(SystemClock::default()),
             watch_buffer: 128,
             watch_batch: 1000,

@@ -63,7 +63,7 @@ pub struct Defragmented {
 /// Records per snapshot frame.
 const SNAPSHOT_CHUNK: usize = 1024;
 /// Records a defragmentation copies, or repoints under one lock hold.
-const DEFRAG_BATCH: usize = 4096;
+const DEFRAG_BATCH: usize = 1024;
 
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1113,7 +1113,7 @@ impl Engine {
         };
         write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)?;
         for path in old_paths {
-            if let Err(e) = std::fs::remove_file(&path) {
+            if let Err(e) = crate::backend::delete_gradually(&path) {
                 tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
             }
         }

@@ -17,6 +17,11 @@
 //! every key is overwritten once more is compacted away (N revisions) until the sweep is
 //! done; then while the engine defragments. It reports each phase's p50 and p99, and the p99
 //! as a ratio of the baseline's, measured in the same run.
+//!
+//! With `--expiry-leases L --keys-per-lease K`, it then grants L leases, attaches K keys to
+//! each, moves the engine's (manual) clock past their TTL, and revokes them all in rounds, as
+//! the lease checker does, while the probes write: how long mass expiry takes and what it
+//! costs other writes.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_engine::{Config, Engine, PutRequest};
+use std::sync::Arc;
+
+use cairn_engine::{Config, Engine, ManualClock, PutRequest, RequestOp, TxnRequest};
 use clap::Parser;
 use hdrhistogram::Histogram;
 
@@ -52,6 +59,12 @@ struct Args {
     /// Probe threads.
     #[arg(long, default_value_t = 2)]
     probes: u64,
+    /// Also measure mass lease expiry: this many leases, expiring at once...
+    #[arg(long, default_value_t = 0)]
+    expiry_leases: u64,
+    /// ...with this many keys each.
+    #[arg(long, default_value_t = 100)]
+    keys_per_lease: u64,
     /// Internal: only reopen `--dir` and print the time and resident memory.
     #[arg(long, hide = true)]
     reopen: bool,
@@ -92,9 +105,10 @@ fn dir_mib(dir: &Path) -> f64 {
     total as f64 / (1 << 20) as f64
 }
 
-fn config() -> Config {
+fn config(clock: &ManualClock) -> Config {
     Config {
         lease_check_interval: None,
+        clock: Arc::new(clock.clone()),
         ..Config::default()
     }
 }
@@ -152,7 +166,7 @@ fn probed<T>(
             .map(|p| {
                 let done = &done;
                 s.spawn(move || -> Result<Histogram<u64>, String> {
-                    let mut h = Histogram::new(3).map_err(|e| e.to_string())?;
+                    let mut h = Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
                     let mut i = p;
                     while !done.load(Ordering::Relaxed) {
                         let req = PutRequest {
@@ -173,7 +187,7 @@ fn probed<T>(
         let result = work();
         let took = started.elapsed();
         done.store(true, Ordering::Relaxed);
-        let mut all = Histogram::new(3).map_err(|e| e.to_string())?;
+        let mut all = Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
         for p in probes {
             let h = p.join().map_err(|_| "a probe panicked".to_string())??;
             all.add(&h).map_err(|e| e.to_string())?;
@@ -198,15 +212,18 @@ fn latency_line(name: &str, took: Duration, h: &Histogram<u64>, baseline_p99: Op
     );
 }
 
-fn maintenance(engine: &Engine, args: &Args, value: &Bytes) -> Result<(), String> {
+/// The probes' p99 with nothing else running.
+fn baseline(engine: &Engine, args: &Args) -> Result<u64, String> {
     let window = Duration::from_secs(args.probe_seconds);
     let ((), took, base) = probed(engine, args, || {
         std::thread::sleep(window);
         Ok(())
     })?;
     latency_line("baseline", took, &base, None);
-    let base_p99 = base.value_at_quantile(0.99);
+    Ok(base.value_at_quantile(0.99))
+}
 
+fn maintenance(engine: &Engine, args: &Args, value: &Bytes, base_p99: u64) -> Result<(), String> {
     let overwrite = load(engine, args, value)?;
     println!("overwrite               {:.1} s", overwrite.as_secs_f64());
     let ((), took, h) = probed(engine, args, || {
@@ -229,9 +246,64 @@ fn maintenance(engine: &Engine, args: &Args, value: &Bytes) -> Result<(), String
     Ok(())
 }
 
+/// Grants the leases, attaches their keys (a txn of 100 puts at a time), expires them all at
+/// once and revokes them in rounds while the probes write.
+fn mass_expiry(engine: &Engine, clock: &ManualClock, args: &Args, base_p99: u64) -> Result<(), String> {
+    let started = Instant::now();
+    let value = Bytes::from(vec![0x4c; 64]);
+    for l in 0..args.expiry_leases {
+        let lease = engine
+            .lease_grant(0, 60)
+            .map_err(|e| format!("grant: {e}"))?
+            .response
+            .id;
+        let mut k = 0;
+        while k < args.keys_per_lease {
+            let ops = (k..(k + 100).min(args.keys_per_lease))
+                .map(|k| {
+                    RequestOp::Put(PutRequest {
+                        key: format!("lease/{l}/{k}").into_bytes(),
+                        value: value.clone(),
+                        lease,
+                        ..PutRequest::default()
+                    })
+                })
+                .collect();
+            engine
+                .txn(TxnRequest {
+                    success: ops,
+                    ..TxnRequest::default()
+                })
+                .map_err(|e| format!("leased puts: {e}"))?;
+            k += 100;
+        }
+    }
+    println!(
+        "leases                  {} with {} keys each, attached in {:.1} s",
+        args.expiry_leases,
+        args.keys_per_lease,
+        started.elapsed().as_secs_f64()
+    );
+    clock.advance(Duration::from_secs(61));
+    let (revoked, took, h) = probed(engine, args, || {
+        let mut revoked = 0;
+        loop {
+            match engine.expire_leases() {
+                0 => return Ok(revoked),
+                n => revoked += n,
+            }
+        }
+    })?;
+    latency_line("mass expiry", took, &h, Some(base_p99));
+    if revoked as u64 != args.expiry_leases || !engine.leases().is_empty() {
+        return Err(format!("revoked {revoked} of {} leases", args.expiry_leases));
+    }
+    Ok(())
+}
+
 fn reopen(dir: &Path) -> Result<(), String> {
     let opening = Instant::now();
-    let engine = Engine::open(dir, config()).map_err(|e| format!("reopen: {e}"))?;
+    let engine = Engine::open(dir, config(&ManualClock::new())).map_err(|e| format!("reopen: {e}"))?;
     let took = opening.elapsed();
     println!(
         "reopen                  {:.2} s (revision {}, {} keys), RSS {}",
@@ -250,7 +322,8 @@ fn run(args: &Args) -> Result<(), String> {
     if args.dir.exists() {
         return Err(format!("{} exists; give a new directory", args.dir.display()));
     }
-    let engine = Engine::open(&args.dir, config()).map_err(|e| format!("open: {e}"))?;
+    let clock = ManualClock::new();
+    let engine = Engine::open(&args.dir, config(&clock)).map_err(|e| format!("open: {e}"))?;
     let value = Bytes::from(vec![0x5a; 256]);
     let took = load(&engine, args, &value)?;
     println!("keys                    {}", args.keys);
@@ -265,8 +338,14 @@ fn run(args: &Args) -> Result<(), String> {
         dir_mib(&args.dir.join("data")),
         dir_mib(&args.dir.join("wal"))
     );
-    if args.maintenance {
-        maintenance(&engine, args, &value)?;
+    if args.maintenance || args.expiry_leases > 0 {
+        let base_p99 = baseline(&engine, args)?;
+        if args.maintenance {
+            maintenance(&engine, args, &value, base_p99)?;
+        }
+        if args.expiry_leases > 0 {
+            mass_expiry(&engine, &clock, args, base_p99)?;
+        }
     }
     let closing = Instant::now();
     engine.close().map_err(|e| format!("close: {e}"))?;

@@ -129,6 +129,14 @@ impl MappedFile {
         }
     }
 
+    /// Makes what was written so far durable (`fdatasync`).
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        match self {
+            MappedFile::File { file, .. } => file.sync_data(),
+            MappedFile::Heap(_) => Ok(()),
+        }
+    }
+
     pub(crate) fn capacity(&self) -> u64 {
         self.bytes().len() as u64
     }

@@ -39,6 +39,23 @@ pub(crate) struct Loc {
     pub(crate) len: u32,
 }
 
+/// Bytes a file is cut by per step when it is deleted.
+const DELETE_STEP: u64 = 4 << 20;
+
+/// Deletes a data file by cutting it down a few MiB at a time first: freeing a big file's
+/// blocks in one go is one long file-system transaction, which every `fdatasync` of the WAL
+/// would wait behind; small steps let them in between.
+pub(crate) fn delete_gradually(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    let mut len = file.metadata()?.len();
+    while len > DELETE_STEP {
+        len -= DELETE_STEP;
+        file.set_len(len)?;
+    }
+    drop(file);
+    std::fs::remove_file(path)
+}
+
 /// Where the layout ended at some point: the active file and its length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mark {
@@ -178,6 +195,19 @@ impl Active {
             }
         }
         self.len = len;
+    }
+
+    /// Writes what is buffered and makes it durable.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        self.flush()?;
+        self.map
+            .sync()
+            .map_err(io_error(format!("fsync data file {}", file_name(self.id))))
+    }
+
+    /// Bytes appended so far.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
     }
 
     /// Writes what is buffered and seals the file.

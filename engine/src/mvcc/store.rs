@@ -180,6 +180,9 @@ impl Default for Store {
 /// Data "files" of a store in memory.
 const IN_MEMORY_FILE_SIZE: usize = 1 << 20;
 
+/// A defragmentation syncs its copies every this many bytes.
+const DEFRAG_SYNC_BYTES: u64 = 2 << 20;
+
 /// Records and their new places.
 pub(crate) type Moved = Vec<(Revision, Loc)>;
 
@@ -214,9 +217,16 @@ impl Defrag {
                 Some(a) => a,
                 None => out.insert(self.maker.create(&record)?),
             };
+            let before = active.len();
             let (new_loc, full) = self.maker.append(active, &record)?;
             filled.extend(full);
             moved.push((*rev, new_loc));
+            // Sync as it goes, a few MiB at a time, so the disk is never busy for long with
+            // the copies (the WAL's fsyncs queue behind them) and the final checkpoint has
+            // little left to sync.
+            if active.len() / DEFRAG_SYNC_BYTES != before / DEFRAG_SYNC_BYTES {
+                active.sync()?;
+            }
         }
         Ok((moved, filled))
     }
@@ -642,6 +652,9 @@ impl Store {
     /// paths, to delete once a checkpoint of the new layout is durable.
     pub(crate) fn defrag_switch(&mut self, defrag: &Defrag, fresh: &[u32]) -> Result<Vec<std::path::PathBuf>> {
         let old = defrag.old_ids();
+        // Every record up to the cut was repointed: the revision log gains no revision at or
+        // below it. Checked in debug builds only: it walks the whole log under the lock.
+        #[cfg(debug_assertions)]
         if let Some((rev, loc)) = self.log.changes.iter().find(|(_, l)| old.contains(&l.file)) {
             return Err(Error::Internal(format!(
                 "revision {rev} still in an old data file at {loc:?}"
