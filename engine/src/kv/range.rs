@@ -138,11 +138,13 @@ impl RangeRequest {
         }
     }
 
-    /// Whether the store's key order is not the answer's order, or filters apply: then the
-    /// limit can only be applied after reading everything.
+    /// Whether every key of the range is read before the limit is applied: when an order is
+    /// asked for (other than ascending keys, the store's own) or filters apply. As in etcd, an
+    /// order left unset with another target reads only the first `limit` keys, in key order,
+    /// and sorts those.
     fn reads_all(&self) -> bool {
         let key_order = matches!(
-            (self.sort_order(), self.sort_target),
+            (self.sort_order, self.sort_target),
             (SortOrder::None, _) | (SortOrder::Ascend, SortTarget::Key)
         );
         !key_order || self.filters()
@@ -152,8 +154,14 @@ impl RangeRequest {
         let limit = usize::try_from(self.limit).unwrap_or(0);
         ReadOptions {
             revision: self.revision,
-            limit: if self.reads_all() { 0 } else { limit },
-            keys_only: self.keys_only,
+            // One more than the limit, as etcd: the extra key says whether there are `more`.
+            limit: if self.reads_all() || limit == 0 {
+                0
+            } else {
+                limit.saturating_add(1)
+            },
+            // Sorting by value needs the values: they are dropped after the sort instead.
+            keys_only: self.keys_only && self.sort_target != SortTarget::Value,
             count_only: self.count_only && !self.filters(),
         }
     }
@@ -177,11 +185,13 @@ impl RangeRequest {
             }
         }
         let limit = usize::try_from(self.limit).unwrap_or(0);
-        let mut more = result.more;
-        if self.reads_all() {
-            more = limit != 0 && kvs.len() > limit;
-            if more {
-                kvs.truncate(limit);
+        let mut more = limit != 0 && kvs.len() > limit;
+        if more {
+            kvs.truncate(limit);
+        }
+        if self.keys_only {
+            for kv in &mut kvs {
+                kv.value = bytes::Bytes::new();
             }
         }
         if self.count_only {
