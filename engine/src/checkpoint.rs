@@ -8,10 +8,11 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (2)
+//! 8       4     format version, u32 LE (3)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
-//! 24      len   body: postcard of (applied index, layout epoch, store meta, leases, alarms)
+//! 24      len   body: postcard of (applied index and term, membership, layout epoch, store
+//!               meta, leases, alarms)
 //! ```
 //!
 //! The store meta is the revision, the compacted revision and the data files' layout (each
@@ -27,13 +28,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::Path;
 
+use crate::consensus::Membership;
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const HEADER_LEN: usize = 24;
 const NAME: &str = "checkpoint";
 const TMP_NAME: &str = "checkpoint.tmp";
@@ -42,6 +44,10 @@ const TMP_NAME: &str = "checkpoint.tmp";
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Checkpoint {
     pub(crate) applied_index: u64,
+    /// The term of the entry at `applied_index` (the Raft log's "snapshot" term).
+    pub(crate) applied_term: u64,
+    /// The group's membership at `applied_index`.
+    pub(crate) membership: Membership,
     /// Defragmentations so far (see the module docs).
     pub(crate) epoch: u64,
     pub(crate) store: StoreMeta,

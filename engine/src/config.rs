@@ -15,6 +15,19 @@ pub struct Config {
     /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
     /// `--snapshot-count` default).
     pub checkpoint_entries: u64,
+    /// This member's Raft ID; a single-node engine is the group of one with this ID. Default 1.
+    pub member_id: u64,
+    /// The Raft tick (etcd's `--heartbeat-interval`). Default 100 ms.
+    pub raft_tick: Duration,
+    /// Ticks without a leader before a follower campaigns (etcd's `--election-timeout` is
+    /// this times `raft_tick`). Default 10.
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats. Default 1.
+    pub heartbeat_ticks: usize,
+    /// How long a linearizable read waits for its ReadIndex round and for this member to
+    /// apply up to it, and how long opening waits to catch up with the log (etcd's request
+    /// timeout). Default 7 s.
+    pub request_timeout: Duration,
     /// Bytes each data file is preallocated with (a record larger than this gets a file of its
     /// own size). Between 4 KiB and 1 GiB. Default 64 MiB.
     pub data_file_size: u64,
@@ -63,6 +76,11 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
+            member_id: 1,
+            raft_tick: Duration::from_millis(100),
+            election_ticks: 10,
+            heartbeat_ticks: 1,
+            request_timeout: Duration::from_secs(7),
             data_file_size: 64 << 20,
             compaction_batch: 250,
             max_txn_ops: 128,
@@ -101,6 +119,16 @@ impl Config {
         if !(4096..=1 << 30).contains(&self.data_file_size) {
             return Err(Error::InvalidConfig(
                 "data_file_size must be between 4 KiB and 1 GiB".into(),
+            ));
+        }
+        if self.member_id == 0 || self.raft_tick.is_zero() || self.heartbeat_ticks == 0 {
+            return Err(Error::InvalidConfig(
+                "member_id, raft_tick and heartbeat_ticks must be positive".into(),
+            ));
+        }
+        if self.election_ticks <= self.heartbeat_ticks {
+            return Err(Error::InvalidConfig(
+                "election_ticks must be more than heartbeat_ticks".into(),
             ));
         }
         if self.compaction_batch == 0 {

@@ -19,18 +19,23 @@
 //! log then apply in order, is the one Raft will drive.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use bytes::Bytes;
-use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
+use std::collections::HashMap;
+
+use cairn_wal::{LogIndex, Wal};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::{Mutex, RwLock};
+use raft::eraftpb::EntryType;
 
 use crate::backend::{FileLen, FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
+use crate::consensus::log::RaftLog;
+use crate::consensus::node::{Input, NoPeers, Node, NodeConfig, ToApply};
+use crate::consensus::Membership;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
@@ -76,22 +81,41 @@ pub struct LeaseGrant {
 
 type Answer = Result<(Response, i64)>;
 
-/// A logged request on its way to the apply thread.
-struct Proposal {
-    /// Its log index.
-    index: u64,
-    request: Request,
-    durable: Ticket,
-    reply: oneshot::Sender<Answer>,
+/// Proposals waiting for their entry to be applied, by request ID (carried in the entry's
+/// context, so an entry proposed through any member finds its waiter on the member that
+/// proposed it).
+type Waiters = Mutex<HashMap<u64, oneshot::Sender<Answer>>>;
+
+/// The running Raft node and the log it writes.
+struct Replica {
+    node: Node,
+    wal: Arc<Wal>,
 }
 
-/// Assigns log indexes; held while a request is appended and queued, so log order and apply
-/// order are the same.
-struct Proposer {
-    wal: Arc<Wal>,
-    /// The index the next request gets. Invariant: one more than the last logged entry.
-    next_index: u64,
-    apply_tx: Sender<Proposal>,
+/// The last applied log index, for reads to wait on.
+#[derive(Default)]
+struct AppliedIndex {
+    index: Mutex<u64>,
+    changed: parking_lot::Condvar,
+}
+
+impl AppliedIndex {
+    fn set(&self, index: u64) {
+        *self.index.lock() = index;
+        self.changed.notify_all();
+    }
+
+    /// Waits until `index` is applied; false on timeout.
+    fn wait(&self, index: u64, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut applied = self.index.lock();
+        while *applied < index {
+            if self.changed.wait_until(&mut applied, deadline).timed_out() {
+                return *applied >= index;
+            }
+        }
+        true
+    }
 }
 
 /// What requests change: the store, the lessor and the alarms, always together.
@@ -101,6 +125,10 @@ struct State {
     alarms: std::collections::BTreeSet<Alarm>,
     /// The last log index applied. Invariant: the state is exactly the log up to here.
     applied_index: u64,
+    /// The term of the entry at `applied_index`.
+    applied_term: u64,
+    /// The group's membership as of `applied_index`.
+    membership: Membership,
     /// Defragmentations so far (see [`crate::checkpoint`]).
     epoch: u64,
 }
@@ -110,6 +138,7 @@ struct Encoded {
     bytes: Vec<u8>,
     order: (u64, u64),
     applied: u64,
+    applied_term: u64,
     /// Data files to sync first.
     layout: Vec<FileLen>,
 }
@@ -119,6 +148,8 @@ impl State {
         self.store.flush()?;
         let c = Checkpoint {
             applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            membership: self.membership.clone(),
             epoch: self.epoch,
             store: self.store.meta(),
             leases: self.lessor.records(),
@@ -128,6 +159,7 @@ impl State {
             bytes: checkpoint::encode(&c)?,
             order: c.order(),
             applied: c.applied_index,
+            applied_term: c.applied_term,
             layout: c.store.layout,
         })
     }
@@ -158,9 +190,13 @@ fn checkpoint_and_release(dir: &Path, state: &mut State, wal: &Wal, checkpointin
 
 struct Inner {
     config: Config,
-    /// Lock order: `proposer`, then `state`, then `hub`; the apply thread takes `state` and
-    /// `hub`.
-    proposer: Mutex<Option<Proposer>>,
+    /// Lock order: `replica`, then `state`, then `hub`; the apply thread takes `state` and
+    /// `hub`. `None` once closed.
+    replica: Mutex<Option<Replica>>,
+    waiters: Arc<Waiters>,
+    /// The next request ID: this member's ID in the top 16 bits, a counter below.
+    next_request: AtomicU64,
+    applied: Arc<AppliedIndex>,
     state: Arc<RwLock<State>>,
     hub: Arc<Mutex<WatchHub>>,
     /// See [`Checkpointing`].
@@ -339,12 +375,16 @@ struct Applier {
     compaction_batch: usize,
     checkpointing: Arc<Checkpointing>,
     swept: Arc<Swept>,
+    waiters: Arc<Waiters>,
+    applied: Arc<AppliedIndex>,
+    /// To tell the node thread what was applied and what a checkpoint covers.
+    node: Sender<Input>,
 }
 
 /// Signalled (under its mutex) when a compaction's sweep finishes.
 type Swept = (Mutex<()>, parking_lot::Condvar);
 
-fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
+fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
     let Applier {
         state,
         hub,
@@ -354,6 +394,9 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
         compaction_batch,
         checkpointing,
         swept,
+        waiters,
+        applied,
+        node,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
@@ -412,44 +455,83 @@ fn apply_loop(rx: Receiver<Proposal>, a: Applier) {
                 Err(_) => break,
             }
         };
-        let outcome = match p.durable.wait() {
-            Ok(_) => {
-                let mut st = state.write();
-                let before = st.store.current_revision();
-                let outcome = apply(&mut st, &p.request);
-                st.applied_index = p.index;
-                let after = st.store.current_revision();
-                if after > before {
-                    // Still under the state lock, so a new watcher cannot miss this revision.
-                    let mut hub = hub.lock();
-                    if !hub.is_empty() {
-                        match st.store.events(after, after, &everything, 0) {
-                            Ok(events) => hub.notify(after, &events),
-                            Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
-                        }
-                    }
+        let batch = match p {
+            ToApply::Entries(batch) => batch,
+            ToApply::Dropped { id, error } => {
+                if let Some(w) = waiters.lock().remove(&id) {
+                    let _ = w.send(Err(error));
                 }
-                since_checkpoint += 1;
-                let due = checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries;
-                if let Some(tx) = to_write.as_ref().filter(|_| due && !writing.load(Ordering::Acquire)) {
-                    since_checkpoint = 0;
-                    // A small record: the layout and the leases.
-                    match st.checkpoint() {
-                        Ok(encoded) => {
-                            writing.store(true, Ordering::Release);
-                            drop(st);
-                            if tx.send(encoded).is_err() {
-                                writing.store(false, Ordering::Release);
-                            }
-                        }
-                        Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint"),
-                    }
-                }
-                outcome
+                continue;
             }
-            Err(e) => Err(Error::from(e)),
         };
-        let _ = p.reply.send(outcome);
+        let mut answers = Vec::new();
+        let mut encoded = None;
+        let mut st = state.write();
+        for (entry, conf) in batch {
+            if let Some(cs) = conf {
+                st.membership = Membership::from(&cs);
+            }
+            let before = st.store.current_revision();
+            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
+                let outcome = match Request::decode(&entry.data) {
+                    Ok(request) => apply(&mut st, &request),
+                    Err(e) => {
+                        tracing::error!(index = entry.index, error = %e, "a committed entry does not decode");
+                        Err(Error::CorruptEntry {
+                            index: entry.index,
+                            reason: e.to_string(),
+                        })
+                    }
+                };
+                if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
+                    answers.push((id, outcome));
+                }
+            }
+            st.applied_index = entry.index;
+            st.applied_term = entry.term;
+            let after = st.store.current_revision();
+            if after > before {
+                // Still under the state lock, so a new watcher cannot miss this revision.
+                let mut hub = hub.lock();
+                if !hub.is_empty() {
+                    match st.store.events(after, after, &everything, 0) {
+                        Ok(events) => hub.notify(after, &events),
+                        Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
+                    }
+                }
+            }
+            since_checkpoint += 1;
+            let due = checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries;
+            if due && encoded.is_none() && to_write.is_some() && !writing.load(Ordering::Acquire) {
+                since_checkpoint = 0;
+                // A small record: the layout and the leases.
+                match st.checkpoint() {
+                    Ok(e) => encoded = Some(e),
+                    Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint"),
+                }
+            }
+        }
+        let (index, term) = (st.applied_index, st.applied_term);
+        drop(st);
+        applied.set(index);
+        let _ = node.send(Input::Applied(index));
+        {
+            let mut waiting = waiters.lock();
+            for (id, outcome) in answers {
+                if let Some(w) = waiting.remove(&id) {
+                    let _ = w.send(outcome);
+                }
+            }
+        }
+        if let (Some(e), Some(tx)) = (encoded, to_write.as_ref()) {
+            let (index, term) = (e.applied, e.applied_term);
+            writing.store(true, Ordering::Release);
+            if tx.send(e).is_err() {
+                writing.store(false, Ordering::Release);
+            }
+            let _ = node.send(Input::Compact { index, term });
+        }
+        let _ = term;
     }
     // Let a checkpoint being written finish before the final one is taken.
     drop(to_write);
@@ -515,28 +597,41 @@ impl Drop for Watch {
 impl Inner {
     /// Logs `request` and queues it; the receiver gets its answer once applied.
     fn submit(&self, request: Request) -> Result<oneshot::Receiver<Answer>> {
-        let mut guard = self.proposer.lock();
-        let p = guard.as_mut().ok_or(Error::Closed)?;
-        let index = p.next_index;
-        let payload = Bytes::from(request.encode());
-        let durable = p.wal.append(
-            vec![Record::Entry {
-                index: LogIndex(index),
-                payload,
-            }],
-            Durability::Durable,
-        )?;
-        p.next_index += 1;
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        p.apply_tx
-            .send(Proposal {
-                index,
-                request,
-                durable,
-                reply,
-            })
-            .map_err(|_| Error::Closed)?;
+        let tx = {
+            let replica = self.replica.lock();
+            replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
+        };
+        self.waiters.lock().insert(id, reply);
+        let data = request.encode();
+        if tx.send(Input::Propose { id, data }).is_err() {
+            self.waiters.lock().remove(&id);
+            return Err(Error::Closed);
+        }
         Ok(answer)
+    }
+
+    /// Waits until this member has applied everything committed when the read started
+    /// (ReadIndex, batched with other reads), so that a read after it is linearizable.
+    fn read_barrier(&self) -> Result<()> {
+        let tx = {
+            let replica = self.replica.lock();
+            replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
+        };
+        let (reply, answer) = bounded(1);
+        tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
+        let timeout = self.config.request_timeout;
+        let index = match answer.recv_timeout(timeout) {
+            Ok(index) => index?,
+            Err(RecvTimeoutError::Timeout) => return Err(Error::Timeout),
+            Err(RecvTimeoutError::Disconnected) => return Err(Error::Closed),
+        };
+        if self.applied.wait(index, timeout) {
+            Ok(())
+        } else {
+            Err(Error::Timeout)
+        }
     }
 
     /// etcd's quota check, before a write that adds `bytes` is logged: past the quota, the
@@ -647,6 +742,8 @@ impl Engine {
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
             applied_index: 0,
+            applied_term: 0,
+            membership: Membership::single(config.member_id),
             epoch: 0,
         };
         if let Some(c) = checkpoint {
@@ -664,36 +761,47 @@ impl Engine {
             state.lessor.apply_changes(&attached);
             state.alarms = c.alarms.into_iter().collect();
             state.applied_index = c.applied_index;
+            state.applied_term = c.applied_term;
+            state.membership = c.membership;
             state.epoch = c.epoch;
         }
-        let mut next_index = state.applied_index + 1;
+        // The Raft log after the checkpoint; the entries committed in it are applied by the
+        // apply thread once the node hands them over, before `open` returns.
+        let log = RaftLog::new(
+            state.applied_index,
+            state.applied_term,
+            state.membership.to_conf_state(),
+        );
         for record in replay.by_ref() {
-            if let Record::Entry { index, payload } = record? {
-                if index.0 <= state.applied_index {
-                    // Already in the checkpoint.
-                    next_index = next_index.max(index.0.saturating_add(1));
-                    continue;
-                }
-                let request = Request::decode(&payload).map_err(|e| Error::CorruptEntry {
-                    index: index.0,
-                    reason: e.to_string(),
-                })?;
-                // A request's own failure (a compare, a compacted revision) was its answer then
-                // and is again now: replay only needs the state it leaves.
-                let _ = apply(&mut state, &request);
-                state.applied_index = index.0;
-                next_index = index.0.saturating_add(1);
-            }
+            log.replay(record?)?;
         }
         state.store.release_pages();
-        // Lease clocks restart now: a restart can delay expiry, never hasten it.
-        state.lessor.restart_clocks();
         let wal = Arc::new(replay.finish()?);
+        let single = state.membership.voters == [config.member_id] && state.membership.learners.is_empty();
+        // A group of one commits everything in its log once it is leader again; a member of a
+        // bigger group knows only what was committed before it stopped.
+        let catch_up_to = if single {
+            log.last_index()
+        } else {
+            log.hard_state().commit
+        };
+        let applied = Arc::new(AppliedIndex::default());
+        applied.set(state.applied_index);
+        let node_config = NodeConfig {
+            id: config.member_id,
+            tick: config.raft_tick,
+            election_ticks: config.election_ticks,
+            heartbeat_ticks: config.heartbeat_ticks,
+            applied: state.applied_index,
+            read_timeout: config.request_timeout,
+        };
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
         let checkpointing = Arc::new(Mutex::new((state.read().applied_index, state.read().epoch)));
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
+        let waiters: Arc<Waiters> = Arc::default();
         let (apply_tx, apply_rx) = unbounded();
+        let node = Node::spawn(node_config, log, wal.clone(), Arc::new(NoPeers), apply_tx)?;
         let apply_thread = {
             let applier = Applier {
                 state: state.clone(),
@@ -704,6 +812,9 @@ impl Engine {
                 compaction_batch: config.compaction_batch,
                 checkpointing: checkpointing.clone(),
                 swept: swept.clone(),
+                waiters: waiters.clone(),
+                applied: applied.clone(),
+                node: node.tx.clone(),
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
@@ -723,12 +834,12 @@ impl Engine {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+        let first_request = ((config.member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
         let inner = Arc::new(Inner {
-            proposer: Mutex::new(Some(Proposer {
-                wal,
-                next_index,
-                apply_tx,
-            })),
+            replica: Mutex::new(Some(Replica { node, wal })),
+            waiters,
+            next_request: AtomicU64::new(first_request),
+            applied,
             state,
             hub,
             checkpointing,
@@ -737,25 +848,32 @@ impl Engine {
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
             config,
         });
-        let checker = match inner.config.lease_check_interval {
-            Some(every) => {
-                let (stop_tx, stop_rx) = bounded(0);
-                let inner = inner.clone();
-                let thread = std::thread::Builder::new()
-                    .name("cairn-lease-check".into())
-                    .spawn(move || checker_loop(inner, stop_rx, every))
-                    .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
-                Some((stop_tx, thread))
-            }
-            None => None,
-        };
-        Ok(Engine {
+        let engine = Engine {
             dir,
             inner,
             apply_thread: Mutex::new(Some(apply_thread)),
-            checker: Mutex::new(checker),
+            checker: Mutex::new(None),
             watch_thread: Mutex::new(Some(watch_thread)),
-        })
+        };
+        if !engine
+            .inner
+            .applied
+            .wait(catch_up_to, engine.inner.config.request_timeout)
+        {
+            return Err(Error::Timeout);
+        }
+        // Lease clocks restart now: a restart can delay expiry, never hasten it.
+        engine.inner.state.write().lessor.restart_clocks();
+        if let Some(every) = engine.inner.config.lease_check_interval {
+            let (stop_tx, stop_rx) = bounded(0);
+            let inner = engine.inner.clone();
+            let thread = std::thread::Builder::new()
+                .name("cairn-lease-check".into())
+                .spawn(move || checker_loop(inner, stop_rx, every))
+                .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
+            *engine.checker.lock() = Some((stop_tx, thread));
+        }
+        Ok(engine)
     }
 
     /// The directory the engine lives in.
@@ -831,7 +949,7 @@ impl Engine {
         let (lock, signal) = &*self.inner.swept;
         let mut guard = lock.lock();
         while self.inner.state.read().store.compaction_unfinished() {
-            if self.inner.proposer.lock().is_none() {
+            if self.inner.replica.lock().is_none() {
                 return Err(Error::Closed);
             }
             signal.wait_for(&mut guard, std::time::Duration::from_millis(100));
@@ -839,10 +957,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Reads a key or range (etcd's `Range`), concurrently with other reads.
+    /// Reads a key or range (etcd's `Range`), concurrently with other reads. Linearizable
+    /// unless `request.serializable`: it first waits for a ReadIndex round (shared with the
+    /// other reads in flight) and for this member to apply up to it; a serializable read is
+    /// served from the local state at once.
     pub fn range(&self, request: &RangeRequest) -> Result<RangeResponse> {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
+        }
+        if !request.serializable {
+            self.inner.read_barrier()?;
         }
         request.apply(&self.inner.state.read().store)
     }
@@ -982,6 +1106,8 @@ impl Engine {
             st.store.pinned += 1;
             SnapshotMeta {
                 applied_index: st.applied_index,
+                applied_term: st.applied_term,
+                membership: st.membership.clone(),
                 current: st.store.current_revision(),
                 compacted: st.store.compacted_revision(),
                 leases: st.lessor.records(),
@@ -1035,6 +1161,8 @@ impl Engine {
         };
         let c = Checkpoint {
             applied_index: meta.applied_index,
+            applied_term: meta.applied_term,
+            membership: meta.membership,
             epoch: 0,
             store: StoreMeta {
                 current: meta.current,
@@ -1057,7 +1185,7 @@ impl Engine {
     pub fn defragment(&self) -> Result<Defragmented> {
         let _one = self.inner.defragmenting.lock();
         let wal = {
-            let guard = self.inner.proposer.lock();
+            let guard = self.inner.replica.lock();
             guard.as_ref().ok_or(Error::Closed)?.wal.clone()
         };
         let state = &self.inner.state;
@@ -1127,7 +1255,7 @@ impl Engine {
     /// `Config::checkpoint_entries` entries and on close).
     pub fn checkpoint(&self) -> Result<()> {
         let wal = {
-            let guard = self.inner.proposer.lock();
+            let guard = self.inner.replica.lock();
             guard.as_ref().ok_or(Error::Closed)?.wal.clone()
         };
         let encoded = self.inner.state.write().checkpoint()?;
@@ -1190,14 +1318,17 @@ impl Engine {
                 let _ = thread.join();
             }
         }
-        let proposer = self.inner.proposer.lock().take();
-        let Some(Proposer { wal, apply_tx, .. }) = proposer else {
+        let replica = self.inner.replica.lock().take();
+        let Some(Replica { node, wal }) = replica else {
             return Ok(());
         };
-        drop(apply_tx);
+        // The node stops first; the apply thread then applies what it was handed and ends.
+        node.stop();
         if let Some(t) = self.apply_thread.lock().take() {
             let _ = t.join();
         }
+        // Proposals never committed: their callers get `Closed`.
+        self.inner.waiters.lock().clear();
         // Everything queued is applied: checkpoint it, so the next open replays nothing.
         checkpoint_and_release(
             &self.dir,
@@ -1231,6 +1362,8 @@ mod tests {
             lessor: Lessor::new(1, Arc::new(crate::clock::ManualClock::default())),
             alarms: Default::default(),
             applied_index: applied,
+            applied_term: 0,
+            membership: Membership::single(1),
             epoch: 0,
         };
         let mut c = state.checkpoint().unwrap();

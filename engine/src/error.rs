@@ -92,6 +92,18 @@ pub enum Error {
     /// A snapshot could not be written or read, or it is damaged.
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// The Raft leader changed while the request was in flight; it may or may not have been
+    /// applied (etcd: "etcdserver: leader changed").
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
+    /// No Raft leader is known, so the request cannot be proposed (etcd: "etcdserver: no
+    /// leader").
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// The request was not answered in time; a write may still have been applied (etcd:
+    /// "etcdserver: request timed out").
+    #[error("etcdserver: request timed out")]
+    Timeout,
     /// The engine has been closed.
     #[error("engine is closed")]
     Closed,

@@ -31,6 +31,7 @@ mod backend;
 mod checkpoint;
 mod clock;
 mod config;
+mod consensus;
 mod engine;
 mod error;
 mod kv;

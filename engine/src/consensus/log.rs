@@ -1,0 +1,377 @@
+//! The Raft log: raft-rs's [`Storage`] over an in-memory copy of the log since the last
+//! checkpoint, which the WAL holds durably.
+//!
+//! The node thread appends a Ready's entries here *before* it hands them to the WAL (raft-rs
+//! reads them back through `Storage` at once, while the fsync runs), and records the
+//! HardState and ConfState the same way. On open, the WAL's records are replayed into a fresh
+//! log on top of the checkpoint: the checkpoint is the log's "snapshot", the point before
+//! which entries are compacted away (its applied index and term, and the membership then).
+//!
+//! In the WAL, an entry is a `Record::Entry` whose payload is the protobuf-encoded raft
+//! `Entry`; HardState and ConfState together are one `Record::State` (see [`encode_state`]);
+//! a conflicting suffix replaced by a new leader is a `Record::Truncate` before the new
+//! entries.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_wal::{LogIndex, Record};
+use parking_lot::RwLock;
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+use crate::error::{Error, Result};
+
+/// The log's state (see the module docs).
+#[derive(Debug, Default)]
+struct LogState {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// The last index and term the checkpoint covers: entries up to it are compacted away.
+    snapshot_index: u64,
+    snapshot_term: u64,
+    /// Entries from `snapshot_index + 1`, consecutive.
+    entries: VecDeque<Entry>,
+}
+
+impl LogState {
+    fn first_index(&self) -> u64 {
+        self.snapshot_index + 1
+    }
+
+    fn last_index(&self) -> u64 {
+        self.snapshot_index + self.entries.len() as u64
+    }
+
+    /// Drops every entry at or after `from`.
+    fn truncate(&mut self, from: u64) {
+        let keep = from.saturating_sub(self.first_index());
+        self.entries.truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+    }
+}
+
+/// The Raft log, shared by the node thread and raft-rs (cheap to clone).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RaftLog {
+    state: Arc<RwLock<LogState>>,
+}
+
+fn corrupt(what: &str) -> impl FnOnce(protobuf::ProtobufError) -> Error + '_ {
+    move |e| Error::Internal(format!("the log holds a damaged {what}: {e}"))
+}
+
+/// The `Record::State` payload for a HardState and ConfState: the HardState's length (u32
+/// LE), the HardState, then the ConfState, each protobuf-encoded.
+pub(crate) fn encode_state(hs: &HardState, cs: &ConfState) -> Result<Bytes> {
+    let hs = hs
+        .write_to_bytes()
+        .map_err(|e| Error::Internal(format!("encode HardState: {e}")))?;
+    let cs = cs
+        .write_to_bytes()
+        .map_err(|e| Error::Internal(format!("encode ConfState: {e}")))?;
+    let mut out = Vec::with_capacity(4 + hs.len() + cs.len());
+    out.extend_from_slice(&u32::try_from(hs.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&hs);
+    out.extend_from_slice(&cs);
+    Ok(Bytes::from(out))
+}
+
+fn decode_state(bytes: &[u8]) -> Result<(HardState, ConfState)> {
+    let len = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| Error::Internal("the log holds a damaged state record".into()))?;
+    let hs_end = 4usize.saturating_add(len as usize);
+    let hs = bytes
+        .get(4..hs_end)
+        .ok_or_else(|| Error::Internal("the log holds a damaged state record".into()))?;
+    let cs = bytes.get(hs_end..).unwrap_or_default();
+    Ok((
+        HardState::parse_from_bytes(hs).map_err(corrupt("HardState"))?,
+        ConfState::parse_from_bytes(cs).map_err(corrupt("ConfState"))?,
+    ))
+}
+
+/// A raft entry as a WAL record.
+pub(crate) fn entry_record(e: &Entry) -> Result<Record> {
+    let payload = e
+        .write_to_bytes()
+        .map_err(|e| Error::Internal(format!("encode entry: {e}")))?;
+    Ok(Record::Entry {
+        index: LogIndex(e.index),
+        payload: Bytes::from(payload),
+    })
+}
+
+impl RaftLog {
+    /// A log whose entries up to `index` (of `term`) are in the checkpoint, with membership
+    /// `conf_state` then.
+    pub(crate) fn new(index: u64, term: u64, conf_state: ConfState) -> RaftLog {
+        let mut hard_state = HardState::default();
+        (hard_state.term, hard_state.commit) = (term, index);
+        let state = LogState {
+            hard_state,
+            conf_state,
+            snapshot_index: index,
+            snapshot_term: term,
+            entries: VecDeque::new(),
+        };
+        RaftLog {
+            state: Arc::new(RwLock::new(state)),
+        }
+    }
+
+    /// Replays one WAL record into the log.
+    pub(crate) fn replay(&self, record: Record) -> Result<()> {
+        let mut st = self.state.write();
+        match record {
+            Record::Entry { index, payload } => {
+                if index.0 <= st.snapshot_index {
+                    return Ok(()); // in the checkpoint already
+                }
+                let entry = Entry::parse_from_bytes(&payload).map_err(corrupt("entry"))?;
+                if entry.index != index.0 {
+                    return Err(Error::Internal(format!(
+                        "log entry {} is stored at index {}",
+                        entry.index, index.0
+                    )));
+                }
+                if index.0 > st.last_index() + 1 {
+                    return Err(Error::Internal(format!(
+                        "log entry {} follows {}: a gap",
+                        index.0,
+                        st.last_index()
+                    )));
+                }
+                st.truncate(index.0);
+                st.entries.push_back(entry);
+            }
+            Record::State(bytes) => {
+                // The latest state wins; the checkpoint's entries are committed whatever it says.
+                let (mut hs, cs) = decode_state(&bytes)?;
+                hs.commit = hs.commit.max(st.snapshot_index);
+                st.hard_state = hs;
+                if !cs.voters.is_empty() {
+                    st.conf_state = cs;
+                }
+            }
+            Record::Truncate { from } => {
+                let from = from.0.max(st.first_index());
+                st.truncate(from);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends entries from a Ready, replacing any conflicting suffix; returns the first
+    /// index replaced, if any (the WAL must drop it too).
+    pub(crate) fn append(&self, entries: &[Entry]) -> Result<Option<u64>> {
+        let Some(first) = entries.first() else {
+            return Ok(None);
+        };
+        let mut st = self.state.write();
+        if first.index <= st.snapshot_index || first.index > st.last_index() + 1 {
+            return Err(Error::Internal(format!(
+                "entries from {} cannot follow the log ({}..={})",
+                first.index,
+                st.first_index(),
+                st.last_index()
+            )));
+        }
+        let replaced = (first.index <= st.last_index()).then_some(first.index);
+        st.truncate(first.index);
+        st.entries.extend(entries.iter().cloned());
+        Ok(replaced)
+    }
+
+    pub(crate) fn set_hard_state(&self, hs: HardState) {
+        self.state.write().hard_state = hs;
+    }
+
+    pub(crate) fn set_conf_state(&self, cs: ConfState) {
+        self.state.write().conf_state = cs;
+    }
+
+    pub(crate) fn hard_state(&self) -> HardState {
+        self.state.read().hard_state.clone()
+    }
+
+    pub(crate) fn conf_state(&self) -> ConfState {
+        self.state.read().conf_state.clone()
+    }
+
+    pub(crate) fn last_index(&self) -> u64 {
+        self.state.read().last_index()
+    }
+
+    /// Drops the entries up to `index` (of `term`), which a durable checkpoint now covers.
+    pub(crate) fn compact_to(&self, index: u64, term: u64) {
+        let mut st = self.state.write();
+        if index <= st.snapshot_index {
+            return;
+        }
+        let drop = (index - st.snapshot_index).min(st.entries.len() as u64);
+        st.entries.drain(..usize::try_from(drop).unwrap_or(usize::MAX));
+        st.snapshot_index = index;
+        st.snapshot_term = term;
+    }
+}
+
+fn store_error(e: StorageError) -> raft::Error {
+    raft::Error::Store(e)
+}
+
+impl Storage for RaftLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let st = self.state.read();
+        Ok(RaftState::new(st.hard_state.clone(), st.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let st = self.state.read();
+        if low < st.first_index() {
+            return Err(store_error(StorageError::Compacted));
+        }
+        if high > st.last_index() + 1 || low > high {
+            return Err(store_error(StorageError::Unavailable));
+        }
+        let max = max_size.into().unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        let mut size = 0u64;
+        let start = usize::try_from(low - st.first_index()).unwrap_or(usize::MAX);
+        let n = usize::try_from(high - low).unwrap_or(usize::MAX);
+        for e in st.entries.iter().skip(start).take(n) {
+            size += u64::from(e.compute_size());
+            if !out.is_empty() && size > max {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let st = self.state.read();
+        if idx == st.snapshot_index {
+            return Ok(st.snapshot_term);
+        }
+        if idx < st.first_index() {
+            return Err(store_error(StorageError::Compacted));
+        }
+        let at = usize::try_from(idx - st.first_index()).unwrap_or(usize::MAX);
+        st.entries
+            .get(at)
+            .map(|e| e.term)
+            .ok_or_else(|| store_error(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.state.read().first_index())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.state.read().last_index())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Streaming the engine's state to a follower far behind comes with multi-member
+        // groups; a group of one never asks.
+        Err(store_error(StorageError::SnapshotTemporarilyUnavailable))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        let mut e = Entry::default();
+        (e.index, e.term) = (index, term);
+        e.data = vec![index as u8].into();
+        e
+    }
+
+    fn ctx() -> GetEntriesContext {
+        GetEntriesContext::empty(false)
+    }
+
+    #[test]
+    fn storage_answers_as_raft_rs_expects() {
+        let log = RaftLog::new(5, 2, ConfState::default());
+        log.append(&[entry(6, 2), entry(7, 3), entry(8, 3)]).unwrap();
+        assert_eq!((log.first_index().unwrap(), Storage::last_index(&log).unwrap()), (6, 8));
+        assert_eq!(log.term(5).unwrap(), 2, "the checkpoint's term is kept");
+        assert_eq!(log.term(7).unwrap(), 3);
+        assert!(matches!(log.term(4), Err(raft::Error::Store(StorageError::Compacted))));
+        assert!(matches!(
+            log.term(9),
+            Err(raft::Error::Store(StorageError::Unavailable))
+        ));
+        assert!(matches!(
+            log.entries(5, 7, None, ctx()),
+            Err(raft::Error::Store(StorageError::Compacted))
+        ));
+        let got: Vec<u64> = log
+            .entries(6, 9, None, ctx())
+            .unwrap()
+            .iter()
+            .map(|e| e.index)
+            .collect();
+        assert_eq!(got, vec![6, 7, 8]);
+        let one = log.entries(6, 9, 1, ctx()).unwrap();
+        assert_eq!(one.len(), 1, "at least one entry, whatever the size limit");
+    }
+
+    #[test]
+    fn a_new_leader_replaces_a_conflicting_suffix() {
+        let log = RaftLog::new(0, 0, ConfState::default());
+        assert_eq!(log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)]).unwrap(), None);
+        assert_eq!(log.append(&[entry(2, 2)]).unwrap(), Some(2));
+        assert_eq!(Storage::last_index(&log).unwrap(), 2);
+        assert_eq!(log.term(2).unwrap(), 2);
+        assert!(log.append(&[entry(5, 2)]).is_err(), "a gap is refused");
+    }
+
+    #[test]
+    fn replaying_the_wal_rebuilds_the_log_after_the_checkpoint() {
+        let written = RaftLog::new(0, 0, ConfState::default());
+        let mut records = Vec::new();
+        for e in [entry(1, 1), entry(2, 1), entry(3, 1)] {
+            records.push(entry_record(&e).unwrap());
+        }
+        records.push(Record::Truncate { from: LogIndex(3) });
+        records.push(entry_record(&entry(3, 2)).unwrap());
+        records.push(entry_record(&entry(4, 2)).unwrap());
+        let mut hs = HardState::default();
+        (hs.term, hs.vote, hs.commit) = (2, 1, 3);
+        let cs = ConfState {
+            voters: vec![1],
+            ..ConfState::default()
+        };
+        records.push(Record::State(encode_state(&hs, &cs).unwrap()));
+        for r in records.clone() {
+            written.replay(r).unwrap();
+        }
+        assert_eq!(written.hard_state(), hs);
+        assert_eq!(written.conf_state(), cs);
+        assert_eq!(written.term(3).unwrap(), 2, "the truncated entry was replaced");
+        // With a checkpoint at 2, entries up to it are skipped.
+        let after = RaftLog::new(2, 1, ConfState::default());
+        for r in records {
+            after.replay(r).unwrap();
+        }
+        assert_eq!(after.first_index().unwrap(), 3);
+        assert_eq!(Storage::last_index(&after).unwrap(), 4);
+        after.compact_to(3, 2);
+        assert_eq!((after.first_index().unwrap(), after.term(3).unwrap()), (4, 2));
+    }
+}

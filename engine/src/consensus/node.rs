@@ -1,0 +1,464 @@
+//! The node thread: the one owner of raft-rs's `RawNode`.
+//!
+//! It ticks on a timer, steps messages from peers, proposes requests, starts ReadIndex rounds,
+//! and handles each Ready in the order raft-rs documents for asynchronous persistence:
+//! 1. send the messages that need no persistence (a leader's appends and heartbeats);
+//! 2. hand the committed entries to the apply thread (conf changes are applied to raft here
+//!    first, as raft-rs requires);
+//! 3. answer finished ReadIndex rounds;
+//! 4. put the new entries and HardState into the in-memory [`RaftLog`] (raft-rs reads them
+//!    back at once) and append them to the WAL without waiting, then
+//!    `advance_append_async`;
+//! 5. the persister thread waits for each append's fsync, in order, then sends that Ready's
+//!    persisted messages (votes, append responses) and reports the Ready persisted, which
+//!    this thread passes on with `on_persist_ready`.
+//!
+//! So the WAL's group commit batches the fsyncs of many Readies, and of many proposals per
+//! Ready, and the node thread never waits for the disk.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message};
+use raft::{RawNode, StateRole};
+
+use super::log::{encode_state, entry_record, RaftLog};
+use crate::error::{Error, Result};
+
+/// Where raft messages for other members go. A group of one has none to send.
+pub(crate) trait Transport: Send + Sync {
+    /// Sends messages to their `to` members, best effort: raft retries what is lost.
+    fn send(&self, messages: Vec<Message>);
+}
+
+/// The transport of a group of one.
+pub(crate) struct NoPeers;
+
+impl Transport for NoPeers {
+    fn send(&self, messages: Vec<Message>) {
+        if !messages.is_empty() {
+            tracing::warn!(count = messages.len(), "raft messages for peers in a group of one");
+        }
+    }
+}
+
+/// What the node thread is asked to do.
+pub(crate) enum Input {
+    /// Propose `data`; `id` identifies its waiter when the entry is applied.
+    Propose { id: u64, data: Vec<u8> },
+    /// Start (or join) a ReadIndex round; the answer is the index to wait for.
+    ReadIndex { reply: Sender<Result<u64>> },
+    /// The apply thread applied everything up to this index.
+    Applied(u64),
+    /// A checkpoint covers the log up to this index and term: the in-memory copy can go.
+    Compact { index: u64, term: u64 },
+    /// Stop the node thread.
+    Stop,
+}
+
+/// What the persister reports back.
+enum Persisted {
+    Ready(u64),
+    Failed(Error),
+}
+
+/// What the apply thread is handed.
+pub(crate) enum ToApply {
+    /// Committed entries, in order, each with the membership after it if it changed it.
+    Entries(Vec<(Entry, Option<ConfState>)>),
+    /// A proposal that will never be applied.
+    Dropped { id: u64, error: Error },
+}
+
+/// Tunables of the node.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeConfig {
+    pub(crate) id: u64,
+    pub(crate) tick: Duration,
+    pub(crate) election_ticks: usize,
+    pub(crate) heartbeat_ticks: usize,
+    /// The last index the state machine has applied (from the checkpoint and what open
+    /// replayed).
+    pub(crate) applied: u64,
+    /// A ReadIndex round not answered in this long fails.
+    pub(crate) read_timeout: Duration,
+}
+
+/// A running node thread.
+pub(crate) struct Node {
+    pub(crate) tx: Sender<Input>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Starts the node thread (and its persister) over `log` and `wal`; committed entries go
+    /// to `apply`.
+    pub(crate) fn spawn(
+        config: NodeConfig,
+        log: RaftLog,
+        wal: Arc<Wal>,
+        transport: Arc<dyn Transport>,
+        apply: Sender<ToApply>,
+    ) -> Result<Node> {
+        let raft_config = raft::Config {
+            id: config.id,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            applied: config.applied,
+            check_quorum: true,
+            pre_vote: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..raft::Config::default()
+        };
+        raft_config
+            .validate()
+            .map_err(|e| Error::InvalidConfig(format!("raft: {e}")))?;
+        let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!("raft_id" => config.id));
+        let mut raw = RawNode::new(&raft_config, log.clone(), &logger)
+            .map_err(|e| Error::Internal(format!("start raft: {e}")))?;
+        let single = log.conf_state().voters == [config.id];
+        if single {
+            // A group of one elects itself at once.
+            raw.campaign().map_err(|e| Error::Internal(format!("campaign: {e}")))?;
+        }
+        let (tx, rx) = unbounded();
+        let (persist_tx, persist_rx) = unbounded::<(u64, Option<Ticket>, Vec<Message>)>();
+        let (persisted_tx, persisted_rx) = unbounded();
+        let persister = {
+            let transport = transport.clone();
+            std::thread::Builder::new()
+                .name("cairn-raft-persist".into())
+                .spawn(move || persist_loop(persist_rx, persisted_tx, transport))
+                .map_err(|e| Error::Internal(format!("spawn persister: {e}")))?
+        };
+        let node = NodeThread {
+            raw,
+            log,
+            wal,
+            transport,
+            apply,
+            persist: persist_tx,
+            reads: ReadRounds::default(),
+            broken: None,
+            config,
+        };
+        let thread = std::thread::Builder::new()
+            .name("cairn-raft".into())
+            .spawn(move || node.run(rx, persisted_rx))
+            .map_err(|e| Error::Internal(format!("spawn raft thread: {e}")))?;
+        Ok(Node {
+            tx,
+            threads: vec![thread, persister],
+        })
+    }
+
+    /// Stops the node: what was handed to the apply thread stays handed; proposals not yet
+    /// committed are dropped with their waiters.
+    pub(crate) fn stop(self) {
+        let _ = self.tx.send(Input::Stop);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits for each Ready's append, in order, then sends its persisted messages and reports it.
+fn persist_loop(
+    rx: Receiver<(u64, Option<Ticket>, Vec<Message>)>,
+    done: Sender<Persisted>,
+    transport: Arc<dyn Transport>,
+) {
+    for (number, ticket, messages) in rx {
+        if let Some(ticket) = ticket {
+            if let Err(e) = ticket.wait() {
+                let _ = done.send(Persisted::Failed(e.into()));
+                return;
+            }
+        }
+        transport.send(messages);
+        if done.send(Persisted::Ready(number)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads waiting for one ReadIndex round.
+type Round = (Instant, Vec<Sender<Result<u64>>>);
+
+/// ReadIndex rounds: reads that arrive while a round is out wait for the next one, so many
+/// concurrent reads share one round.
+#[derive(Default)]
+struct ReadRounds {
+    next_ctx: u64,
+    waiting: Vec<Sender<Result<u64>>>,
+    out: HashMap<u64, Round>,
+}
+
+impl ReadRounds {
+    fn start(&mut self, raw: &mut RawNode<RaftLog>) {
+        if self.waiting.is_empty() || !self.out.is_empty() {
+            return;
+        }
+        // A leader that has not committed an entry of its term yet drops ReadIndex requests
+        // (raft-rs): wait for that instead of losing the round.
+        if raw.raft.state == StateRole::Leader && !raw.raft.commit_to_current_term() {
+            return;
+        }
+        self.next_ctx += 1;
+        let ctx = self.next_ctx;
+        raw.read_index(ctx.to_le_bytes().to_vec());
+        self.out
+            .insert(ctx, (Instant::now(), std::mem::take(&mut self.waiting)));
+    }
+
+    /// Asks again for rounds still out: raft-rs drops a ReadIndex a leader cannot serve yet
+    /// and one forwarded to a leader that is gone; the first answer wins.
+    fn retry(&mut self, raw: &mut RawNode<RaftLog>) {
+        for ctx in self.out.keys() {
+            raw.read_index(ctx.to_le_bytes().to_vec());
+        }
+    }
+
+    fn answer(&mut self, ctx: &[u8], index: u64) {
+        let Some(ctx) = ctx.try_into().ok().map(u64::from_le_bytes) else {
+            return;
+        };
+        if let Some((_, waiters)) = self.out.remove(&ctx) {
+            for w in waiters {
+                let _ = w.send(Ok(index));
+            }
+        }
+    }
+
+    /// Fails rounds older than `timeout`, and every round and waiting read with `error` when
+    /// given (leadership lost).
+    fn expire(&mut self, timeout: Duration, error: Option<&Error>) {
+        let now = Instant::now();
+        self.out.retain(|_, (started, waiters)| {
+            let failed = match error {
+                Some(e) => Some(e.clone()),
+                None => (now.duration_since(*started) >= timeout).then_some(Error::Timeout),
+            };
+            match failed {
+                Some(e) => {
+                    for w in waiters.drain(..) {
+                        let _ = w.send(Err(e.clone()));
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+        if let Some(e) = error {
+            for w in self.waiting.drain(..) {
+                let _ = w.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+struct NodeThread {
+    raw: RawNode<RaftLog>,
+    log: RaftLog,
+    wal: Arc<Wal>,
+    transport: Arc<dyn Transport>,
+    apply: Sender<ToApply>,
+    persist: Sender<(u64, Option<Ticket>, Vec<Message>)>,
+    reads: ReadRounds,
+    /// Set when the WAL failed: nothing can be made durable any more.
+    broken: Option<Error>,
+    config: NodeConfig,
+}
+
+impl NodeThread {
+    fn run(mut self, rx: Receiver<Input>, persisted: Receiver<Persisted>) {
+        let mut next_tick = Instant::now() + self.config.tick;
+        loop {
+            crossbeam_channel::select! {
+                recv(rx) -> input => match input {
+                    Ok(Input::Stop) | Err(_) => break,
+                    Ok(input) => self.handle(input),
+                },
+                recv(persisted) -> p => match p {
+                    Ok(Persisted::Ready(number)) => self.raw.on_persist_ready(number),
+                    Ok(Persisted::Failed(e)) => {
+                        tracing::error!(error = %e, "the WAL failed: this member stops accepting writes");
+                        self.broken = Some(e);
+                    }
+                    Err(_) => break,
+                },
+                default(next_tick.saturating_duration_since(Instant::now())) => {
+                    self.tick();
+                    next_tick = Instant::now() + self.config.tick;
+                }
+            }
+            // Take everything queued before handling the Ready: one Ready, one WAL append.
+            let mut stop = false;
+            while let Ok(input) = rx.try_recv() {
+                if matches!(input, Input::Stop) {
+                    stop = true;
+                    break;
+                }
+                self.handle(input);
+            }
+            while let Ok(p) = persisted.try_recv() {
+                match p {
+                    Persisted::Ready(number) => self.raw.on_persist_ready(number),
+                    Persisted::Failed(e) => self.broken = Some(e),
+                }
+            }
+            if Instant::now() >= next_tick {
+                self.tick();
+                next_tick = Instant::now() + self.config.tick;
+            }
+            self.reads.start(&mut self.raw);
+            if let Err(e) = self.on_ready() {
+                tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
+                self.broken = Some(e);
+            }
+            if stop {
+                break;
+            }
+        }
+        // Let the persister finish what it holds.
+        drop(self.persist);
+    }
+
+    fn tick(&mut self) {
+        self.raw.tick();
+        self.reads.retry(&mut self.raw);
+        let lost = (self.raw.raft.state != StateRole::Leader).then_some(Error::LeaderChanged);
+        self.reads.expire(
+            self.config.read_timeout,
+            lost.as_ref().filter(|_| !self.reads.out.is_empty()),
+        );
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Propose { id, data } => {
+                let dropped = match &self.broken {
+                    Some(e) => Some(e.clone()),
+                    None => self
+                        .raw
+                        .propose(id.to_le_bytes().to_vec(), data)
+                        .err()
+                        .map(|e| match e {
+                            raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => {
+                                Error::NoLeader
+                            }
+                            raft::Error::ProposalDropped => Error::LeaderChanged,
+                            e => Error::Internal(format!("propose: {e}")),
+                        }),
+                };
+                if let Some(error) = dropped {
+                    let _ = self.apply.send(ToApply::Dropped { id, error });
+                }
+            }
+            Input::ReadIndex { reply } => match &self.broken {
+                Some(e) => {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                None => self.reads.waiting.push(reply),
+            },
+            Input::Applied(index) => self.raw.advance_apply_to(index),
+            Input::Compact { index, term } => {
+                // Never past what raft itself has seen applied.
+                if index <= self.raw.raft.raft_log.applied {
+                    self.log.compact_to(index, term);
+                }
+            }
+            Input::Stop => {}
+        }
+    }
+
+    /// Applies conf changes among `entries` to raft, and hands them all to the apply thread.
+    fn committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let cs = match e.get_entry_type() {
+                EntryType::EntryNormal => None,
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data)
+                        .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
+                    Some(self.apply_conf_change(&cc)?)
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data)
+                        .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
+                    Some(self.apply_conf_change(&cc)?)
+                }
+            };
+            out.push((e, cs));
+        }
+        self.apply.send(ToApply::Entries(out)).map_err(|_| Error::Closed)
+    }
+
+    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) -> Result<ConfState> {
+        let cs = self
+            .raw
+            .apply_conf_change(cc)
+            .map_err(|e| Error::Internal(format!("apply conf change: {e}")))?;
+        self.log.set_conf_state(cs.clone());
+        Ok(cs)
+    }
+
+    fn on_ready(&mut self) -> Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        if !rd.messages().is_empty() {
+            self.transport.send(rd.take_messages());
+        }
+        if !rd.snapshot().is_empty() {
+            return Err(Error::Internal(
+                "a raft snapshot arrived; installing one comes with multi-member groups".into(),
+            ));
+        }
+        let conf_before = self.log.conf_state();
+        self.committed(rd.take_committed_entries())?;
+        for rs in rd.take_read_states() {
+            self.reads.answer(&rs.request_ctx, rs.index);
+        }
+        let entries = rd.take_entries();
+        let replaced = self.log.append(&entries)?;
+        let hs_changed = rd.hs().is_some();
+        if let Some(hs) = rd.hs() {
+            self.log.set_hard_state(hs.clone());
+        }
+        let persisted_messages = rd.take_persisted_messages();
+        let number = rd.number();
+        self.raw.advance_append_async(rd);
+        let mut records = Vec::with_capacity(entries.len() + 2);
+        if let Some(from) = replaced {
+            records.push(Record::Truncate { from: LogIndex(from) });
+        }
+        for e in &entries {
+            records.push(entry_record(e)?);
+        }
+        if hs_changed || self.log.conf_state() != conf_before {
+            records.push(Record::State(encode_state(
+                &self.log.hard_state(),
+                &self.log.conf_state(),
+            )?));
+        }
+        let ticket = if records.is_empty() {
+            None
+        } else {
+            Some(self.wal.append(records, Durability::Durable)?)
+        };
+        self.persist
+            .send((number, ticket, persisted_messages))
+            .map_err(|_| Error::Closed)
+    }
+}
