@@ -75,7 +75,8 @@ impl LogTracker {
                 }
             }
             Record::Truncate { from } => self.last_index = from.0.checked_sub(1).map(LogIndex),
-            Record::State(s) => self.latest_state = Some(s.clone()),
+            // A copy: a replayed state is a slice of its whole segment, which it would pin.
+            Record::State(s) => self.latest_state = Some(Bytes::copy_from_slice(s)),
         }
     }
 }
