@@ -17,6 +17,9 @@ pub struct Config {
     pub checkpoint_entries: u64,
     /// This member's Raft ID; a single-node engine is the group of one with this ID. Default 1.
     pub member_id: u64,
+    /// The members of a new group (etcd's `--initial-cluster`), this one included; empty for
+    /// a group of one. Ignored once the member has data. Default empty.
+    pub initial_members: Vec<u64>,
     /// The Raft tick (etcd's `--heartbeat-interval`). Default 100 ms.
     pub raft_tick: Duration,
     /// Ticks without a leader before a follower campaigns (etcd's `--election-timeout` is
@@ -77,6 +80,7 @@ impl Default for Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
             member_id: 1,
+            initial_members: Vec::new(),
             raft_tick: Duration::from_millis(100),
             election_ticks: 10,
             heartbeat_ticks: 1,
@@ -125,6 +129,9 @@ impl Config {
             return Err(Error::InvalidConfig(
                 "member_id, raft_tick and heartbeat_ticks must be positive".into(),
             ));
+        }
+        if !self.initial_members.is_empty() && !self.initial_members.contains(&self.member_id) {
+            return Err(Error::InvalidConfig("initial_members must include member_id".into()));
         }
         if self.election_ticks <= self.heartbeat_ticks {
             return Err(Error::InvalidConfig(

@@ -34,7 +34,7 @@ use crate::backend::{FileLen, FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
-use crate::consensus::node::{Input, NoPeers, Node, NodeConfig, ToApply};
+use crate::consensus::node::{Input, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
 use crate::consensus::Membership;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
@@ -54,6 +54,27 @@ pub struct Applied<T> {
     /// The store's revision once the request was applied: the new one if it changed
     /// something, else the current one.
     pub revision: i64,
+}
+
+/// Delivers Raft messages to one member (see [`Engine::inbox`]).
+#[derive(Clone, Debug)]
+pub struct Inbox {
+    tx: Sender<Input>,
+}
+
+impl Inbox {
+    /// Delivers one message; fails once the member is closed. A message that does not decode
+    /// is dropped (with a log line): a peer cannot harm the member with one.
+    pub fn deliver(&self, message: &[u8]) -> Result<()> {
+        use protobuf::Message as _;
+        match raft::eraftpb::Message::parse_from_bytes(message) {
+            Ok(m) => self.tx.send(Input::Step(m)).map_err(|_| Error::Closed),
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping a raft message that does not decode");
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What a defragmentation did: the data files' size before and after.
@@ -194,6 +215,8 @@ struct Inner {
     /// `hub`. `None` once closed.
     replica: Mutex<Option<Replica>>,
     waiters: Arc<Waiters>,
+    /// The node's leader and term, as it last published them.
+    status: Arc<Status>,
     /// The next request ID: this member's ID in the top 16 bits, a counter below.
     next_request: AtomicU64,
     applied: Arc<AppliedIndex>,
@@ -235,6 +258,8 @@ fn unexpected(what: &str, answer: Response) -> Error {
 #[must_use = "a pending write says when it is applied, and how it went"]
 pub struct Pending<T> {
     rx: oneshot::Receiver<Answer>,
+    /// How long [`Pending::wait`] waits (`Config::request_timeout`).
+    timeout: std::time::Duration,
     convert: fn((Response, i64)) -> Result<T>,
 }
 
@@ -245,13 +270,22 @@ impl<T> std::fmt::Debug for Pending<T> {
 }
 
 impl<T> Pending<T> {
-    fn new(rx: oneshot::Receiver<Answer>, convert: fn((Response, i64)) -> Result<T>) -> Pending<T> {
-        Pending { rx, convert }
+    fn new(
+        (rx, timeout): (oneshot::Receiver<Answer>, std::time::Duration),
+        convert: fn((Response, i64)) -> Result<T>,
+    ) -> Pending<T> {
+        Pending { rx, timeout, convert }
     }
 
-    /// Blocks until the write is applied.
+    /// Blocks until the write is applied, or fails with [`Error::Timeout`] after
+    /// `Config::request_timeout`: then the write may still be applied later, or may have been
+    /// already (as with etcd, a timed-out write's outcome is unknown).
     pub fn wait(self) -> Result<T> {
-        let answer = self.rx.recv().map_err(|_| Error::Closed)??;
+        let answer = match self.rx.recv_timeout(self.timeout) {
+            Ok(answer) => answer?,
+            Err(oneshot::RecvTimeoutError::Timeout) => return Err(Error::Timeout),
+            Err(oneshot::RecvTimeoutError::Disconnected) => return Err(Error::Closed),
+        };
         (self.convert)(answer)
     }
 }
@@ -463,6 +497,11 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 }
                 continue;
             }
+            ToApply::BecameLeader => {
+                // A new leader extends what the old one granted; it never expires early.
+                state.write().lessor.restart_clocks();
+                continue;
+            }
         };
         let mut answers = Vec::new();
         let mut encoded = None;
@@ -596,7 +635,7 @@ impl Drop for Watch {
 
 impl Inner {
     /// Logs `request` and queues it; the receiver gets its answer once applied.
-    fn submit(&self, request: Request) -> Result<oneshot::Receiver<Answer>> {
+    fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let tx = {
@@ -609,7 +648,7 @@ impl Inner {
             self.waiters.lock().remove(&id);
             return Err(Error::Closed);
         }
-        Ok(answer)
+        Ok((answer, self.config.request_timeout))
     }
 
     /// Waits until this member has applied everything committed when the read started
@@ -667,7 +706,12 @@ impl Inner {
     }
 
     fn propose(&self, request: Request) -> Answer {
-        self.submit(request)?.recv().map_err(|_| Error::Closed)?
+        let (rx, timeout) = self.submit(request)?;
+        match rx.recv_timeout(timeout) {
+            Ok(answer) => answer,
+            Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
+            Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        }
     }
 
     /// Proposes a revoke for up to a batch of expired leases, all at once so their fsyncs are
@@ -675,18 +719,26 @@ impl Inner {
     /// One round of revokes (see `Config::lease_revoke_keys`): returns how many leases it
     /// revoked, and whether more expired ones are waiting.
     fn expire_leases(&self) -> (usize, bool) {
+        // Only the leader expires leases, by proposing revokes.
+        if self.status.leader.load(Ordering::Relaxed) != self.config.member_id {
+            return (0, false);
+        }
         let (expired, more) = self
             .state
             .write()
             .lessor
             .expired(self.config.lease_revoke_batch, self.config.lease_revoke_keys);
-        let pending: Vec<(i64, Result<oneshot::Receiver<Answer>>)> = expired
+        let pending: Vec<_> = expired
             .into_iter()
             .map(|id| (id, self.submit(Request::LeaseRevoke { id })))
             .collect();
         let mut revoked = 0;
         for (id, answer) in pending {
-            let outcome = answer.and_then(|rx| rx.recv().map_err(|_| Error::Closed)?);
+            let outcome = answer.and_then(|(rx, timeout)| match rx.recv_timeout(timeout) {
+                Ok(answer) => answer,
+                Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
+                Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
+            });
             match outcome {
                 Ok(_) => revoked += 1,
                 // Revoked meanwhile by a client: nothing to retry.
@@ -727,6 +779,15 @@ fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duratio
 impl Engine {
     /// Opens (or creates) the engine in `dir`, recovering everything its log holds.
     pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine> {
+        Engine::open_member(dir, config, Arc::new(NoPeers))
+    }
+
+    /// Opens (or creates) a member of a replicated group in `dir`: its ID is
+    /// `config.member_id`; a new group's members are `config.initial_members`; messages to
+    /// the others go through `transport`, and theirs arrive through [`Engine::receive`] or
+    /// an [`Inbox`]. A member that was part of a group resumes from its own data, whatever
+    /// `initial_members` says.
+    pub fn open_member(dir: impl AsRef<Path>, config: Config, transport: Arc<dyn Transport>) -> Result<Engine> {
         config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         // The WAL locks the directory: nothing below runs in two processes at once.
@@ -743,7 +804,14 @@ impl Engine {
             alarms: Default::default(),
             applied_index: 0,
             applied_term: 0,
-            membership: Membership::single(config.member_id),
+            membership: if config.initial_members.is_empty() {
+                Membership::single(config.member_id)
+            } else {
+                Membership {
+                    voters: config.initial_members.clone(),
+                    ..Membership::default()
+                }
+            },
             epoch: 0,
         };
         if let Some(c) = checkpoint {
@@ -778,10 +846,11 @@ impl Engine {
         state.store.release_pages();
         let wal = Arc::new(replay.finish()?);
         let single = state.membership.voters == [config.member_id] && state.membership.learners.is_empty();
-        // A group of one commits everything in its log once it is leader again; a member of a
-        // bigger group knows only what was committed before it stopped.
+        // A group of one is leader again at once and commits everything in its log with the
+        // empty entry of its new term (so leases have restarted their clocks by then too); a
+        // member of a bigger group knows only what was committed before it stopped.
         let catch_up_to = if single {
-            log.last_index()
+            log.last_index() + 1
         } else {
             log.hard_state().commit
         };
@@ -801,7 +870,8 @@ impl Engine {
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let waiters: Arc<Waiters> = Arc::default();
         let (apply_tx, apply_rx) = unbounded();
-        let node = Node::spawn(node_config, log, wal.clone(), Arc::new(NoPeers), apply_tx)?;
+        let status = Arc::new(Status::default());
+        let node = Node::spawn(node_config, log, wal.clone(), transport, apply_tx, status.clone())?;
         let apply_thread = {
             let applier = Applier {
                 state: state.clone(),
@@ -837,6 +907,7 @@ impl Engine {
         let first_request = ((config.member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
         let inner = Arc::new(Inner {
             replica: Mutex::new(Some(Replica { node, wal })),
+            status,
             waiters,
             next_request: AtomicU64::new(first_request),
             applied,
@@ -874,6 +945,33 @@ impl Engine {
             *engine.checker.lock() = Some((stop_tx, thread));
         }
         Ok(engine)
+    }
+
+    /// Hands this member a message from another member of its group (what their
+    /// [`Transport`] sent). Never blocks; a message that does not decode is dropped.
+    pub fn receive(&self, message: &[u8]) -> Result<()> {
+        self.inbox()?.deliver(message)
+    }
+
+    /// A handle that delivers messages to this member without holding the engine (for a
+    /// transport's receiving side).
+    pub fn inbox(&self) -> Result<Inbox> {
+        let replica = self.inner.replica.lock();
+        let tx = replica.as_ref().ok_or(Error::Closed)?.node.tx.clone();
+        Ok(Inbox { tx })
+    }
+
+    /// The leader this member knows of, if any.
+    pub fn leader(&self) -> Option<u64> {
+        match self.inner.status.leader.load(Ordering::Relaxed) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// This member's ID.
+    pub fn member_id(&self) -> u64 {
+        self.inner.config.member_id
     }
 
     /// The directory the engine lives in.

@@ -44,7 +44,9 @@ mod watch;
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
-pub use engine::{Applied, Defragmented, Engine, LeaseGrant, Pending, PendingFuture, Watch};
+pub use consensus::local::LocalNetwork;
+pub use consensus::node::Transport;
+pub use engine::{Applied, Defragmented, Engine, Inbox, LeaseGrant, Pending, PendingFuture, Watch};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

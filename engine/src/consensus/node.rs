@@ -30,21 +30,42 @@ use raft::{RawNode, StateRole};
 use super::log::{encode_state, entry_record, RaftLog};
 use crate::error::{Error, Result};
 
-/// Where raft messages for other members go. A group of one has none to send.
-pub(crate) trait Transport: Send + Sync {
-    /// Sends messages to their `to` members, best effort: raft retries what is lost.
-    fn send(&self, messages: Vec<Message>);
+/// Where Raft messages for the other members of a group go: the seam for the network. A
+/// message is opaque bytes, delivered to the member `to` with [`crate::Engine::receive`] (or an
+/// [`crate::Inbox`]).
+///
+/// Delivery is best effort: Raft retries what is lost, and tolerates duplicates and reordering.
+/// `send` is called on the node thread and must not block.
+pub trait Transport: Send + Sync {
+    /// Sends `message` to member `to`.
+    fn send(&self, to: u64, message: bytes::Bytes);
 }
 
-/// The transport of a group of one.
+/// The transport of a group of one: there is no one to send to.
 pub(crate) struct NoPeers;
 
 impl Transport for NoPeers {
-    fn send(&self, messages: Vec<Message>) {
-        if !messages.is_empty() {
-            tracing::warn!(count = messages.len(), "raft messages for peers in a group of one");
+    fn send(&self, to: u64, _message: bytes::Bytes) {
+        tracing::warn!(to, "a raft message for a peer in a group of one");
+    }
+}
+
+fn send_all(transport: &dyn Transport, messages: Vec<Message>) {
+    for m in messages {
+        match m.write_to_bytes() {
+            Ok(bytes) => transport.send(m.to, bytes::Bytes::from(bytes)),
+            Err(e) => tracing::error!(error = %e, "cannot encode a raft message"),
         }
     }
+}
+
+/// What the node thread publishes about itself, for the engine to read without asking.
+#[derive(Debug, Default)]
+pub(crate) struct Status {
+    /// The leader this member knows of (0: none).
+    pub(crate) leader: std::sync::atomic::AtomicU64,
+    /// The current term.
+    pub(crate) term: std::sync::atomic::AtomicU64,
 }
 
 /// What the node thread is asked to do.
@@ -57,6 +78,8 @@ pub(crate) enum Input {
     Applied(u64),
     /// A checkpoint covers the log up to this index and term: the in-memory copy can go.
     Compact { index: u64, term: u64 },
+    /// A message from a peer.
+    Step(Message),
     /// Stop the node thread.
     Stop,
 }
@@ -73,6 +96,8 @@ pub(crate) enum ToApply {
     Entries(Vec<(Entry, Option<ConfState>)>),
     /// A proposal that will never be applied.
     Dropped { id: u64, error: Error },
+    /// This member became the leader: leases restart their clocks (never expiring early).
+    BecameLeader,
 }
 
 /// Tunables of the node.
@@ -104,6 +129,7 @@ impl Node {
         wal: Arc<Wal>,
         transport: Arc<dyn Transport>,
         apply: Sender<ToApply>,
+        status: Arc<Status>,
     ) -> Result<Node> {
         let raft_config = raft::Config {
             id: config.id,
@@ -146,6 +172,7 @@ impl Node {
             persist: persist_tx,
             reads: ReadRounds::default(),
             broken: None,
+            status,
             config,
         };
         let thread = std::thread::Builder::new()
@@ -181,7 +208,7 @@ fn persist_loop(
                 return;
             }
         }
-        transport.send(messages);
+        send_all(&*transport, messages);
         if done.send(Persisted::Ready(number)).is_err() {
             return;
         }
@@ -273,12 +300,18 @@ struct NodeThread {
     reads: ReadRounds,
     /// Set when the WAL failed: nothing can be made durable any more.
     broken: Option<Error>,
+    status: Arc<Status>,
     config: NodeConfig,
 }
 
 impl NodeThread {
     fn run(mut self, rx: Receiver<Input>, persisted: Receiver<Persisted>) {
         let mut next_tick = Instant::now() + self.config.tick;
+        // A group of one is leader already: start at once.
+        if let Err(e) = self.on_ready() {
+            tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
+            self.broken = Some(e);
+        }
         loop {
             crossbeam_channel::select! {
                 recv(rx) -> input => match input {
@@ -333,11 +366,7 @@ impl NodeThread {
     fn tick(&mut self) {
         self.raw.tick();
         self.reads.retry(&mut self.raw);
-        let lost = (self.raw.raft.state != StateRole::Leader).then_some(Error::LeaderChanged);
-        self.reads.expire(
-            self.config.read_timeout,
-            lost.as_ref().filter(|_| !self.reads.out.is_empty()),
-        );
+        self.reads.expire(self.config.read_timeout, None);
     }
 
     fn handle(&mut self, input: Input) {
@@ -367,11 +396,26 @@ impl NodeThread {
                 }
                 None => self.reads.waiting.push(reply),
             },
+            Input::Step(m) => {
+                if let Err(e) = self.raw.step(m) {
+                    tracing::debug!(error = %e, "a raft message was not stepped");
+                }
+            }
             Input::Applied(index) => self.raw.advance_apply_to(index),
             Input::Compact { index, term } => {
-                // Never past what raft itself has seen applied.
-                if index <= self.raw.raft.raft_log.applied {
+                // Never past what raft itself has seen applied, nor, on a leader, past what a
+                // follower still needs (sending a snapshot instead comes later).
+                let raft = &self.raw.raft;
+                let needed = if raft.state == StateRole::Leader {
+                    raft.prs().iter().map(|(_, pr)| pr.matched).min().unwrap_or(index)
+                } else {
+                    index
+                };
+                let upto = index.min(raft.raft_log.applied).min(needed);
+                if upto == index {
                     self.log.compact_to(index, term);
+                } else if let Ok(t) = raft::Storage::term(&self.log, upto) {
+                    self.log.compact_to(upto, t);
                 }
             }
             Input::Stop => {}
@@ -417,8 +461,25 @@ impl NodeThread {
             return Ok(());
         }
         let mut rd = self.raw.ready();
+        if let Some(ss) = rd.ss() {
+            let was_leader = self.status.leader.load(std::sync::atomic::Ordering::Relaxed) == self.config.id;
+            self.status
+                .leader
+                .store(ss.leader_id, std::sync::atomic::Ordering::Relaxed);
+            let is_leader = ss.raft_state == StateRole::Leader;
+            if is_leader && !was_leader {
+                let _ = self.apply.send(ToApply::BecameLeader);
+            }
+            if !is_leader {
+                // Reads waiting on this member's leadership must not be served by it.
+                self.reads.expire(self.config.read_timeout, Some(&Error::LeaderChanged));
+            }
+        }
+        self.status
+            .term
+            .store(self.raw.raft.term, std::sync::atomic::Ordering::Relaxed);
         if !rd.messages().is_empty() {
-            self.transport.send(rd.take_messages());
+            send_all(&*self.transport, rd.take_messages());
         }
         if !rd.snapshot().is_empty() {
             return Err(Error::Internal(
