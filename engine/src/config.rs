@@ -20,6 +20,10 @@ pub struct Config {
     /// The members of a new group (etcd's `--initial-cluster`), this one included; empty for
     /// a group of one. Ignored once the member has data. Default empty.
     pub initial_members: Vec<u64>,
+    /// A new member joining a group that exists already (etcd's `--initial-cluster-state
+    /// existing`): it starts with no membership and learns it, and the log, from the leader
+    /// after the group has added it. Default false.
+    pub join_existing: bool,
     /// The Raft tick (etcd's `--heartbeat-interval`). Default 100 ms.
     pub raft_tick: Duration,
     /// Ticks without a leader before a follower campaigns (etcd's `--election-timeout` is
@@ -81,6 +85,7 @@ impl Default for Config {
             checkpoint_entries: 10_000,
             member_id: 1,
             initial_members: Vec::new(),
+            join_existing: false,
             raft_tick: Duration::from_millis(100),
             election_ticks: 10,
             heartbeat_ticks: 1,

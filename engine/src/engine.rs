@@ -34,7 +34,7 @@ use crate::backend::{FileLen, FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
-use crate::consensus::node::{Input, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
+use crate::consensus::node::{Input, MemberChange, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
 use crate::consensus::Membership;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
@@ -54,6 +54,15 @@ pub struct Applied<T> {
     /// The store's revision once the request was applied: the new one if it changed
     /// something, else the current one.
     pub revision: i64,
+}
+
+/// The members of a group (etcd's `MemberList`, by ID).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    /// Members that vote.
+    pub voters: Vec<u64>,
+    /// Members that receive the log without voting.
+    pub learners: Vec<u64>,
 }
 
 /// Delivers Raft messages to one member (see [`Engine::inbox`]).
@@ -509,6 +518,9 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
         for (entry, conf) in batch {
             if let Some(cs) = conf {
                 st.membership = Membership::from(&cs);
+                if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
+                    answers.push((id, Ok((Response::ConfChange, st.store.current_revision()))));
+                }
             }
             let before = st.store.current_revision();
             if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
@@ -636,6 +648,16 @@ impl Drop for Watch {
 impl Inner {
     /// Logs `request` and queues it; the receiver gets its answer once applied.
     fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
+        let data = request.encode();
+        self.submit_input(|id| Input::Propose { id, data })
+    }
+
+    /// Registers a waiter under a new request ID and hands the node the input `make` builds
+    /// with that ID.
+    fn submit_input(
+        &self,
+        make: impl FnOnce(u64) -> Input,
+    ) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let tx = {
@@ -643,8 +665,7 @@ impl Inner {
             replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
         };
         self.waiters.lock().insert(id, reply);
-        let data = request.encode();
-        if tx.send(Input::Propose { id, data }).is_err() {
+        if tx.send(make(id)).is_err() {
             self.waiters.lock().remove(&id);
             return Err(Error::Closed);
         }
@@ -804,14 +825,8 @@ impl Engine {
             alarms: Default::default(),
             applied_index: 0,
             applied_term: 0,
-            membership: if config.initial_members.is_empty() {
-                Membership::single(config.member_id)
-            } else {
-                Membership {
-                    voters: config.initial_members.clone(),
-                    ..Membership::default()
-                }
-            },
+            // Learned from the log: a new group's first entries add its members.
+            membership: Membership::default(),
             epoch: 0,
         };
         if let Some(c) = checkpoint {
@@ -845,7 +860,20 @@ impl Engine {
         }
         state.store.release_pages();
         let wal = Arc::new(replay.finish()?);
-        let single = state.membership.voters == [config.member_id] && state.membership.learners.is_empty();
+        if state.applied_index == 0 && log.last_index() == 0 && !config.join_existing {
+            let members = if config.initial_members.is_empty() {
+                vec![config.member_id]
+            } else {
+                config.initial_members.clone()
+            };
+            crate::consensus::log::bootstrap(&log, &wal, &members)?;
+        }
+        let single = if log.last_index() > state.applied_index && state.membership.voters.is_empty() {
+            // A new group: its members are in its first entries.
+            !config.join_existing && (config.initial_members.is_empty() || config.initial_members == [config.member_id])
+        } else {
+            state.membership.voters == [config.member_id] && state.membership.learners.is_empty()
+        };
         // A group of one is leader again at once and commits everything in its log with the
         // empty entry of its new term (so leases have restarted their clocks by then too); a
         // member of a bigger group knows only what was committed before it stopped.
@@ -926,11 +954,11 @@ impl Engine {
             checker: Mutex::new(None),
             watch_thread: Mutex::new(Some(watch_thread)),
         };
-        if !engine
+        let caught_up = engine
             .inner
             .applied
-            .wait(catch_up_to, engine.inner.config.request_timeout)
-        {
+            .wait(catch_up_to, engine.inner.config.request_timeout);
+        if !caught_up {
             return Err(Error::Timeout);
         }
         // Lease clocks restart now: a restart can delay expiry, never hasten it.
@@ -959,6 +987,82 @@ impl Engine {
         let replica = self.inner.replica.lock();
         let tx = replica.as_ref().ok_or(Error::Closed)?.node.tx.clone();
         Ok(Inbox { tx })
+    }
+
+    /// The group's membership, as this member has applied it.
+    pub fn members(&self) -> Members {
+        let st = self.inner.state.read();
+        Members {
+            voters: st.membership.voters.clone(),
+            learners: st.membership.learners.clone(),
+        }
+    }
+
+    fn change_members(&self, change: MemberChange) -> Result<()> {
+        let (rx, timeout) = self.inner.submit_input(|id| Input::ConfChange { id, change })?;
+        match rx.recv_timeout(timeout) {
+            Ok(answer) => answer.map(|_| ()),
+            Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
+            Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        }
+    }
+
+    /// Adds voter `id` (etcd's `MemberAdd`); returns once the change is applied here. Call
+    /// it on the leader. One membership change at a time: a second fails with
+    /// [`Error::ConfChangePending`] until the first is applied.
+    pub fn member_add(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::AddVoter(id))
+    }
+
+    /// Adds learner `id` (etcd's `MemberAdd` with `is_learner`): it receives the log but does
+    /// not vote, until [`Engine::member_promote`].
+    pub fn member_add_learner(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::AddLearner(id))
+    }
+
+    /// Promotes learner `id` to voter (etcd's `MemberPromote`); it must have caught up with
+    /// the leader ([`Error::LearnerNotReady`] otherwise).
+    pub fn member_promote(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::Promote(id))
+    }
+
+    /// Removes member `id` (etcd's `MemberRemove`).
+    pub fn member_remove(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::Remove(id))
+    }
+
+    /// Hands leadership to voter `to` (etcd's `MoveLeader`), waiting until this member sees
+    /// it leading or `Config::request_timeout` passes. Call it on the leader.
+    pub fn move_leader(&self, to: u64) -> Result<()> {
+        let config = &self.inner.config;
+        let deadline = std::time::Instant::now() + config.request_timeout;
+        // raft-rs abandons a transfer that has not finished within an election timeout (the
+        // transferee was catching up, a message was lost): ask again until the deadline.
+        let attempt = config.raft_tick * u32::try_from(config.election_ticks * 2).unwrap_or(u32::MAX);
+        loop {
+            let tx = {
+                let replica = self.inner.replica.lock();
+                replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
+            };
+            let (reply, answer) = bounded(1);
+            tx.send(Input::TransferLeader { to, reply })
+                .map_err(|_| Error::Closed)?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                // Leadership moved already (to `to`, or on to someone else).
+                Ok(Err(Error::NotLeader)) if self.leader() == Some(to) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(Error::Timeout),
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if self.inner.status.wait_leader(to, attempt.min(left)) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+        }
     }
 
     /// The leader this member knows of, if any.
@@ -1461,7 +1565,7 @@ mod tests {
             alarms: Default::default(),
             applied_index: applied,
             applied_term: 0,
-            membership: Membership::single(1),
+            membership: Membership::default(),
             epoch: 0,
         };
         let mut c = state.checkpoint().unwrap();

@@ -104,6 +104,32 @@ pub enum Error {
     /// "etcdserver: request timed out").
     #[error("etcdserver: request timed out")]
     Timeout,
+    /// The request needs the leader and this member is not it (etcd: "etcdserver: not
+    /// leader").
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    /// A leadership transfer to a member that is not a voter (etcd: "etcdserver: bad leader
+    /// transferee").
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    /// A membership change while another is still in progress.
+    #[error("etcdserver: a membership change is already in progress")]
+    ConfChangePending,
+    /// Adding a member ID that is already a member (etcd: "etcdserver: ID exists").
+    #[error("etcdserver: ID exists")]
+    MemberExists,
+    /// Removing or promoting an ID that is not a member (etcd: "etcdserver: member not
+    /// found").
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    /// Promoting a member that is not a learner (etcd: "etcdserver: can only promote a
+    /// learner member").
+    #[error("etcdserver: can only promote a learner member")]
+    MemberNotLearner,
+    /// Promoting a learner that has not caught up with the leader (etcd: "etcdserver: can
+    /// only promote a learner member which is in sync with leader").
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
     /// The engine has been closed.
     #[error("engine is closed")]
     Closed,

@@ -56,10 +56,15 @@ pub(crate) enum Response {
     DeleteRange(DeleteRangeResponse),
     Txn(TxnResponse),
     Compact,
-    LeaseGrant { id: i64, ttl: i64 },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
     LeaseRevoke,
     LeaseCheckpoint,
     Alarm,
+    /// A membership change was applied.
+    ConfChange,
 }
 
 /// Why a logged payload could not be decoded.

@@ -222,3 +222,76 @@ fn a_partitioned_leader_serves_no_stale_read_and_acknowledges_no_write() {
     assert_ne!(value.as_deref(), Some(&b"1"[..]));
     assert_same_everywhere(&c);
 }
+
+#[test]
+fn membership_changes_under_load_add_promote_remove_and_transfer() {
+    let mut c = Cluster::new(4);
+    let leader = c.leader(&MEMBERS);
+    for i in 0..20 {
+        put_through(c.member(leader), &format!("k{i}"), "v");
+    }
+    // A fourth member joins as a learner, catches up, and is promoted.
+    c.member(leader).member_add_learner(4).unwrap();
+    assert!(matches!(c.member(leader).member_add(4), Err(Error::MemberExists)));
+    let dir4 = c.dir(1).parent().unwrap().join("m4");
+    let joiner = Engine::open_member(
+        &dir4,
+        Config {
+            join_existing: true,
+            initial_members: Vec::new(),
+            ..config(4)
+        },
+        c.net.transport(4),
+    )
+    .unwrap();
+    c.net.attach(4, joiner.inbox().unwrap());
+    // It catches up while writes go on.
+    let target = c.member(leader).current_revision();
+    let deadline = Instant::now() + PATIENCE;
+    while joiner.current_revision() < target {
+        assert!(Instant::now() < deadline, "the learner did not catch up");
+        put_through(c.member(leader), "writes-go-on", "x");
+    }
+    assert_eq!(joiner.members().learners, vec![4]);
+    // The leader may not have heard the learner's last acknowledgement yet: it refuses the
+    // promotion until it has, as etcd does.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match c.member(leader).member_promote(4) {
+            Ok(()) => break,
+            Err(Error::LearnerNotReady) if Instant::now() < deadline => {
+                put_through(c.member(leader), "writes-go-on", "y");
+            }
+            Err(e) => panic!("promote: {e}"),
+        }
+    }
+    assert_eq!(c.member(leader).members().voters.len(), 4);
+    assert!(matches!(
+        c.member(leader).member_promote(4),
+        Err(Error::MemberNotLearner)
+    ));
+    // Leadership moves to another voter, and the old leader is removed.
+    let next = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
+    if let Err(e) = c.member(leader).move_leader(next) {
+        panic!(
+            "move_leader {leader}->{next}: {e}; leaders seen {:?}",
+            MEMBERS.iter().map(|id| c.member(*id).leader()).collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(c.member(next).leader(), Some(next));
+    c.member(next).member_remove(leader).unwrap();
+    assert!(matches!(
+        c.member(next).member_remove(leader),
+        Err(Error::MemberNotFound)
+    ));
+    assert!(!c.member(next).members().voters.contains(&leader));
+    c.stop(leader);
+    put_through(&joiner, "after", "changes");
+    let remaining: Vec<&Engine> = c.running().chain(std::iter::once(&joiner)).collect();
+    let expected = everything(remaining[0]);
+    for e in &remaining {
+        assert_eq!(everything(e), expected, "member {}", e.member_id());
+        assert_eq!(e.hash_kv(0).unwrap(), remaining[0].hash_kv(0).unwrap());
+    }
+    joiner.close().unwrap();
+}

@@ -78,6 +78,7 @@ fn nospace_blocks_growth_but_not_reclaiming() {
     // Reclaim: compact away the old versions, then disarm.
     let before = engine.size_in_use();
     engine.compact(engine.current_revision()).unwrap();
+    engine.wait_compacted().unwrap();
     assert!(
         engine.size_in_use() < before / 4,
         "{} -> {}",

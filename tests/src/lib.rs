@@ -2,6 +2,7 @@
 //! helper processes (a WAL appender and an engine writer to kill with SIGKILL) in `src/bin/`.
 
 pub mod engine_crash;
+pub mod linearizability;
 
 use bytes::Bytes;
 use cairn_wal::{Config, Record};

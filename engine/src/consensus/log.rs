@@ -106,6 +106,42 @@ pub(crate) fn entry_record(e: &Entry) -> Result<Record> {
     })
 }
 
+/// Starts a new group's log, as etcd does: entry `i` (term 1) adds member `members[i-1]`,
+/// and all are committed, so the log alone says who the members are (a member that joins
+/// later learns them by replicating it). Written to the WAL and synced before the node starts.
+pub(crate) fn bootstrap(log: &RaftLog, wal: &cairn_wal::Wal, members: &[u64]) -> Result<()> {
+    use raft::eraftpb::{ConfChange, ConfChangeType, EntryType};
+    let mut entries = Vec::with_capacity(members.len());
+    for (i, id) in members.iter().enumerate() {
+        let cc = ConfChange {
+            change_type: ConfChangeType::AddNode,
+            node_id: *id,
+            ..ConfChange::default()
+        };
+        let data = cc
+            .write_to_bytes()
+            .map_err(|e| Error::Internal(format!("encode a conf change: {e}")))?;
+        entries.push(Entry {
+            entry_type: EntryType::EntryConfChange,
+            term: 1,
+            index: i as u64 + 1,
+            data: data.into(),
+            ..Entry::default()
+        });
+    }
+    log.append(&entries)?;
+    let hs = HardState {
+        term: 1,
+        commit: entries.len() as u64,
+        ..HardState::default()
+    };
+    log.set_hard_state(hs.clone());
+    let mut records = entries.iter().map(entry_record).collect::<Result<Vec<_>>>()?;
+    records.push(Record::State(encode_state(&hs, &log.conf_state())?));
+    wal.append(records, cairn_wal::Durability::Durable)?.wait()?;
+    Ok(())
+}
+
 impl RaftLog {
     /// A log whose entries up to `index` (of `term`) are in the checkpoint, with membership
     /// `conf_state` then.

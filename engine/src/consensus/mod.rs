@@ -20,14 +20,6 @@ pub(crate) struct Membership {
 }
 
 impl Membership {
-    /// A group of one: `id`.
-    pub(crate) fn single(id: u64) -> Membership {
-        Membership {
-            voters: vec![id],
-            ..Membership::default()
-        }
-    }
-
     pub(crate) fn to_conf_state(&self) -> ConfState {
         ConfState {
             voters: self.voters.clone(),

@@ -59,6 +59,20 @@ fn send_all(transport: &dyn Transport, messages: Vec<Message>) {
     }
 }
 
+/// A membership change, as the engine asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemberChange {
+    AddVoter(u64),
+    AddLearner(u64),
+    /// A learner becomes a voter; it must have caught up with the leader.
+    Promote(u64),
+    Remove(u64),
+}
+
+/// A learner is caught up once it has matched this fraction of the leader's log (etcd's
+/// rule for promotion).
+const LEARNER_READY: f64 = 0.9;
+
 /// What the node thread publishes about itself, for the engine to read without asking.
 #[derive(Debug, Default)]
 pub(crate) struct Status {
@@ -66,6 +80,28 @@ pub(crate) struct Status {
     pub(crate) leader: std::sync::atomic::AtomicU64,
     /// The current term.
     pub(crate) term: std::sync::atomic::AtomicU64,
+    /// Notified when the leader changes.
+    changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
+}
+
+impl Status {
+    fn set_leader(&self, leader: u64) {
+        let _guard = self.changed.0.lock();
+        self.leader.store(leader, std::sync::atomic::Ordering::Relaxed);
+        self.changed.1.notify_all();
+    }
+
+    /// Waits until `leader` leads, as far as this member knows; false on timeout.
+    pub(crate) fn wait_leader(&self, leader: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.changed.0.lock();
+        while self.leader.load(std::sync::atomic::Ordering::Relaxed) != leader {
+            if self.changed.1.wait_until(&mut guard, deadline).timed_out() {
+                return self.leader.load(std::sync::atomic::Ordering::Relaxed) == leader;
+            }
+        }
+        true
+    }
 }
 
 /// What the node thread is asked to do.
@@ -78,6 +114,10 @@ pub(crate) enum Input {
     Applied(u64),
     /// A checkpoint covers the log up to this index and term: the in-memory copy can go.
     Compact { index: u64, term: u64 },
+    /// Propose a membership change (joint consensus); `id` identifies its waiter.
+    ConfChange { id: u64, change: MemberChange },
+    /// Hand leadership to `to`; the answer comes once the request is stepped.
+    TransferLeader { to: u64, reply: Sender<Result<()>> },
     /// A message from a peer.
     Step(Message),
     /// Stop the node thread.
@@ -173,6 +213,7 @@ impl Node {
             reads: ReadRounds::default(),
             broken: None,
             status,
+            campaign_when_applied: false,
             config,
         };
         let thread = std::thread::Builder::new()
@@ -301,6 +342,9 @@ struct NodeThread {
     /// Set when the WAL failed: nothing can be made durable any more.
     broken: Option<Error>,
     status: Arc<Status>,
+    /// Campaign once raft has seen the conf change that left this member the sole voter
+    /// applied.
+    campaign_when_applied: bool,
     config: NodeConfig,
 }
 
@@ -396,12 +440,40 @@ impl NodeThread {
                 }
                 None => self.reads.waiting.push(reply),
             },
+            Input::ConfChange { id, change } => {
+                if let Err(error) = self.propose_conf_change(id, change) {
+                    let _ = self.apply.send(ToApply::Dropped { id, error });
+                }
+            }
+            Input::TransferLeader { to, reply } => {
+                let raft = &self.raw.raft;
+                let answer = if raft.state != StateRole::Leader {
+                    Err(Error::NotLeader)
+                } else if !raft.prs().conf().voters().contains(to) {
+                    Err(Error::BadLeaderTransferee)
+                } else {
+                    self.raw.transfer_leader(to);
+                    Ok(())
+                };
+                let _ = reply.send(answer);
+            }
             Input::Step(m) => {
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "a raft message was not stepped");
                 }
             }
-            Input::Applied(index) => self.raw.advance_apply_to(index),
+            Input::Applied(index) => {
+                self.raw.advance_apply_to(index);
+                let log = &self.raw.raft.raft_log;
+                if self.campaign_when_applied && log.applied >= log.committed {
+                    self.campaign_when_applied = false;
+                    if self.raw.raft.state != StateRole::Leader {
+                        if let Err(e) = self.raw.campaign() {
+                            tracing::warn!(error = %e, "campaign failed");
+                        }
+                    }
+                }
+            }
             Input::Compact { index, term } => {
                 // Never past what raft itself has seen applied, nor, on a leader, past what a
                 // follower still needs (sending a snapshot instead comes later).
@@ -420,6 +492,58 @@ impl NodeThread {
             }
             Input::Stop => {}
         }
+    }
+
+    /// Checks a membership change against the current membership (etcd's rules) and
+    /// proposes it.
+    fn propose_conf_change(&mut self, id: u64, change: MemberChange) -> Result<()> {
+        use raft::eraftpb::{ConfChangeSingle, ConfChangeType};
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            return Err(Error::NotLeader);
+        }
+        if raft.has_pending_conf() {
+            return Err(Error::ConfChangePending);
+        }
+        let conf = raft.prs().conf();
+        let is_voter = |m: u64| conf.voters().contains(m);
+        let is_learner = |m: u64| conf.learners().contains(&m);
+        let (kind, node) = match change {
+            MemberChange::AddVoter(m) | MemberChange::AddLearner(m) if is_voter(m) || is_learner(m) => {
+                return Err(Error::MemberExists);
+            }
+            MemberChange::AddVoter(m) => (ConfChangeType::AddNode, m),
+            MemberChange::AddLearner(m) => (ConfChangeType::AddLearnerNode, m),
+            MemberChange::Promote(m) if !is_learner(m) => return Err(Error::MemberNotLearner),
+            MemberChange::Promote(m) => {
+                let leader = raft.raft_log.last_index();
+                let matched = raft.prs().get(m).map_or(0, |p| p.matched);
+                if (matched as f64) < leader as f64 * LEARNER_READY {
+                    return Err(Error::LearnerNotReady);
+                }
+                (ConfChangeType::AddNode, m)
+            }
+            MemberChange::Remove(m) if !is_voter(m) && !is_learner(m) => return Err(Error::MemberNotFound),
+            MemberChange::Remove(m) => (ConfChangeType::RemoveNode, m),
+        };
+        let single = ConfChangeSingle {
+            change_type: kind,
+            node_id: node,
+            ..ConfChangeSingle::default()
+        };
+        let cc = ConfChangeV2 {
+            changes: vec![single].into(),
+            ..ConfChangeV2::default()
+        };
+        self.raw
+            .propose_conf_change(id.to_le_bytes().to_vec(), cc)
+            .map_err(|e| match e {
+                raft::Error::ProposalDropped => Error::LeaderChanged,
+                e => Error::Internal(format!("propose a conf change: {e}")),
+            })
     }
 
     /// Applies conf changes among `entries` to raft, and hands them all to the apply thread.
@@ -463,9 +587,7 @@ impl NodeThread {
         let mut rd = self.raw.ready();
         if let Some(ss) = rd.ss() {
             let was_leader = self.status.leader.load(std::sync::atomic::Ordering::Relaxed) == self.config.id;
-            self.status
-                .leader
-                .store(ss.leader_id, std::sync::atomic::Ordering::Relaxed);
+            self.status.set_leader(ss.leader_id);
             let is_leader = ss.raft_state == StateRole::Leader;
             if is_leader && !was_leader {
                 let _ = self.apply.send(ToApply::BecameLeader);
@@ -488,6 +610,9 @@ impl NodeThread {
         }
         let conf_before = self.log.conf_state();
         self.committed(rd.take_committed_entries())?;
+        let sole_voter = self.log.conf_state() != conf_before
+            && self.log.conf_state().voters == [self.config.id]
+            && self.raw.raft.state != StateRole::Leader;
         for rs in rd.take_read_states() {
             self.reads.answer(&rs.request_ctx, rs.index);
         }
@@ -520,6 +645,12 @@ impl NodeThread {
         };
         self.persist
             .send((number, ticket, persisted_messages))
-            .map_err(|_| Error::Closed)
+            .map_err(|_| Error::Closed)?;
+        if sole_voter {
+            // The sole voter of a new group (or of one shrunk to it) elects itself, once the
+            // change is applied (raft-rs refuses to campaign before).
+            self.campaign_when_applied = true;
+        }
+        Ok(())
     }
 }
