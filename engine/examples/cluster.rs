@@ -31,9 +31,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Any member takes writes: a follower forwards them to the leader. Until the first
     // election is over there is no leader to forward to.
+    let via = members.last().ok_or("no members")?;
     let deadline = Instant::now() + Duration::from_secs(10);
     let runs = loop {
-        let previous = members[2].range(&RangeRequest::key("runs"));
+        let previous = via.range(&RangeRequest::key("runs"));
         let runs = match previous {
             Ok(r) => match r.kvs.first() {
                 Some(kv) => String::from_utf8_lossy(&kv.value).parse::<u64>()? + 1,
@@ -47,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             value: Bytes::from(runs.to_string()),
             ..PutRequest::default()
         };
-        match members[2].put(put) {
+        match via.put(put) {
             Ok(_) => break runs,
             Err(Error::NoLeader | Error::Timeout | Error::LeaderChanged) if Instant::now() < deadline => continue,
             Err(e) => return Err(e.into()),
@@ -55,12 +56,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for engine in &members {
         // Linearizable reads: each member sees the write, whoever took it.
-        let kv = engine.range(&RangeRequest::key("runs"))?;
+        let read = engine.range(&RangeRequest::key("runs"))?;
+        let value = read
+            .kvs
+            .first()
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
         println!(
             "member {} (leader {:?}): runs = {}",
             engine.member_id(),
             engine.leader(),
-            String::from_utf8_lossy(&kv.kvs[0].value)
+            value.unwrap_or_default()
         );
     }
     println!("run {runs} done; run me again to see the group carry on");

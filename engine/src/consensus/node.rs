@@ -619,6 +619,13 @@ impl NodeThread {
         let entries = rd.take_entries();
         let replaced = self.log.append(&entries)?;
         let hs_changed = rd.hs().is_some();
+        let before = self.log.hard_state();
+        // A vote or a new term must be durable before the messages that depend on it; a
+        // commit index alone need not be (a member that loses it learns it again), so it rides
+        // along unsynced and the next durable append covers it: one fsync per write, not two.
+        let vote_changed = rd
+            .hs()
+            .is_some_and(|hs| hs.term != before.term || hs.vote != before.vote);
         if let Some(hs) = rd.hs() {
             self.log.set_hard_state(hs.clone());
         }
@@ -638,10 +645,15 @@ impl NodeThread {
                 &self.log.conf_state(),
             )?));
         }
+        let durability = if entries.is_empty() && !vote_changed && self.log.conf_state() == conf_before {
+            Durability::Buffered
+        } else {
+            Durability::Durable
+        };
         let ticket = if records.is_empty() {
             None
         } else {
-            Some(self.wal.append(records, Durability::Durable)?)
+            Some(self.wal.append(records, durability)?)
         };
         self.persist
             .send((number, ticket, persisted_messages))

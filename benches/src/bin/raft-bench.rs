@@ -1,0 +1,704 @@
+//! `raft-bench`: what replication costs a durable write. Proposals/s and commit latency of a
+//! group of one and of a group of three in this process (over a [`LocalNetwork`], each member
+//! with its own WAL on disk), with 1 and with 64 concurrent proposers, and each multi-member
+//! result as a ratio to the group of one with the same proposers, measured in the same run
+//! because the machine is noisy.
+//!
+//! A proposer is a thread putting one 256-byte value at a time through the leader and waiting
+//! until it is committed and applied (`Engine::put`); each put's latency goes into a histogram.
+//! Configurations run one after another, paired by proposers (1 member then 3 members with 1
+//! proposer, then with 64), so the two results a ratio compares are minutes apart at most.
+//! First, the raw floor: small pwrite + fdatasync calls on a file in the same directory, one
+//! at a time, as `fsync-latency` does; every p50 is also given as a multiple of its p50.
+//!
+//! ```text
+//! cargo run --release -p cairn-benches --bin raft-bench -- --dir /var/lib/cairn --seconds 5
+//! ```
+//!
+//! All members' WALs are on the one disk under `--dir` and their threads share this machine's
+//! cores, so three members pay for three fdatasyncs on one device per commit where a real
+//! group pays for one on each of three: the 3-member cost here is an upper bound.
+//!
+//! Every file lives in a new `raft-bench-<pid>` directory under `--dir`, each configuration in
+//! a fresh subdirectory of it, removed when the configuration is done. The tool removes its
+//! directory at the end, also after an error. Killed mid-run, it leaves that directory behind
+//! and nothing else.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_engine::{Config, Engine, LocalNetwork, PutRequest};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use serde_json::{Map, Value};
+
+/// Measures proposals/s and commit latency of 1- and 3-member groups with real WALs.
+#[derive(Debug, Parser)]
+#[command(name = "raft-bench", version)]
+struct Args {
+    /// An existing directory on the disk to measure (the members' WALs go under it).
+    #[arg(long)]
+    dir: PathBuf,
+    /// How long each configuration is measured, in seconds (fractions allowed, e.g. 0.5).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds, allow_negative_numbers = true)]
+    seconds: f64,
+    /// Numbers of concurrent proposer threads, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64", value_parser = parse_proposers)]
+    proposers: Vec<usize>,
+    /// Group sizes, comma-separated; 1 is the baseline the others are compared with.
+    #[arg(long, value_delimiter = ',', default_value = "1,3", value_parser = parse_members)]
+    members: Vec<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Longest accepted configuration: a day is already more than anyone means.
+const MAX_SECONDS: f64 = 86_400.0;
+/// Most proposer threads accepted.
+const MAX_PROPOSERS: usize = 1024;
+/// Largest group accepted.
+const MAX_MEMBERS: u64 = 7;
+/// Bytes of each put's value (and of each raw write).
+const VALUE_SIZE: usize = 256;
+/// Unmeasured warm-up before each configuration (capped at its length).
+const WARMUP: Duration = Duration::from_millis(500);
+/// How long a new group may take to agree on a leader.
+const ELECTION_PATIENCE: Duration = Duration::from_secs(30);
+/// Raw write + fdatasync calls timed for the baseline, after `RAW_WARMUP` untimed ones.
+const RAW_SYNCS: u64 = 200;
+const RAW_WARMUP: u64 = 20;
+/// The raw file is preallocated up front, like a WAL segment, so no sync pays for growth.
+const RAW_FILE_SIZE: u64 = 1 << 20;
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
+        return Err(format!("must be more than 0 and at most {MAX_SECONDS}"));
+    }
+    Ok(v)
+}
+
+fn parse_proposers(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number of threads"))?;
+    if !(1..=MAX_PROPOSERS).contains(&v) {
+        return Err(format!("proposer counts must be between 1 and {MAX_PROPOSERS}"));
+    }
+    Ok(v)
+}
+
+fn parse_members(s: &str) -> Result<u64, String> {
+    let v: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number of members"))?;
+    if !(1..=MAX_MEMBERS).contains(&v) {
+        return Err(format!("group sizes must be between 1 and {MAX_MEMBERS}"));
+    }
+    Ok(v)
+}
+
+/// Why the tool gave up, said for a person: what it was doing, then the cause.
+#[derive(Debug)]
+struct Failure(String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure>;
+}
+
+impl<T, E: fmt::Display> Context<T> for Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure> {
+        self.map_err(|e| Failure(format!("{}: {e}", what())))
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("raft-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    let window = Duration::from_secs_f64(args.seconds);
+    let warmup = WARMUP.min(window);
+    let mut proposers = args.proposers.clone();
+    dedup_in_order(&mut proposers);
+    let mut members = args.members.clone();
+    dedup_in_order(&mut members);
+
+    let work = WorkDir::create(&args.dir)?;
+    eprintln!(
+        "raft-bench: measuring in {} ({} s per configuration, {VALUE_SIZE}-byte values)",
+        work.path.display(),
+        args.seconds
+    );
+    eprintln!("  raw pwrite + fdatasync ...");
+    let raw = measure_raw(&work.path)?;
+    let mut runs = Vec::with_capacity(proposers.len() * members.len());
+    // Paired by proposers, so each ratio compares results measured close together.
+    for &p in &proposers {
+        for &m in &members {
+            eprintln!("  {m} member(s), {p} proposer(s) ...");
+            runs.push(measure_group(&work.path, m, p, warmup, window)?);
+        }
+    }
+    work.remove()?;
+
+    let report = Report { raw, runs };
+    if args.json {
+        let json = serde_json::to_string_pretty(&report.to_json(args)).context(|| "encode JSON".to_string())?;
+        println!("{json}");
+    } else {
+        report.print_table(args);
+    }
+    Ok(())
+}
+
+fn dedup_in_order<T: Copy + Eq + std::hash::Hash>(v: &mut Vec<T>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|n| seen.insert(*n));
+}
+
+/// The tool's own directory under `--dir`. Removed when dropped, so an error leaves nothing.
+#[derive(Debug)]
+struct WorkDir {
+    path: PathBuf,
+    removed: bool,
+}
+
+impl WorkDir {
+    fn create(parent: &Path) -> Result<WorkDir, Failure> {
+        let meta = fs::metadata(parent).context(|| format!("cannot use --dir {}", parent.display()))?;
+        if !meta.is_dir() {
+            return Err(Failure(format!("--dir {} is not a directory", parent.display())));
+        }
+        let path = parent.join(format!("raft-bench-{}", std::process::id()));
+        fs::create_dir(&path).context(|| format!("cannot create {}", path.display()))?;
+        Ok(WorkDir { path, removed: false })
+    }
+
+    /// Removes the directory, reporting a failure (drop only warns).
+    fn remove(mut self) -> Result<(), Failure> {
+        self.removed = true;
+        fs::remove_dir_all(&self.path).context(|| format!("cannot remove {}", self.path.display()))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.removed {
+            if let Err(e) = fs::remove_dir_all(&self.path) {
+                eprintln!("raft-bench: warning: cannot remove {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// A latency histogram in microseconds: 1 µs up to a minute, 3 significant digits.
+fn histogram() -> Result<Histogram<u64>, Failure> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).context(|| "create a histogram".to_string())
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Value bytes: not all zeros, so no layer can shortcut them.
+fn payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 ^ 0xA5).collect()
+}
+
+/// Latency percentiles, in microseconds; `None` when nothing completed.
+#[derive(Debug, Clone, Copy)]
+struct Percentiles {
+    p50: Option<u64>,
+    p99: Option<u64>,
+    p999: Option<u64>,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Percentiles {
+        let at = |q| (!h.is_empty()).then(|| h.value_at_quantile(q));
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+fn per_sec(count: u64, elapsed: Duration) -> f64 {
+    let secs = elapsed.as_secs_f64();
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// `num / den`, or `None` when the denominator is zero.
+fn ratio(num: f64, den: f64) -> Option<f64> {
+    (den > 0.0).then(|| num / den)
+}
+
+fn rounded(v: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale
+}
+
+/// The raw baseline: what one small durable append costs on this disk, with nothing above it.
+#[derive(Debug)]
+struct RawResult {
+    latency: Percentiles,
+    syncs: u64,
+}
+
+/// Allocates `len` bytes of `file` the way the WAL preallocates a segment: fallocate (a sized
+/// sparse file where unsupported), then fsync, so the size change is not paid for by the first
+/// timed fdatasync.
+fn preallocate(file: &File, len: u64) -> io::Result<()> {
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => file.set_len(len)?,
+        Err(e) => return Err(e.into()),
+    }
+    file.sync_all()
+}
+
+/// `RAW_SYNCS` pwrites of `VALUE_SIZE` bytes at the next offset of a preallocated file, each
+/// followed by fdatasync, one at a time: the floor for one durable append.
+fn measure_raw(dir: &Path) -> Result<RawResult, Failure> {
+    let path = dir.join("raw.log");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .context(|| format!("create {}", path.display()))?;
+    preallocate(&file, RAW_FILE_SIZE).context(|| format!("preallocate {}", path.display()))?;
+    let buf = payload(VALUE_SIZE);
+    let mut latency = histogram()?;
+    let mut offset = 0u64;
+    for i in 0..RAW_WARMUP + RAW_SYNCS {
+        let started = Instant::now();
+        file.write_all_at(&buf, offset)
+            .context(|| format!("write {}", path.display()))?;
+        file.sync_data().context(|| format!("fdatasync {}", path.display()))?;
+        let took = started.elapsed();
+        if i >= RAW_WARMUP {
+            latency.saturating_record(micros(took));
+        }
+        // Wraps inside the preallocated space; the file never grows.
+        offset = (offset + VALUE_SIZE as u64) % (RAW_FILE_SIZE - VALUE_SIZE as u64);
+    }
+    drop(file);
+    fs::remove_file(&path).context(|| format!("remove {}", path.display()))?;
+    Ok(RawResult {
+        latency: Percentiles::of(&latency),
+        syncs: RAW_SYNCS,
+    })
+}
+
+/// One configuration's outcome.
+#[derive(Debug)]
+struct GroupResult {
+    members: u64,
+    proposers: usize,
+    latency: Percentiles,
+    /// Puts completed inside the measured window.
+    proposals: u64,
+    elapsed: Duration,
+}
+
+impl GroupResult {
+    fn proposals_per_sec(&self) -> f64 {
+        per_sec(self.proposals, self.elapsed)
+    }
+}
+
+/// The phase proposers are in. Puts count when they complete during `MEASURING`.
+const WARMING: u8 = 0;
+const MEASURING: u8 = 1;
+const STOPPED: u8 = 2;
+
+/// What one proposer measured: its latency histogram and puts completed inside the window.
+type ProposerResult = Result<(Histogram<u64>, u64), Failure>;
+
+/// A proposer thread: puts one key at a time through `leader` and waits for it to be
+/// committed and applied, until the phase is `STOPPED`. A failed put stops every proposer.
+fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> ProposerResult {
+    let mut latency = histogram()?;
+    let mut completed = 0u64;
+    let mut n = 0u64;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let request = PutRequest {
+            key: format!("bench/{id:04}/{n:012}").into_bytes(),
+            value: value.clone(),
+            ..PutRequest::default()
+        };
+        n += 1;
+        let started = Instant::now();
+        let outcome = leader.put(request);
+        let took = started.elapsed();
+        if let Err(e) = outcome {
+            phase.store(STOPPED, Ordering::SeqCst);
+            return Err(Failure(format!(
+                "put through member {} by proposer {id}: {e}",
+                leader.member_id()
+            )));
+        }
+        if phase.load(Ordering::SeqCst) == MEASURING {
+            latency.saturating_record(micros(took));
+            completed += 1;
+        }
+    }
+    Ok((latency, completed))
+}
+
+/// Sleeps for `d`, waking early if a proposer failed and stopped the phase.
+fn sleep_unless_stopped(phase: &AtomicU8, d: Duration) {
+    let until = Instant::now() + d;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// A running group: its members, in ID order, and the network between them (none for one).
+struct Group {
+    net: Option<LocalNetwork>,
+    engines: Vec<Engine>,
+}
+
+impl Group {
+    /// Opens a new group of `members` under `dir` (one subdirectory per member) and waits
+    /// until every member knows the same leader.
+    fn start(dir: &Path, members: u64) -> Result<Group, Failure> {
+        let mut group = Group {
+            net: (members > 1).then(|| LocalNetwork::new(members)),
+            engines: Vec::new(),
+        };
+        let ids: Vec<u64> = (1..=members).collect();
+        for &id in &ids {
+            let member_dir = dir.join(format!("member-{id}"));
+            let opened = match &group.net {
+                None => Engine::open(&member_dir, Config::default()),
+                Some(net) => {
+                    let config = Config {
+                        member_id: id,
+                        initial_members: ids.clone(),
+                        ..Config::default()
+                    };
+                    Engine::open_member(&member_dir, config, net.transport(id)).and_then(|engine| {
+                        net.attach(id, engine.inbox()?);
+                        Ok(engine)
+                    })
+                }
+            };
+            // On failure, `group` drops and closes the members opened so far.
+            group
+                .engines
+                .push(opened.context(|| format!("open member {id} in {}", member_dir.display()))?);
+        }
+        group.wait_for_leader()?;
+        Ok(group)
+    }
+
+    /// Waits until every member names the same leader, one of them; returns its index.
+    fn wait_for_leader(&self) -> Result<usize, Failure> {
+        let deadline = Instant::now() + ELECTION_PATIENCE;
+        loop {
+            let seen: Vec<Option<u64>> = self.engines.iter().map(Engine::leader).collect();
+            if let Some(Some(leader)) = seen.first() {
+                if seen.iter().all(|s| s == &Some(*leader)) {
+                    if let Some(i) = self.engines.iter().position(|e| e.member_id() == *leader) {
+                        return Ok(i);
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure(format!(
+                    "no leader agreed on within {} s: members see {seen:?}",
+                    ELECTION_PATIENCE.as_secs()
+                )));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn leader(&self) -> Result<&Engine, Failure> {
+        let i = self.wait_for_leader()?;
+        self.engines
+            .get(i)
+            .ok_or_else(|| Failure("the leader is not a member".to_string()))
+    }
+
+    /// Closes every member (each syncs its log and checkpoints); the first failure wins.
+    fn close(mut self) -> Result<(), Failure> {
+        let mut first_error = None;
+        for engine in std::mem::take(&mut self.engines) {
+            let id = engine.member_id();
+            if let Some(net) = &self.net {
+                net.detach(id);
+            }
+            if let Err(e) = engine.close() {
+                first_error.get_or_insert(Failure(format!("close member {id}: {e}")));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for engine in self.engines.drain(..) {
+            if let Some(net) = &self.net {
+                net.detach(engine.member_id());
+            }
+            let _ = engine.close();
+        }
+    }
+}
+
+fn measure_group(
+    dir: &Path,
+    members: u64,
+    proposers: usize,
+    warmup: Duration,
+    window: Duration,
+) -> Result<GroupResult, Failure> {
+    let group_dir = dir.join(format!("members-{members}-proposers-{proposers}"));
+    fs::create_dir(&group_dir).context(|| format!("create {}", group_dir.display()))?;
+    let group = Group::start(&group_dir, members)?;
+    let leader = group.leader()?;
+    let phase = AtomicU8::new(WARMING);
+    let value = Bytes::from(payload(VALUE_SIZE));
+
+    let (outcomes, elapsed) = thread::scope(|s| {
+        // Proposers start right away; the warm-up is timed from the last one's start.
+        let mut running = Vec::with_capacity(proposers);
+        let mut spawn_error = None;
+        for i in 0..proposers {
+            let (phase, value) = (&phase, &value);
+            let spawned = thread::Builder::new()
+                .name(format!("proposer-{i}"))
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || proposer(leader, i, phase, value));
+            match spawned {
+                Ok(t) => running.push(t),
+                Err(e) => {
+                    phase.store(STOPPED, Ordering::SeqCst);
+                    spawn_error = Some(Failure(format!("spawn proposer thread {i} of {proposers}: {e}")));
+                    break;
+                }
+            }
+        }
+        let mut elapsed = Duration::ZERO;
+        if spawn_error.is_none() {
+            sleep_unless_stopped(&phase, warmup);
+            if phase
+                .compare_exchange(WARMING, MEASURING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let started = Instant::now();
+                sleep_unless_stopped(&phase, window);
+                phase.store(STOPPED, Ordering::SeqCst);
+                elapsed = started.elapsed();
+            }
+        }
+        let mut outcomes: Vec<ProposerResult> = spawn_error.into_iter().map(Err).collect();
+        for t in running {
+            outcomes.push(
+                t.join()
+                    .unwrap_or_else(|_| Err(Failure("a proposer panicked".to_string()))),
+            );
+        }
+        (outcomes, elapsed)
+    });
+
+    let mut latency = histogram()?;
+    let mut proposals = 0u64;
+    let mut first_error = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok((h, n)) => {
+                latency.add(&h).context(|| "merge latency histograms".to_string())?;
+                proposals += n;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+
+    group.close()?;
+    fs::remove_dir_all(&group_dir).context(|| format!("remove {}", group_dir.display()))?;
+    Ok(GroupResult {
+        members,
+        proposers,
+        latency: Percentiles::of(&latency),
+        proposals,
+        elapsed,
+    })
+}
+
+/// Everything measured, ready to print.
+#[derive(Debug)]
+struct Report {
+    raw: RawResult,
+    runs: Vec<GroupResult>,
+}
+
+/// A multi-member result over the group of one with the same proposers.
+#[derive(Debug, Clone, Copy)]
+struct VsOne {
+    proposals_per_sec: Option<f64>,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+}
+
+impl Report {
+    fn run(&self, members: u64, proposers: usize) -> Option<&GroupResult> {
+        self.runs
+            .iter()
+            .find(|r| r.members == members && r.proposers == proposers)
+    }
+
+    /// `r` against the group of one with as many proposers; `None` for the group of one
+    /// itself, or when it was not measured.
+    fn vs_one(&self, r: &GroupResult) -> Option<VsOne> {
+        if r.members == 1 {
+            return None;
+        }
+        let one = self.run(1, r.proposers)?;
+        let over = |a: Option<u64>, b: Option<u64>| ratio(a? as f64, b? as f64);
+        Some(VsOne {
+            proposals_per_sec: ratio(r.proposals_per_sec(), one.proposals_per_sec()),
+            p50: over(r.latency.p50, one.latency.p50),
+            p99: over(r.latency.p99, one.latency.p99),
+            p999: over(r.latency.p999, one.latency.p999),
+        })
+    }
+
+    /// `r`'s p50 as a multiple of the raw fdatasync p50.
+    fn p50_over_fsync(&self, r: &GroupResult) -> Option<f64> {
+        ratio(r.latency.p50? as f64, self.raw.latency.p50? as f64)
+    }
+
+    fn to_json(&self, args: &Args) -> Value {
+        fn opt(v: Option<f64>) -> Value {
+            v.map_or(Value::Null, |v| Value::from(rounded(v, 4)))
+        }
+        let mut m = Map::new();
+        m.insert("seconds".into(), Value::from(args.seconds));
+        m.insert("value_size".into(), Value::from(VALUE_SIZE));
+        m.insert("fsync_p50_us".into(), Value::from(self.raw.latency.p50));
+        m.insert("fsync_p99_us".into(), Value::from(self.raw.latency.p99));
+        m.insert("fsync_p999_us".into(), Value::from(self.raw.latency.p999));
+        m.insert("fsync_syncs".into(), Value::from(self.raw.syncs));
+        for r in &self.runs {
+            let k = format!("m{}_p{}", r.members, r.proposers);
+            m.insert(format!("{k}_proposals"), Value::from(r.proposals));
+            m.insert(
+                format!("{k}_proposals_per_sec"),
+                Value::from(rounded(r.proposals_per_sec(), 2)),
+            );
+            m.insert(format!("{k}_p50_us"), Value::from(r.latency.p50));
+            m.insert(format!("{k}_p99_us"), Value::from(r.latency.p99));
+            m.insert(format!("{k}_p999_us"), Value::from(r.latency.p999));
+            m.insert(format!("{k}_p50_over_fsync_p50"), opt(self.p50_over_fsync(r)));
+            if let Some(v) = self.vs_one(r) {
+                let one = format!("m1_p{}", r.proposers);
+                m.insert(format!("{k}_over_{one}_proposals_per_sec"), opt(v.proposals_per_sec));
+                m.insert(format!("{k}_over_{one}_p50"), opt(v.p50));
+                m.insert(format!("{k}_over_{one}_p99"), opt(v.p99));
+                m.insert(format!("{k}_over_{one}_p999"), opt(v.p999));
+            }
+        }
+        Value::Object(m)
+    }
+
+    fn print_table(&self, args: &Args) {
+        fn us(v: Option<u64>) -> String {
+            v.map_or_else(|| "-".to_string(), |v| v.to_string())
+        }
+        fn times(v: Option<f64>) -> String {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
+        }
+        println!(
+            "raft commit latency, {} s per configuration, {VALUE_SIZE}-byte values, in {}",
+            args.seconds,
+            args.dir.display()
+        );
+        println!(
+            "raw pwrite+fdatasync: p50 {} us, p99 {} us, p99.9 {} us ({} syncs)",
+            us(self.raw.latency.p50),
+            us(self.raw.latency.p99),
+            us(self.raw.latency.p999),
+            self.raw.syncs
+        );
+        println!();
+        println!(
+            "{:>7} {:>9} {:>11} {:>8} {:>8} {:>9} {:>9} | {:>8} {:>7} {:>7} {:>7}",
+            "members",
+            "proposers",
+            "proposals/s",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "p50/fsync",
+            "prop/s",
+            "p50",
+            "p99",
+            "p99.9"
+        );
+        for r in &self.runs {
+            let v = self.vs_one(r);
+            println!(
+                "{:>7} {:>9} {:>11.0} {:>8} {:>8} {:>9} {:>9} | {:>8} {:>7} {:>7} {:>7}",
+                r.members,
+                r.proposers,
+                r.proposals_per_sec(),
+                us(r.latency.p50),
+                us(r.latency.p99),
+                us(r.latency.p999),
+                times(self.p50_over_fsync(r)),
+                times(v.and_then(|v| v.proposals_per_sec)),
+                times(v.and_then(|v| v.p50)),
+                times(v.and_then(|v| v.p99)),
+                times(v.and_then(|v| v.p999)),
+            );
+        }
+        println!("(right of |: the result over the 1-member result with as many proposers, same run)");
+        println!("(p50/fsync: the p50 as a multiple of the raw pwrite+fdatasync p50)");
+    }
+}
