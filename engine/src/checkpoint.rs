@@ -8,11 +8,11 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (3)
+//! 8       4     format version, u32 LE (4)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
-//! 24      len   body: postcard of (applied index and term, membership, layout epoch, store
-//!               meta, leases, alarms)
+//! 24      len   body: postcard of (applied index and term, membership, recent request IDs,
+//!               layout epoch, store meta, leases, alarms)
 //! ```
 //!
 //! The store meta is the revision, the compacted revision and the data files' layout (each
@@ -28,14 +28,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::Path;
 
-use crate::consensus::Membership;
+use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 const HEADER_LEN: usize = 24;
 const NAME: &str = "checkpoint";
 const TMP_NAME: &str = "checkpoint.tmp";
@@ -48,6 +48,8 @@ pub(crate) struct Checkpoint {
     pub(crate) applied_term: u64,
     /// The group's membership at `applied_index`.
     pub(crate) membership: Membership,
+    /// The last request IDs applied.
+    pub(crate) recent: RecentRequests,
     /// Defragmentations so far (see the module docs).
     pub(crate) epoch: u64,
     pub(crate) store: StoreMeta,

@@ -35,7 +35,7 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{Input, MemberChange, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
-use crate::consensus::Membership;
+use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
@@ -94,6 +94,10 @@ pub struct Defragmented {
     /// Bytes the fresh data files take once switched to.
     pub after: u64,
 }
+
+/// Log entries kept before a checkpoint, in the WAL and in memory, so that a follower a little
+/// behind can still be sent entries rather than a snapshot (etcd keeps 5,000 too).
+const CATCH_UP_ENTRIES: u64 = 5000;
 
 /// Records per snapshot frame.
 const SNAPSHOT_CHUNK: usize = 1024;
@@ -159,6 +163,8 @@ struct State {
     applied_term: u64,
     /// The group's membership as of `applied_index`.
     membership: Membership,
+    /// The request IDs of the last entries applied (each request is applied once).
+    recent: RecentRequests,
     /// Defragmentations so far (see [`crate::checkpoint`]).
     epoch: u64,
 }
@@ -168,7 +174,6 @@ struct Encoded {
     bytes: Vec<u8>,
     order: (u64, u64),
     applied: u64,
-    applied_term: u64,
     /// Data files to sync first.
     layout: Vec<FileLen>,
 }
@@ -180,6 +185,7 @@ impl State {
             applied_index: self.applied_index,
             applied_term: self.applied_term,
             membership: self.membership.clone(),
+            recent: self.recent.clone(),
             epoch: self.epoch,
             store: self.store.meta(),
             leases: self.lessor.records(),
@@ -189,7 +195,6 @@ impl State {
             bytes: checkpoint::encode(&c)?,
             order: c.order(),
             applied: c.applied_index,
-            applied_term: c.applied_term,
             layout: c.store.layout,
         })
     }
@@ -209,7 +214,8 @@ fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpo
     FileMaker::sync_files(&dir.join(DATA_DIR), &c.layout)?;
     checkpoint::write_bytes(dir, &c.bytes)?;
     *newest = c.order;
-    wal.release_before(LogIndex(c.applied.saturating_add(1)))?;
+    // The last entries before the checkpoint stay, for followers that are behind.
+    wal.release_before(LogIndex(c.applied.saturating_add(1).saturating_sub(CATCH_UP_ENTRIES)))?;
     Ok(())
 }
 
@@ -523,7 +529,12 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 }
             }
             let before = st.store.current_revision();
-            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
+            let id = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes);
+            let duplicate = id.is_some_and(|id| !st.recent.first_time(id));
+            if duplicate {
+                tracing::debug!(index = entry.index, "skipping a request applied already");
+            }
+            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() && !duplicate {
                 let outcome = match Request::decode(&entry.data) {
                     Ok(request) => apply(&mut st, &request),
                     Err(e) => {
@@ -534,7 +545,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                         })
                     }
                 };
-                if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
+                if let Some(id) = id {
                     answers.push((id, outcome));
                 }
             }
@@ -575,12 +586,14 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
             }
         }
         if let (Some(e), Some(tx)) = (encoded, to_write.as_ref()) {
-            let (index, term) = (e.applied, e.applied_term);
+            let index = e.applied;
             writing.store(true, Ordering::Release);
             if tx.send(e).is_err() {
                 writing.store(false, Ordering::Release);
             }
-            let _ = node.send(Input::Compact { index, term });
+            let _ = node.send(Input::Compact {
+                index: index.saturating_sub(CATCH_UP_ENTRIES),
+            });
         }
         let _ = term;
     }
@@ -827,6 +840,7 @@ impl Engine {
             applied_term: 0,
             // Learned from the log: a new group's first entries add its members.
             membership: Membership::default(),
+            recent: RecentRequests::default(),
             epoch: 0,
         };
         if let Some(c) = checkpoint {
@@ -846,6 +860,7 @@ impl Engine {
             state.applied_index = c.applied_index;
             state.applied_term = c.applied_term;
             state.membership = c.membership;
+            state.recent = c.recent;
             state.epoch = c.epoch;
         }
         // The Raft log after the checkpoint; the entries committed in it are applied by the
@@ -858,6 +873,7 @@ impl Engine {
         for record in replay.by_ref() {
             log.replay(record?)?;
         }
+        log.finish_replay();
         state.store.release_pages();
         let wal = Arc::new(replay.finish()?);
         if state.applied_index == 0 && log.last_index() == 0 && !config.join_existing {
@@ -1310,6 +1326,7 @@ impl Engine {
                 applied_index: st.applied_index,
                 applied_term: st.applied_term,
                 membership: st.membership.clone(),
+                recent: st.recent.clone(),
                 current: st.store.current_revision(),
                 compacted: st.store.compacted_revision(),
                 leases: st.lessor.records(),
@@ -1365,6 +1382,7 @@ impl Engine {
             applied_index: meta.applied_index,
             applied_term: meta.applied_term,
             membership: meta.membership,
+            recent: meta.recent,
             epoch: 0,
             store: StoreMeta {
                 current: meta.current,
@@ -1566,6 +1584,7 @@ mod tests {
             applied_index: applied,
             applied_term: 0,
             membership: Membership::default(),
+            recent: RecentRequests::default(),
             epoch: 0,
         };
         let mut c = state.checkpoint().unwrap();

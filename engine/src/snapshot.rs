@@ -1,10 +1,10 @@
 //! Snapshots: the complete state as a stream, written and read in bounded memory.
 //!
 //! ```text
-//! "CAIRNSNP" | format version u32 LE (2)
+//! "CAIRNSNP" | format version u32 LE (3)
 //! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
-//!   1 meta     postcard of (applied index and term, membership, revision, compacted
-//!              revision, leases, alarms)
+//!   1 meta     postcard of (applied index and term, membership, recent request IDs,
+//!              revision, compacted revision, leases, alarms)
 //!   2 records  data-file records (see `backend::record`), back to back, in revision order
 //!   3 end      the number of records, u64 LE
 //! ```
@@ -17,14 +17,14 @@
 use std::io::{Read, Write};
 
 use crate::backend::record::{self, Record};
-use crate::consensus::Membership;
+use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const META: u32 = 1;
 const RECORDS: u32 = 2;
 const END: u32 = 3;
@@ -39,6 +39,8 @@ pub(crate) struct SnapshotMeta {
     pub(crate) applied_term: u64,
     /// The group's membership then.
     pub(crate) membership: Membership,
+    /// The last request IDs applied.
+    pub(crate) recent: RecentRequests,
     pub(crate) current: i64,
     pub(crate) compacted: i64,
     pub(crate) leases: Vec<LeaseRecord>,

@@ -34,6 +34,9 @@ struct LogState {
     snapshot_term: u64,
     /// Entries from `snapshot_index + 1`, consecutive.
     entries: VecDeque<Entry>,
+    /// While replaying: the WAL's entries up to `snapshot_index`, kept for followers that are
+    /// behind (see [`RaftLog::finish_replay`]).
+    before: VecDeque<Entry>,
 }
 
 impl LogState {
@@ -154,6 +157,7 @@ impl RaftLog {
             snapshot_index: index,
             snapshot_term: term,
             entries: VecDeque::new(),
+            before: VecDeque::new(),
         };
         RaftLog {
             state: Arc::new(RwLock::new(state)),
@@ -165,10 +169,20 @@ impl RaftLog {
         let mut st = self.state.write();
         match record {
             Record::Entry { index, payload } => {
-                if index.0 <= st.snapshot_index {
-                    return Ok(()); // in the checkpoint already
-                }
                 let entry = Entry::parse_from_bytes(&payload).map_err(corrupt("entry"))?;
+                if index.0 <= st.snapshot_index {
+                    // In the checkpoint already; kept for followers if the run is unbroken.
+                    let next = st.before.back().map(|e| e.index + 1);
+                    if next.is_some_and(|n| n != index.0) {
+                        let keep = index.0.saturating_sub(st.before.front().map_or(0, |e| e.index));
+                        st.before.truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+                        if st.before.back().map(|e| e.index + 1) != Some(index.0) {
+                            st.before.clear();
+                        }
+                    }
+                    st.before.push_back(entry);
+                    return Ok(());
+                }
                 if entry.index != index.0 {
                     return Err(Error::Internal(format!(
                         "log entry {} is stored at index {}",
@@ -195,11 +209,37 @@ impl RaftLog {
                 }
             }
             Record::Truncate { from } => {
+                if from.0 <= st.snapshot_index {
+                    let keep = from.0.saturating_sub(st.before.front().map_or(0, |e| e.index));
+                    st.before.truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+                }
                 let from = from.0.max(st.first_index());
                 st.truncate(from);
             }
         }
         Ok(())
+    }
+
+    /// Ends replaying: entries the WAL kept from before the checkpoint (its catch-up margin)
+    /// join the log, so a follower that is behind can still be sent them. The first of them
+    /// becomes the log's start (raft-rs needs the term of the entry before the first).
+    pub(crate) fn finish_replay(&self) {
+        let mut st = self.state.write();
+        let before = std::mem::take(&mut st.before);
+        let ends_right = before
+            .back()
+            .is_some_and(|e| e.index == st.snapshot_index && e.term == st.snapshot_term);
+        if !ends_right || before.len() < 2 {
+            return;
+        }
+        let mut before = before;
+        let Some(first) = before.pop_front() else {
+            return;
+        };
+        before.extend(std::mem::take(&mut st.entries));
+        st.entries = before;
+        st.snapshot_index = first.index;
+        st.snapshot_term = first.term;
     }
 
     /// Appends entries from a Ready, replacing any conflicting suffix; returns the first

@@ -43,3 +43,38 @@ impl From<&ConfState> for Membership {
         }
     }
 }
+
+/// The request IDs of the last entries applied, to apply each request once: a proposal a
+/// follower forwards can reach the leader twice (a duplicated message), and raft-rs would log
+/// it twice. Part of the replicated state (checkpoints and snapshots carry it), so every member
+/// skips the same entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RecentRequests {
+    order: std::collections::VecDeque<u64>,
+    #[serde(skip)]
+    set: std::collections::HashSet<u64>,
+}
+
+/// How many request IDs are remembered: a duplicate arriving later than this many entries
+/// after its original is applied again (a transport that keeps a message that long is broken).
+const REMEMBERED_REQUESTS: usize = 16 << 10;
+
+impl RecentRequests {
+    /// Records `id`; false if it was applied already.
+    pub(crate) fn first_time(&mut self, id: u64) -> bool {
+        if self.set.len() != self.order.len() {
+            // Loaded from a checkpoint: the set is rebuilt from the order.
+            self.set = self.order.iter().copied().collect();
+        }
+        if !self.set.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        if self.order.len() > REMEMBERED_REQUESTS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}

@@ -112,8 +112,9 @@ pub(crate) enum Input {
     ReadIndex { reply: Sender<Result<u64>> },
     /// The apply thread applied everything up to this index.
     Applied(u64),
-    /// A checkpoint covers the log up to this index and term: the in-memory copy can go.
-    Compact { index: u64, term: u64 },
+    /// A checkpoint covers the log up to this index (less a catch-up margin): the in-memory
+    /// copy can go.
+    Compact { index: u64 },
     /// Propose a membership change (joint consensus); `id` identifies its waiter.
     ConfChange { id: u64, change: MemberChange },
     /// Hand leadership to `to`; the answer comes once the request is stepped.
@@ -474,7 +475,7 @@ impl NodeThread {
                     }
                 }
             }
-            Input::Compact { index, term } => {
+            Input::Compact { index } => {
                 // Never past what raft itself has seen applied, nor, on a leader, past what a
                 // follower still needs (sending a snapshot instead comes later).
                 let raft = &self.raw.raft;
@@ -484,10 +485,8 @@ impl NodeThread {
                     index
                 };
                 let upto = index.min(raft.raft_log.applied).min(needed);
-                if upto == index {
-                    self.log.compact_to(index, term);
-                } else if let Ok(t) = raft::Storage::term(&self.log, upto) {
-                    self.log.compact_to(upto, t);
+                if let Ok(term) = raft::Storage::term(&self.log, upto) {
+                    self.log.compact_to(upto, term);
                 }
             }
             Input::Stop => {}
