@@ -33,7 +33,7 @@ use raft::eraftpb::EntryType;
 use crate::backend::{FileLen, FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
-use crate::consensus::log::RaftLog;
+use crate::consensus::log::{RaftLog, CATCH_UP_ENTRIES};
 use crate::consensus::node::{Input, MemberChange, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
@@ -94,10 +94,6 @@ pub struct Defragmented {
     /// Bytes the fresh data files take once switched to.
     pub after: u64,
 }
-
-/// Log entries kept before a checkpoint, in the WAL and in memory, so that a follower a little
-/// behind can still be sent entries rather than a snapshot (etcd keeps 5,000 too).
-const CATCH_UP_ENTRIES: u64 = 5000;
 
 /// Records per snapshot frame.
 const SNAPSHOT_CHUNK: usize = 1024;

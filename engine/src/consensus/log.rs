@@ -24,6 +24,10 @@ use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
 use crate::error::{Error, Result};
 
+/// Log entries kept before a checkpoint, in the WAL and in memory, so that a follower a little
+/// behind can still be sent entries rather than a snapshot (etcd keeps 5,000 too).
+pub(crate) const CATCH_UP_ENTRIES: u64 = 5000;
+
 /// The log's state (see the module docs).
 #[derive(Debug, Default)]
 struct LogState {
@@ -169,6 +173,9 @@ impl RaftLog {
         let mut st = self.state.write();
         match record {
             Record::Entry { index, payload } => {
+                if index.0.saturating_add(CATCH_UP_ENTRIES) <= st.snapshot_index {
+                    return Ok(()); // older than the catch-up margin
+                }
                 let entry = Entry::parse_from_bytes(&payload).map_err(corrupt("entry"))?;
                 if index.0 <= st.snapshot_index {
                     // In the checkpoint already; kept for followers if the run is unbroken.
@@ -405,6 +412,27 @@ mod tests {
         assert_eq!(got, vec![6, 7, 8]);
         let one = log.entries(6, 9, 1, ctx()).unwrap();
         assert_eq!(one.len(), 1, "at least one entry, whatever the size limit");
+    }
+
+    #[test]
+    fn entries_before_the_checkpoint_stay_for_followers_behind() {
+        let log = RaftLog::new(10, 2, ConfState::default());
+        for i in 1..=12 {
+            log.replay(entry_record(&entry(i, 2)).unwrap()).unwrap();
+        }
+        log.finish_replay();
+        // Entry 1 becomes the start (its term is what raft-rs asks about); 2..=12 are there.
+        assert_eq!((log.first_index().unwrap(), log.term(1).unwrap()), (2, 2));
+        let got = log.entries(2, 13, None, ctx()).unwrap();
+        assert_eq!(got.first().map(|e| e.index), Some(2));
+        assert_eq!(got.len(), 11);
+        // A run that does not reach the checkpoint is not used.
+        let gap = RaftLog::new(10, 2, ConfState::default());
+        for i in 1..=8 {
+            gap.replay(entry_record(&entry(i, 2)).unwrap()).unwrap();
+        }
+        gap.finish_replay();
+        assert_eq!(gap.first_index().unwrap(), 11);
     }
 
     #[test]
