@@ -1219,10 +1219,15 @@ impl Engine {
         }
     }
 
-    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL. A renewal
-    /// is local, except that a checkpointed remaining TTL is cleared through the log, as etcd
-    /// does, so a restart cannot resume from it.
+    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL. Only the
+    /// leader, which expires leases, renews them ([`Error::NotLeader`] elsewhere: send the
+    /// keep-alive to [`Engine::leader`]). A renewal is local, except that a checkpointed
+    /// remaining TTL is cleared through the log, as etcd does, so a restart cannot resume from
+    /// it.
     pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
+        if self.leader() != Some(self.inner.config.member_id) {
+            return Err(Error::NotLeader);
+        }
         let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
         if stale_checkpoint {
             self.inner.propose(Request::LeaseCheckpoint {

@@ -153,6 +153,14 @@ fn three_members_elect_a_leader_and_replicate_writes_through_any_member() {
         put_through(c.member(through), &format!("k{i:02}"), &format!("v{i}"));
     }
     assert_eq!(everything(c.member(leader)).len(), 30);
+    // Leases: granted through any member; kept alive by the leader only, which expires them.
+    let follower = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
+    let lease = c.member(follower).lease_grant(0, 60).unwrap().response.id;
+    assert_eq!(c.member(leader).lease_keep_alive(lease).unwrap(), 60);
+    assert!(matches!(
+        c.member(follower).lease_keep_alive(lease),
+        Err(Error::NotLeader)
+    ));
     assert_same_everywhere(&c);
 }
 
