@@ -424,6 +424,8 @@ struct Applier {
     applied: Arc<AppliedIndex>,
     /// To tell the node thread what was applied and what a checkpoint covers.
     node: Sender<Input>,
+    /// Where a leader's restarted lease clocks are recorded.
+    status: Arc<Status>,
 }
 
 /// Signalled (under its mutex) when a compaction's sweep finishes.
@@ -442,6 +444,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
         waiters,
         applied,
         node,
+        status,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
@@ -508,9 +511,10 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 }
                 continue;
             }
-            ToApply::BecameLeader => {
+            ToApply::BecameLeader { term } => {
                 // A new leader extends what the old one granted; it never expires early.
                 state.write().lessor.restart_clocks();
+                status.leases_term.store(term, Ordering::Release);
                 continue;
             }
         };
@@ -749,8 +753,11 @@ impl Inner {
     /// One round of revokes (see `Config::lease_revoke_keys`): returns how many leases it
     /// revoked, and whether more expired ones are waiting.
     fn expire_leases(&self) -> (usize, bool) {
-        // Only the leader expires leases, by proposing revokes.
-        if self.status.leader.load(Ordering::Relaxed) != self.config.member_id {
+        // Only the leader expires leases, by proposing revokes, once it has restarted their
+        // clocks in its term.
+        let leading = self.status.leader.load(Ordering::Relaxed) == self.config.member_id
+            && self.status.leases_term.load(Ordering::Acquire) == self.status.term.load(Ordering::Relaxed);
+        if !leading {
             return (0, false);
         }
         let (expired, more) = self
@@ -925,6 +932,7 @@ impl Engine {
                 waiters: waiters.clone(),
                 applied: applied.clone(),
                 node: node.tx.clone(),
+                status: status.clone(),
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
@@ -1228,6 +1236,9 @@ impl Engine {
         if self.leader() != Some(self.inner.config.member_id) {
             return Err(Error::NotLeader);
         }
+        // Everything committed is applied first (etcd's waitAppliedIndex), so a lease granted
+        // through another member is known here.
+        self.inner.read_barrier()?;
         let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
         if stale_checkpoint {
             self.inner.propose(Request::LeaseCheckpoint {

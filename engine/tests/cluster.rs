@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_engine::{Config, Engine, Error, LocalNetwork, PutRequest, RangeRequest};
+use std::sync::Arc;
+
+use cairn_engine::{Config, Engine, Error, LocalNetwork, ManualClock, PutRequest, RangeRequest};
 
 const MEMBERS: [u64; 3] = [1, 2, 3];
 /// How long anything may take before the test fails.
@@ -31,6 +33,8 @@ fn config(id: u64) -> Config {
 
 struct Cluster {
     net: LocalNetwork,
+    /// The clock every member's leases expire by.
+    clock: ManualClock,
     dirs: Vec<PathBuf>,
     _root: tempfile::TempDir,
     members: Vec<Option<Engine>>,
@@ -42,6 +46,7 @@ impl Cluster {
         let dirs: Vec<PathBuf> = MEMBERS.iter().map(|id| root.path().join(format!("m{id}"))).collect();
         let mut c = Cluster {
             net: LocalNetwork::new(seed),
+            clock: ManualClock::new(),
             dirs,
             _root: root,
             members: MEMBERS.iter().map(|_| None).collect(),
@@ -57,7 +62,11 @@ impl Cluster {
     }
 
     fn start(&mut self, id: u64) {
-        let engine = Engine::open_member(self.dir(id), config(id), self.net.transport(id)).unwrap();
+        let config = Config {
+            clock: Arc::new(self.clock.clone()),
+            ..config(id)
+        };
+        let engine = Engine::open_member(self.dir(id), config, self.net.transport(id)).unwrap();
         self.net.attach(id, engine.inbox().unwrap());
         self.members[(id - 1) as usize] = Some(engine);
     }
@@ -302,4 +311,30 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         assert_eq!(e.hash_kv(0).unwrap(), remaining[0].hash_kv(0).unwrap());
     }
     joiner.close().unwrap();
+}
+
+#[test]
+fn a_new_leader_never_expires_a_lease_early() {
+    let c = Cluster::new(5);
+    let old = c.leader(&MEMBERS);
+    let lease = c.member(old).lease_grant(0, 10).unwrap().response.id;
+    put_through(c.member(old), "leased", "v");
+    c.clock.advance(Duration::from_secs(8));
+    // Leadership moves with 2 s left on the old leader's clock; the new leader gives the
+    // lease its full TTL again rather than expiring it early.
+    let new = MEMBERS.iter().copied().find(|id| *id != old).unwrap();
+    c.member(old).move_leader(new).unwrap();
+    c.leader(&MEMBERS);
+    // Applied through the new leader: it has taken over the leases by then.
+    put_through(c.member(new), "after-transfer", "x");
+    assert_eq!(c.member(old).expire_leases(), 0, "only the leader expires leases");
+    c.clock.advance(Duration::from_secs(9));
+    assert_eq!(c.member(new).expire_leases(), 0, "9 s into its full 10 s");
+    c.clock.advance(Duration::from_secs(1));
+    assert_eq!(c.member(new).expire_leases(), 1);
+    for e in c.running() {
+        everything(e); // a linearizable read: the revoke is applied here too
+
+        assert_eq!(e.lease_time_to_live(lease, false).ttl, -1, "member {}", e.member_id());
+    }
 }

@@ -80,6 +80,9 @@ pub(crate) struct Status {
     pub(crate) leader: std::sync::atomic::AtomicU64,
     /// The current term.
     pub(crate) term: std::sync::atomic::AtomicU64,
+    /// The term in which this member, as leader, restarted its leases' clocks: it may expire
+    /// leases only while this is the current term.
+    pub(crate) leases_term: std::sync::atomic::AtomicU64,
     /// Notified when the leader changes.
     changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
 }
@@ -137,8 +140,9 @@ pub(crate) enum ToApply {
     Entries(Vec<(Entry, Option<ConfState>)>),
     /// A proposal that will never be applied.
     Dropped { id: u64, error: Error },
-    /// This member became the leader: leases restart their clocks (never expiring early).
-    BecameLeader,
+    /// This member became the leader in `term`: leases restart their clocks (never expiring
+    /// early), and only then may this member expire them.
+    BecameLeader { term: u64 },
 }
 
 /// Tunables of the node.
@@ -589,7 +593,9 @@ impl NodeThread {
             self.status.set_leader(ss.leader_id);
             let is_leader = ss.raft_state == StateRole::Leader;
             if is_leader && !was_leader {
-                let _ = self.apply.send(ToApply::BecameLeader);
+                let _ = self.apply.send(ToApply::BecameLeader {
+                    term: self.raw.raft.term,
+                });
             }
             if !is_leader {
                 // Reads waiting on this member's leadership must not be served by it.
