@@ -16,9 +16,7 @@
 //! at the end, also after an error. Killed mid-run, it leaves that directory behind and nothing
 //! else.
 
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,10 +26,18 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cairn_benches::{
+    dedup_in_order, exit_code, histogram, merge, micros, parse_seconds, payload, per_sec, preallocate, ratio,
+    ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
+    WorkerResult, MEASURING, STOPPED, WARMING,
+};
 use cairn_wal::{Config, Durability, Replay, Ticket, Wal};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use serde_json::{Map, Value};
+
+/// Names the work directory and prefixes every message.
+const TOOL: &str = "fsync-latency";
 
 /// Measures fdatasync latency in a directory, raw and through cairn's WAL.
 #[derive(Debug, Parser)]
@@ -64,8 +70,6 @@ enum AppenderKind {
     Tasks,
 }
 
-/// Longest accepted phase: a day is already more than anyone means.
-const MAX_SECONDS: f64 = 86_400.0;
 /// Most appender threads accepted; the WAL's queue holds 4096 requests by default.
 const MAX_APPENDERS: usize = 4096;
 /// Largest accepted record: 16 MiB, well inside the WAL's default 64 MiB limit.
@@ -74,14 +78,8 @@ const MAX_RECORD_SIZE: usize = 16 << 20;
 const WARMUP: Duration = Duration::from_millis(300);
 /// The raw file grows by this much at a time, preallocated like a WAL segment of default size.
 const RAW_CHUNK: u64 = 64 << 20;
-
-fn parse_seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
-        return Err(format!("must be more than 0 and at most {MAX_SECONDS}"));
-    }
-    Ok(v)
-}
+/// Latencies are recorded up to an hour (as the WAL's own histograms).
+const LATENCY_CEILING: Duration = Duration::from_secs(3600);
 
 fn parse_appenders(s: &str) -> Result<usize, String> {
     let v: usize = s
@@ -102,35 +100,9 @@ fn parse_record_size(s: &str) -> Result<usize, String> {
     Ok(v)
 }
 
-/// Why the tool gave up, said for a person: what it was doing, then the cause.
-#[derive(Debug)]
-struct Failure(String);
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-trait Context<T> {
-    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Context<T> for Result<T, E> {
-    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure> {
-        self.map_err(|e| Failure(format!("{}: {e}", what())))
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fsync-latency: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code(TOOL, run(&args))
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
@@ -139,20 +111,20 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut appenders = args.appenders.clone();
     dedup_in_order(&mut appenders);
 
-    let work = WorkDir::create(&args.dir)?;
+    let work = WorkDir::create(&args.dir, TOOL)?;
     eprintln!(
         "fsync-latency: measuring in {} ({} s per phase, {}-byte records)",
-        work.path.display(),
+        work.path().display(),
         args.seconds,
         args.record_size
     );
     eprintln!("  raw pwrite + fdatasync ...");
-    let raw = measure_raw(&work.path, args.record_size, warmup, window)?;
+    let raw = measure_raw(work.path(), args.record_size, warmup, window)?;
     let mut wal = Vec::with_capacity(appenders.len());
     for &n in &appenders {
         eprintln!("  wal, {n} appender(s) ...");
         wal.push(measure_wal(
-            &work.path,
+            work.path(),
             n,
             args.record_size,
             args.appender_kind,
@@ -172,88 +144,6 @@ fn run(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
-fn dedup_in_order(v: &mut Vec<usize>) {
-    let mut seen = std::collections::HashSet::new();
-    v.retain(|n| seen.insert(*n));
-}
-
-/// The tool's own directory under `--dir`. Removed when dropped, so an error leaves nothing.
-#[derive(Debug)]
-struct WorkDir {
-    path: PathBuf,
-    removed: bool,
-}
-
-impl WorkDir {
-    fn create(parent: &Path) -> Result<WorkDir, Failure> {
-        let meta = fs::metadata(parent).context(|| format!("cannot use --dir {}", parent.display()))?;
-        if !meta.is_dir() {
-            return Err(Failure(format!("--dir {} is not a directory", parent.display())));
-        }
-        let path = parent.join(format!("fsync-latency-{}", std::process::id()));
-        fs::create_dir(&path).context(|| format!("cannot create {}", path.display()))?;
-        Ok(WorkDir { path, removed: false })
-    }
-
-    /// Removes the directory, reporting a failure (drop only warns).
-    fn remove(mut self) -> Result<(), Failure> {
-        self.removed = true;
-        fs::remove_dir_all(&self.path).context(|| format!("cannot remove {}", self.path.display()))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        if !self.removed {
-            if let Err(e) = fs::remove_dir_all(&self.path) {
-                eprintln!("fsync-latency: warning: cannot remove {}: {e}", self.path.display());
-            }
-        }
-    }
-}
-
-/// A latency histogram in microseconds: 1 µs up to an hour, 3 significant digits (as the WAL's).
-fn histogram() -> Result<Histogram<u64>, Failure> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).context(|| "create a histogram".to_string())
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Record contents: not all zeros, so no layer can shortcut them.
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8 ^ 0xA5).collect()
-}
-
-/// Latency percentiles of one phase, in microseconds; `None` when nothing completed.
-#[derive(Debug, Clone, Copy)]
-struct Percentiles {
-    p50: Option<u64>,
-    p99: Option<u64>,
-    p999: Option<u64>,
-}
-
-impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Percentiles {
-        let at = |q| (!h.is_empty()).then(|| h.value_at_quantile(q));
-        Percentiles {
-            p50: at(0.5),
-            p99: at(0.99),
-            p999: at(0.999),
-        }
-    }
-}
-
-fn per_sec(count: u64, elapsed: Duration) -> f64 {
-    let secs = elapsed.as_secs_f64();
-    if secs > 0.0 {
-        count as f64 / secs
-    } else {
-        0.0
-    }
-}
-
 /// The raw phase's outcome.
 #[derive(Debug)]
 struct RawResult {
@@ -266,23 +156,6 @@ impl RawResult {
     fn syncs_per_sec(&self) -> f64 {
         per_sec(self.syncs, self.elapsed)
     }
-}
-
-/// Allocates `offset..offset + len` of `file` the way the WAL preallocates a segment: fallocate
-/// (a sized sparse file where unsupported), then fsync, so the size change is not paid for by
-/// the first measured fdatasync.
-fn preallocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), offset, len) {
-        Ok(()) => {}
-        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
-            let end = offset.saturating_add(len);
-            if file.metadata()?.len() < end {
-                file.set_len(end)?;
-            }
-        }
-        Err(e) => return Err(e.into()),
-    }
-    file.sync_all()
 }
 
 /// An append-only file written and fdatasynced one small record at a time.
@@ -333,7 +206,7 @@ fn measure_raw(dir: &Path, record_size: usize, warmup: Duration, window: Duratio
         offset: 0,
         allocated: 0,
     };
-    let mut latency = histogram()?;
+    let mut latency = histogram(LATENCY_CEILING)?;
 
     let started = Instant::now();
     while started.elapsed() < warmup {
@@ -387,14 +260,6 @@ impl WalResult {
     }
 }
 
-/// The phase appenders are in. Appends count when they complete during `MEASURING`.
-const WARMING: u8 = 0;
-const MEASURING: u8 = 1;
-const STOPPED: u8 = 2;
-
-/// What one appender thread measured: its latency histogram and completed appends.
-type AppenderResult = Result<(Histogram<u64>, u64), Failure>;
-
 /// One appender's latency histogram and appends completed inside the window.
 struct Tally {
     latency: Histogram<u64>,
@@ -404,7 +269,7 @@ struct Tally {
 impl Tally {
     fn new() -> Result<Tally, Failure> {
         Ok(Tally {
-            latency: histogram()?,
+            latency: histogram(LATENCY_CEILING)?,
             completed: 0,
         })
     }
@@ -431,14 +296,14 @@ impl Tally {
         Ok(())
     }
 
-    fn finish(self) -> AppenderResult {
+    fn finish(self) -> WorkerResult {
         Ok((self.latency, self.completed))
     }
 }
 
 /// An appender thread: appends one record durably and blocks on its ticket, until the phase is
 /// `STOPPED`.
-fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
+fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> WorkerResult {
     let mut tally = Tally::new()?;
     while phase.load(Ordering::SeqCst) != STOPPED {
         let started = Instant::now();
@@ -451,7 +316,7 @@ fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> AppenderResult {
 }
 
 /// An appender task: the same, awaiting the ticket instead of blocking.
-async fn appender_task(wal: Arc<Wal>, phase: Arc<AtomicU8>, payload: Bytes) -> AppenderResult {
+async fn appender_task(wal: Arc<Wal>, phase: Arc<AtomicU8>, payload: Bytes) -> WorkerResult {
     let mut tally = Tally::new()?;
     while phase.load(Ordering::SeqCst) != STOPPED {
         let started = Instant::now();
@@ -466,12 +331,12 @@ async fn appender_task(wal: Arc<Wal>, phase: Arc<AtomicU8>, payload: Bytes) -> A
 
 /// The running appenders of a phase.
 enum Appenders {
-    Threads(Vec<JoinHandle<AppenderResult>>),
-    Tasks(tokio::runtime::Runtime, Vec<tokio::task::JoinHandle<AppenderResult>>),
+    Threads(Vec<JoinHandle<WorkerResult>>),
+    Tasks(tokio::runtime::Runtime, Vec<tokio::task::JoinHandle<WorkerResult>>),
 }
 
 impl Appenders {
-    fn join(self) -> Vec<AppenderResult> {
+    fn join(self) -> Vec<WorkerResult> {
         let panicked = || Err(Failure("an appender panicked".to_string()));
         match self {
             Appenders::Threads(threads) => threads
@@ -486,18 +351,6 @@ impl Appenders {
                 results
             }),
         }
-    }
-}
-
-/// Sleeps for `d`, waking early if an appender failed and stopped the phase.
-fn sleep_unless_stopped(phase: &AtomicU8, d: Duration) {
-    let until = Instant::now() + d;
-    while phase.load(Ordering::SeqCst) != STOPPED {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        thread::sleep(left.min(Duration::from_millis(50)));
     }
 }
 
@@ -522,7 +375,7 @@ fn measure_wal(
     let mut spawn_error = None;
     let running = match kind {
         AppenderKind::Threads => {
-            let mut threads: Vec<JoinHandle<AppenderResult>> = Vec::with_capacity(appenders);
+            let mut threads: Vec<JoinHandle<WorkerResult>> = Vec::with_capacity(appenders);
             for i in 0..appenders {
                 let (wal, their_phase, payload) = (wal.clone(), phase.clone(), payload.clone());
                 let spawned = thread::Builder::new()
@@ -553,7 +406,7 @@ fn measure_wal(
     };
 
     let mut window_fsyncs = 0;
-    let mut fsync_latency = histogram()?;
+    let mut fsync_latency = histogram(LATENCY_CEILING)?;
     let mut elapsed = Duration::ZERO;
     if spawn_error.is_none() {
         sleep_unless_stopped(&phase, warmup);
@@ -574,23 +427,9 @@ fn measure_wal(
         }
     }
 
-    let mut latency = histogram()?;
-    let mut records = 0u64;
-    let mut first_error = spawn_error;
-    for outcome in running.join() {
-        match outcome {
-            Ok((h, n)) => {
-                latency.add(&h).context(|| "merge latency histograms".to_string())?;
-                records += n;
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    // A failure to spawn is reported before any appender's.
+    let outcomes = spawn_error.into_iter().map(Err).chain(running.join());
+    let (latency, records) = merge(outcomes, LATENCY_CEILING)?;
 
     // Every thread is joined, so this is the last handle: close syncs and stops the writer.
     if let Ok(wal) = Arc::try_unwrap(wal) {
@@ -606,16 +445,6 @@ fn measure_wal(
         fsync_latency: Percentiles::of(&fsync_latency),
         elapsed,
     })
-}
-
-/// `num / den`, or `None` when the denominator is zero.
-fn ratio(num: f64, den: f64) -> Option<f64> {
-    (den > 0.0).then(|| num / den)
-}
-
-fn rounded(v: f64, decimals: i32) -> f64 {
-    let scale = 10f64.powi(decimals);
-    (v * scale).round() / scale
 }
 
 /// Everything measured, ready to print.
@@ -648,9 +477,6 @@ impl Report {
     }
 
     fn to_json(&self, args: &Args) -> Value {
-        fn opt(v: Option<f64>) -> Value {
-            v.map_or(Value::Null, |v| Value::from(rounded(v, 4)))
-        }
         let mut m = Map::new();
         m.insert("seconds".into(), Value::from(args.seconds));
         m.insert("record_size".into(), Value::from(args.record_size));
@@ -682,29 +508,26 @@ impl Report {
                 format!("wal_{n}_fsyncs_per_sec"),
                 Value::from(rounded(w.fsyncs_per_sec(), 2)),
             );
-            m.insert(format!("wal_{n}_records_per_fsync"), opt(w.records_per_fsync()));
+            m.insert(format!("wal_{n}_records_per_fsync"), ratio_json(w.records_per_fsync()));
             m.insert(format!("wal_{n}_fsync_p50_us"), Value::from(w.fsync_latency.p50));
             m.insert(format!("wal_{n}_fsync_p99_us"), Value::from(w.fsync_latency.p99));
         }
-        m.insert("wal_1_p50_over_raw_p50".into(), opt(self.wal_1_p50_over_raw_p50()));
+        m.insert(
+            "wal_1_p50_over_raw_p50".into(),
+            ratio_json(self.wal_1_p50_over_raw_p50()),
+        );
         m.insert(
             "wal_64_records_over_wal_1_records".into(),
-            opt(self.wal_64_records_over_wal_1_records()),
+            ratio_json(self.wal_64_records_over_wal_1_records()),
         );
         m.insert(
             "wal_64_fsyncs_over_raw_syncs".into(),
-            opt(self.wal_64_fsyncs_over_raw_syncs()),
+            ratio_json(self.wal_64_fsyncs_over_raw_syncs()),
         );
         Value::Object(m)
     }
 
     fn print_table(&self, args: &Args) {
-        fn us(v: Option<u64>) -> String {
-            v.map_or_else(|| "-".to_string(), |v| v.to_string())
-        }
-        fn times(v: Option<f64>) -> String {
-            v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
-        }
         println!(
             "fdatasync latency, {} s per phase, {}-byte records, in {}; wal appenders are {:?}",
             args.seconds,
@@ -721,9 +544,9 @@ impl Report {
         println!(
             "{:<22} {:>8} {:>8} {:>9} {:>10.0} {:>9.0} {:>9.1} {:>10} {:>10}",
             "raw pwrite+fdatasync",
-            us(raw.latency.p50),
-            us(raw.latency.p99),
-            us(raw.latency.p999),
+            us_cell(raw.latency.p50),
+            us_cell(raw.latency.p99),
+            us_cell(raw.latency.p999),
             raw.syncs_per_sec(),
             raw.syncs_per_sec(),
             1.0,
@@ -738,15 +561,15 @@ impl Report {
             println!(
                 "{:<22} {:>8} {:>8} {:>9} {:>10.0} {:>9.0} {:>9} {:>10} {:>10}",
                 label,
-                us(w.latency.p50),
-                us(w.latency.p99),
-                us(w.latency.p999),
+                us_cell(w.latency.p50),
+                us_cell(w.latency.p99),
+                us_cell(w.latency.p999),
                 w.records_per_sec(),
                 w.fsyncs_per_sec(),
                 w.records_per_fsync()
                     .map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
-                us(w.fsync_latency.p50),
-                us(w.fsync_latency.p99),
+                us_cell(w.fsync_latency.p50),
+                us_cell(w.fsync_latency.p99),
             );
         }
         println!("(fsync p50/p99: the wal's own timing of its fdatasync calls, from its stats)");
@@ -754,17 +577,17 @@ impl Report {
         println!(
             "{:<44} {:>8}",
             "wal p50 (1 appender) / raw p50",
-            times(self.wal_1_p50_over_raw_p50())
+            times_cell(self.wal_1_p50_over_raw_p50())
         );
         println!(
             "{:<44} {:>8}",
             "wal records/s, 64 appenders / 1 appender",
-            times(self.wal_64_records_over_wal_1_records())
+            times_cell(self.wal_64_records_over_wal_1_records())
         );
         println!(
             "{:<44} {:>8}",
             "wal fsyncs/s (64 appenders) / raw syncs/s",
-            times(self.wal_64_fsyncs_over_raw_syncs())
+            times_cell(self.wal_64_fsyncs_over_raw_syncs())
         );
     }
 }

@@ -24,9 +24,7 @@
 //! directory at the end, also after an error. Killed mid-run, it leaves that directory behind
 //! and nothing else.
 
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,10 +33,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cairn_benches::{
+    dedup_in_order, exit_code, histogram, merge, micros, parse_seconds, payload, per_sec, preallocate, ratio,
+    ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
+    WorkerResult, MEASURING, STOPPED, WARMING,
+};
 use cairn_engine::{Config, Engine, LocalNetwork, PutRequest};
 use clap::Parser;
-use hdrhistogram::Histogram;
 use serde_json::{Map, Value};
+
+/// Names the work directory and prefixes every message.
+const TOOL: &str = "raft-bench";
 
 /// Measures proposals/s and commit latency of 1- and 3-member groups with real WALs.
 #[derive(Debug, Parser)]
@@ -61,8 +66,6 @@ struct Args {
     json: bool,
 }
 
-/// Longest accepted configuration: a day is already more than anyone means.
-const MAX_SECONDS: f64 = 86_400.0;
 /// Most proposer threads accepted.
 const MAX_PROPOSERS: usize = 1024;
 /// Largest group accepted.
@@ -78,14 +81,8 @@ const RAW_SYNCS: u64 = 200;
 const RAW_WARMUP: u64 = 20;
 /// The raw file is preallocated up front, like a WAL segment, so no sync pays for growth.
 const RAW_FILE_SIZE: u64 = 1 << 20;
-
-fn parse_seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
-        return Err(format!("must be more than 0 and at most {MAX_SECONDS}"));
-    }
-    Ok(v)
-}
+/// Latencies are recorded up to a minute.
+const LATENCY_CEILING: Duration = Duration::from_secs(60);
 
 fn parse_proposers(s: &str) -> Result<usize, String> {
     let v: usize = s
@@ -109,35 +106,9 @@ fn parse_members(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-/// Why the tool gave up, said for a person: what it was doing, then the cause.
-#[derive(Debug)]
-struct Failure(String);
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-trait Context<T> {
-    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Context<T> for Result<T, E> {
-    fn context(self, what: impl FnOnce() -> String) -> Result<T, Failure> {
-        self.map_err(|e| Failure(format!("{}: {e}", what())))
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("raft-bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code(TOOL, run(&args))
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
@@ -148,20 +119,20 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut members = args.members.clone();
     dedup_in_order(&mut members);
 
-    let work = WorkDir::create(&args.dir)?;
+    let work = WorkDir::create(&args.dir, TOOL)?;
     eprintln!(
         "raft-bench: measuring in {} ({} s per configuration, {VALUE_SIZE}-byte values)",
-        work.path.display(),
+        work.path().display(),
         args.seconds
     );
     eprintln!("  raw pwrite + fdatasync ...");
-    let raw = measure_raw(&work.path)?;
+    let raw = measure_raw(work.path())?;
     let mut runs = Vec::with_capacity(proposers.len() * members.len());
     // Paired by proposers, so each ratio compares results measured close together.
     for &p in &proposers {
         for &m in &members {
             eprintln!("  {m} member(s), {p} proposer(s) ...");
-            runs.push(measure_group(&work.path, m, p, warmup, window)?);
+            runs.push(measure_group(work.path(), m, p, warmup, window)?);
         }
     }
     work.remove()?;
@@ -176,115 +147,11 @@ fn run(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
-fn dedup_in_order<T: Copy + Eq + std::hash::Hash>(v: &mut Vec<T>) {
-    let mut seen = std::collections::HashSet::new();
-    v.retain(|n| seen.insert(*n));
-}
-
-/// The tool's own directory under `--dir`. Removed when dropped, so an error leaves nothing.
-#[derive(Debug)]
-struct WorkDir {
-    path: PathBuf,
-    removed: bool,
-}
-
-impl WorkDir {
-    fn create(parent: &Path) -> Result<WorkDir, Failure> {
-        let meta = fs::metadata(parent).context(|| format!("cannot use --dir {}", parent.display()))?;
-        if !meta.is_dir() {
-            return Err(Failure(format!("--dir {} is not a directory", parent.display())));
-        }
-        let path = parent.join(format!("raft-bench-{}", std::process::id()));
-        fs::create_dir(&path).context(|| format!("cannot create {}", path.display()))?;
-        Ok(WorkDir { path, removed: false })
-    }
-
-    /// Removes the directory, reporting a failure (drop only warns).
-    fn remove(mut self) -> Result<(), Failure> {
-        self.removed = true;
-        fs::remove_dir_all(&self.path).context(|| format!("cannot remove {}", self.path.display()))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        if !self.removed {
-            if let Err(e) = fs::remove_dir_all(&self.path) {
-                eprintln!("raft-bench: warning: cannot remove {}: {e}", self.path.display());
-            }
-        }
-    }
-}
-
-/// A latency histogram in microseconds: 1 µs up to a minute, 3 significant digits.
-fn histogram() -> Result<Histogram<u64>, Failure> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).context(|| "create a histogram".to_string())
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Value bytes: not all zeros, so no layer can shortcut them.
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8 ^ 0xA5).collect()
-}
-
-/// Latency percentiles, in microseconds; `None` when nothing completed.
-#[derive(Debug, Clone, Copy)]
-struct Percentiles {
-    p50: Option<u64>,
-    p99: Option<u64>,
-    p999: Option<u64>,
-}
-
-impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Percentiles {
-        let at = |q| (!h.is_empty()).then(|| h.value_at_quantile(q));
-        Percentiles {
-            p50: at(0.5),
-            p99: at(0.99),
-            p999: at(0.999),
-        }
-    }
-}
-
-fn per_sec(count: u64, elapsed: Duration) -> f64 {
-    let secs = elapsed.as_secs_f64();
-    if secs > 0.0 {
-        count as f64 / secs
-    } else {
-        0.0
-    }
-}
-
-/// `num / den`, or `None` when the denominator is zero.
-fn ratio(num: f64, den: f64) -> Option<f64> {
-    (den > 0.0).then(|| num / den)
-}
-
-fn rounded(v: f64, decimals: i32) -> f64 {
-    let scale = 10f64.powi(decimals);
-    (v * scale).round() / scale
-}
-
 /// The raw baseline: what one small durable append costs on this disk, with nothing above it.
 #[derive(Debug)]
 struct RawResult {
     latency: Percentiles,
     syncs: u64,
-}
-
-/// Allocates `len` bytes of `file` the way the WAL preallocates a segment: fallocate (a sized
-/// sparse file where unsupported), then fsync, so the size change is not paid for by the first
-/// timed fdatasync.
-fn preallocate(file: &File, len: u64) -> io::Result<()> {
-    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
-        Ok(()) => {}
-        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => file.set_len(len)?,
-        Err(e) => return Err(e.into()),
-    }
-    file.sync_all()
 }
 
 /// `RAW_SYNCS` pwrites of `VALUE_SIZE` bytes at the next offset of a preallocated file, each
@@ -297,9 +164,9 @@ fn measure_raw(dir: &Path) -> Result<RawResult, Failure> {
         .create_new(true)
         .open(&path)
         .context(|| format!("create {}", path.display()))?;
-    preallocate(&file, RAW_FILE_SIZE).context(|| format!("preallocate {}", path.display()))?;
+    preallocate(&file, 0, RAW_FILE_SIZE).context(|| format!("preallocate {}", path.display()))?;
     let buf = payload(VALUE_SIZE);
-    let mut latency = histogram()?;
+    let mut latency = histogram(LATENCY_CEILING)?;
     let mut offset = 0u64;
     for i in 0..RAW_WARMUP + RAW_SYNCS {
         let started = Instant::now();
@@ -338,18 +205,10 @@ impl GroupResult {
     }
 }
 
-/// The phase proposers are in. Puts count when they complete during `MEASURING`.
-const WARMING: u8 = 0;
-const MEASURING: u8 = 1;
-const STOPPED: u8 = 2;
-
-/// What one proposer measured: its latency histogram and puts completed inside the window.
-type ProposerResult = Result<(Histogram<u64>, u64), Failure>;
-
 /// A proposer thread: puts one key at a time through `leader` and waits for it to be
 /// committed and applied, until the phase is `STOPPED`. A failed put stops every proposer.
-fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> ProposerResult {
-    let mut latency = histogram()?;
+fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> WorkerResult {
+    let mut latency = histogram(LATENCY_CEILING)?;
     let mut completed = 0u64;
     let mut n = 0u64;
     while phase.load(Ordering::SeqCst) != STOPPED {
@@ -375,18 +234,6 @@ fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> Prop
         }
     }
     Ok((latency, completed))
-}
-
-/// Sleeps for `d`, waking early if a proposer failed and stopped the phase.
-fn sleep_unless_stopped(phase: &AtomicU8, d: Duration) {
-    let until = Instant::now() + d;
-    while phase.load(Ordering::SeqCst) != STOPPED {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        thread::sleep(left.min(Duration::from_millis(50)));
-    }
 }
 
 /// A running group: its members, in ID order, and the network between them (none for one).
@@ -531,7 +378,7 @@ fn measure_group(
                 elapsed = started.elapsed();
             }
         }
-        let mut outcomes: Vec<ProposerResult> = spawn_error.into_iter().map(Err).collect();
+        let mut outcomes: Vec<WorkerResult> = spawn_error.into_iter().map(Err).collect();
         for t in running {
             outcomes.push(
                 t.join()
@@ -541,23 +388,7 @@ fn measure_group(
         (outcomes, elapsed)
     });
 
-    let mut latency = histogram()?;
-    let mut proposals = 0u64;
-    let mut first_error = None;
-    for outcome in outcomes {
-        match outcome {
-            Ok((h, n)) => {
-                latency.add(&h).context(|| "merge latency histograms".to_string())?;
-                proposals += n;
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    let (latency, proposals) = merge(outcomes, LATENCY_CEILING)?;
 
     group.close()?;
     fs::remove_dir_all(&group_dir).context(|| format!("remove {}", group_dir.display()))?;
@@ -615,9 +446,6 @@ impl Report {
     }
 
     fn to_json(&self, args: &Args) -> Value {
-        fn opt(v: Option<f64>) -> Value {
-            v.map_or(Value::Null, |v| Value::from(rounded(v, 4)))
-        }
         let mut m = Map::new();
         m.insert("seconds".into(), Value::from(args.seconds));
         m.insert("value_size".into(), Value::from(VALUE_SIZE));
@@ -635,25 +463,22 @@ impl Report {
             m.insert(format!("{k}_p50_us"), Value::from(r.latency.p50));
             m.insert(format!("{k}_p99_us"), Value::from(r.latency.p99));
             m.insert(format!("{k}_p999_us"), Value::from(r.latency.p999));
-            m.insert(format!("{k}_p50_over_fsync_p50"), opt(self.p50_over_fsync(r)));
+            m.insert(format!("{k}_p50_over_fsync_p50"), ratio_json(self.p50_over_fsync(r)));
             if let Some(v) = self.vs_one(r) {
                 let one = format!("m1_p{}", r.proposers);
-                m.insert(format!("{k}_over_{one}_proposals_per_sec"), opt(v.proposals_per_sec));
-                m.insert(format!("{k}_over_{one}_p50"), opt(v.p50));
-                m.insert(format!("{k}_over_{one}_p99"), opt(v.p99));
-                m.insert(format!("{k}_over_{one}_p999"), opt(v.p999));
+                m.insert(
+                    format!("{k}_over_{one}_proposals_per_sec"),
+                    ratio_json(v.proposals_per_sec),
+                );
+                m.insert(format!("{k}_over_{one}_p50"), ratio_json(v.p50));
+                m.insert(format!("{k}_over_{one}_p99"), ratio_json(v.p99));
+                m.insert(format!("{k}_over_{one}_p999"), ratio_json(v.p999));
             }
         }
         Value::Object(m)
     }
 
     fn print_table(&self, args: &Args) {
-        fn us(v: Option<u64>) -> String {
-            v.map_or_else(|| "-".to_string(), |v| v.to_string())
-        }
-        fn times(v: Option<f64>) -> String {
-            v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
-        }
         println!(
             "raft commit latency, {} s per configuration, {VALUE_SIZE}-byte values, in {}",
             args.seconds,
@@ -661,9 +486,9 @@ impl Report {
         );
         println!(
             "raw pwrite+fdatasync: p50 {} us, p99 {} us, p99.9 {} us ({} syncs)",
-            us(self.raw.latency.p50),
-            us(self.raw.latency.p99),
-            us(self.raw.latency.p999),
+            us_cell(self.raw.latency.p50),
+            us_cell(self.raw.latency.p99),
+            us_cell(self.raw.latency.p999),
             self.raw.syncs
         );
         println!();
@@ -688,14 +513,14 @@ impl Report {
                 r.members,
                 r.proposers,
                 r.proposals_per_sec(),
-                us(r.latency.p50),
-                us(r.latency.p99),
-                us(r.latency.p999),
-                times(self.p50_over_fsync(r)),
-                times(v.and_then(|v| v.proposals_per_sec)),
-                times(v.and_then(|v| v.p50)),
-                times(v.and_then(|v| v.p99)),
-                times(v.and_then(|v| v.p999)),
+                us_cell(r.latency.p50),
+                us_cell(r.latency.p99),
+                us_cell(r.latency.p999),
+                times_cell(self.p50_over_fsync(r)),
+                times_cell(v.and_then(|v| v.proposals_per_sec)),
+                times_cell(v.and_then(|v| v.p50)),
+                times_cell(v.and_then(|v| v.p99)),
+                times_cell(v.and_then(|v| v.p999)),
             );
         }
         println!("(right of |: the result over the 1-member result with as many proposers, same run)");
