@@ -716,12 +716,10 @@ fn five_members_stay_linearizable_under_crashes_partitions_and_a_lossy_network()
 
 /// One put is one change (etcd: a key's version counts its puts), even when the network
 /// delivers a message twice, which `Transport` says Raft tolerates. A follower forwards a
-/// proposal to the leader as a raft `MsgPropose`; delivered twice, the leader appends it twice
-/// and every member applies it twice. With delays, the second copy can land after a later
-/// write to the key and bring the old value back: the fault tests saw a put acknowledged, a
-/// later put acknowledged, then linearizable reads of the first value again.
+/// proposal to the leader as a raft `MsgPropose`; delivered twice, the leader appends it twice.
+/// Regression: every member used to apply it twice, and with delays the second copy could land
+/// after a later write and bring the old value back. Now each request ID is applied once.
 #[test]
-
 fn a_put_through_a_follower_is_applied_once_when_messages_are_duplicated() {
     let c = Cluster::new(3, 1);
     let leader = c.leader();
@@ -745,14 +743,12 @@ fn a_put_through_a_follower_is_applied_once_when_messages_are_duplicated() {
     );
 }
 
-/// A member that was down while the others restarted catches up when it returns (etcd sends
-/// it a snapshot when the log it needs is gone). Here closing a member checkpoints it and
-/// drops its Raft log up to what it applied, whatever the followers still need; raft-rs then
-/// asks for a snapshot, which the log's `Storage` never has ("snapshot temporarily
-/// unavailable", forever), so the member stays behind: every read and write through it times
-/// out.
+/// A member that was down while the others restarted catches up when it returns. Regression:
+/// closing a member checkpointed it and dropped its Raft log up to what it applied, whatever
+/// the followers still needed; raft-rs then asked for a snapshot, which the log cannot give
+/// yet, and the member stayed behind for good. Now the WAL and the log keep a catch-up margin
+/// of entries before each checkpoint.
 #[test]
-
 fn a_member_behind_while_the_others_restart_catches_up() {
     let c = Cluster::new(3, 2);
     let leader = c.leader();
