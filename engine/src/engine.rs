@@ -226,6 +226,8 @@ struct Inner {
     /// `hub`. `None` once closed.
     replica: Mutex<Option<Replica>>,
     waiters: Arc<Waiters>,
+    /// The Raft log (shared with the node thread), for reads on a group of one.
+    log: RaftLog,
     /// The node's leader and term, as it last published them.
     status: Arc<Status>,
     /// The next request ID: this member's ID in the top 16 bits, a counter below.
@@ -688,13 +690,22 @@ impl Inner {
     /// Waits until this member has applied everything committed when the read started
     /// (ReadIndex, batched with other reads), so that a read after it is linearizable.
     fn read_barrier(&self) -> Result<()> {
+        let timeout = self.config.request_timeout;
+        // The sole voter needs no round: no other member can have committed anything, so
+        // waiting until everything in its log is applied makes the read linearizable.
+        if let Some(index) = self.log.sole_voter_last_index(self.config.member_id) {
+            return if self.applied.wait(index, timeout) {
+                Ok(())
+            } else {
+                Err(Error::Timeout)
+            };
+        }
         let tx = {
             let replica = self.replica.lock();
             replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
         };
         let (reply, answer) = bounded(1);
         tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
-        let timeout = self.config.request_timeout;
         let index = match answer.recv_timeout(timeout) {
             Ok(index) => index?,
             Err(RecvTimeoutError::Timeout) => return Err(Error::Timeout),
@@ -918,7 +929,14 @@ impl Engine {
         let waiters: Arc<Waiters> = Arc::default();
         let (apply_tx, apply_rx) = unbounded();
         let status = Arc::new(Status::default());
-        let node = Node::spawn(node_config, log, wal.clone(), transport, apply_tx, status.clone())?;
+        let node = Node::spawn(
+            node_config,
+            log.clone(),
+            wal.clone(),
+            transport,
+            apply_tx,
+            status.clone(),
+        )?;
         let apply_thread = {
             let applier = Applier {
                 state: state.clone(),
@@ -955,6 +973,7 @@ impl Engine {
         let first_request = ((config.member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
         let inner = Arc::new(Inner {
             replica: Mutex::new(Some(Replica { node, wal })),
+            log,
             status,
             waiters,
             next_request: AtomicU64::new(first_request),

@@ -290,6 +290,14 @@ impl RaftLog {
         self.state.read().last_index()
     }
 
+    /// The last index in the log if member `id` is the group's only voter: then everything
+    /// committed is in its log, and a read that waits until that index is applied is
+    /// linearizable without a ReadIndex round.
+    pub(crate) fn sole_voter_last_index(&self, id: u64) -> Option<u64> {
+        let st = self.state.read();
+        (st.conf_state.voters == [id] && st.conf_state.voters_outgoing.is_empty()).then(|| st.last_index())
+    }
+
     /// Drops the entries up to `index` (of `term`), which a durable checkpoint now covers.
     pub(crate) fn compact_to(&self, index: u64, term: u64) {
         let mut st = self.state.write();
