@@ -869,6 +869,46 @@ mod tests {
     }
 
     #[test]
+    fn an_abandoned_write_leaves_nothing_in_the_data_files_even_across_a_rotation() {
+        // 4 KiB files hold a few records of 1 KiB: the abandoned request starts in one file
+        // and ends in the next. Reopening scans the files: its records must not come back.
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 4096, None).unwrap();
+        let big = |c: u8| Bytes::from(vec![c; 1000]);
+        for k in ["a", "b"] {
+            let mut w = store.write();
+            w.put(k.as_bytes(), big(b'1'), 0).unwrap();
+            w.end();
+        }
+        {
+            let mut w = store.write();
+            for k in ["c", "d", "e", "f", "g"] {
+                w.put(k.as_bytes(), big(b'x'), 0).unwrap();
+            }
+            // Dropped without end(): abandoned.
+        }
+        let mut w = store.write();
+        w.put(b"h", big(b'2'), 0).unwrap();
+        w.end();
+        store.flush().unwrap();
+        let meta = store.meta();
+        let expected = (
+            store.range(&[0], &[0], ReadOptions::default()).unwrap(),
+            store.hash_kv(0).unwrap(),
+        );
+        drop(store);
+        let reopened = Store::open(dir.path(), 4096, Some(&meta)).unwrap();
+        let got = (
+            reopened.range(&[0], &[0], ReadOptions::default()).unwrap(),
+            reopened.hash_kv(0).unwrap(),
+        );
+        assert_eq!(got, expected);
+        let keys: Vec<&[u8]> = got.0.kvs.iter().map(|kv| kv.key.as_ref()).collect();
+        assert_eq!(keys, vec![&b"a"[..], b"b", b"h"]);
+        assert_eq!(got.0.kvs[2].mod_revision, 4, "h took the abandoned request's revision");
+    }
+
+    #[test]
     fn a_compaction_sweep_is_invisible_at_every_step() {
         let build = || {
             let mut s = Store::new();
