@@ -575,7 +575,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 }
             }
         }
-        let (index, term) = (st.applied_index, st.applied_term);
+        let index = st.applied_index;
         drop(st);
         applied.set(index);
         let _ = node.send(Input::Applied(index));
@@ -597,7 +597,6 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 index: index.saturating_sub(CATCH_UP_ENTRIES),
             });
         }
-        let _ = term;
     }
     // Let a checkpoint being written finish before the final one is taken.
     drop(to_write);

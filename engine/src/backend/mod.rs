@@ -256,10 +256,11 @@ pub(crate) struct FileMaker {
 }
 
 impl FileMaker {
-    /// A new file with room for at least `record`.
-    pub(crate) fn create(&self, record: &Record<'_>) -> Result<Active> {
+    /// A new file of the configured size, or bigger if `needed` bytes (one large record)
+    /// would not fit.
+    pub(crate) fn create(&self, needed: usize) -> Result<Active> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let needed = (record.padded_len() as u64).div_ceil(4096) * 4096;
+        let needed = (needed as u64).div_ceil(4096) * 4096;
         Active::create(self.dir.as_deref(), id, self.file_size.max(needed))
     }
 
@@ -284,7 +285,7 @@ impl FileMaker {
         if let Some(loc) = active.append(record)? {
             return Ok((loc, None));
         }
-        let full = std::mem::replace(active, self.create(record)?);
+        let full = std::mem::replace(active, self.create(record.padded_len())?);
         let loc = active
             .append(record)?
             .ok_or_else(|| Error::Internal("a record does not fit a new data file".into()))?;
@@ -379,17 +380,7 @@ impl Backend {
         }
         let active = match maps.pop() {
             Some((id, map, len)) => Active::new(id, map, len),
-            None => {
-                let empty = Record {
-                    rev: Default::default(),
-                    created: Default::default(),
-                    version: 0,
-                    lease: 0,
-                    key: &[],
-                    value: &[],
-                };
-                maker.create(&empty)?
-            }
+            None => maker.create(0)?,
         };
         let mut order = Vec::with_capacity(maps.len());
         for (id, map, len) in maps {

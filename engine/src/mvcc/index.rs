@@ -118,8 +118,15 @@ impl TreeIndex {
         result
     }
 
-    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
-        self.change(key, |ki| ki.put(rev))
+    /// Records a put at `rev`; returns the key as it now is (its create revision and version).
+    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<Found, KeyIndexError> {
+        let mut found = None;
+        self.change(key, |ki| {
+            ki.put(rev)?;
+            found = ki.get(rev.main);
+            Ok(())
+        })?;
+        found.ok_or(KeyIndexError::NotLive)
     }
 
     pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
@@ -168,11 +175,6 @@ impl TreeIndex {
                 }
             }
         }
-    }
-
-    /// See [`KeyIndex::at_exactly`].
-    pub(crate) fn at_exactly(&self, key: &[u8], rev: Revision) -> Option<Found> {
-        self.tree.get(key)?.at_exactly(rev)
     }
 
     pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {

@@ -157,20 +157,6 @@ impl KeyIndex {
         None
     }
 
-    /// The key as the change at exactly `rev` left it, if `rev` is a put of this key still in
-    /// its history (a write request may put and then delete one key: reading at `rev.main`
-    /// would see the delete).
-    pub(crate) fn at_exactly(&self, rev: Revision) -> Option<Found> {
-        let g = self.generations.iter().find(|g| g.revs.contains(&rev))?;
-        let n = g.revs.iter().position(|r| *r == rev)?;
-        let newer = (g.revs.len() - n - 1) as i64;
-        Some(Found {
-            modified: rev,
-            created: g.created,
-            version: g.ver - newer,
-        })
-    }
-
     /// The key as it was at revision `at`, if it existed then.
     pub(crate) fn get(&self, at: i64) -> Option<Found> {
         let g = self.generation_at(at)?;

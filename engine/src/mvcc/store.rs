@@ -215,7 +215,7 @@ impl Defrag {
             let record = file.read(*loc)?;
             let active = match out {
                 Some(a) => a,
-                None => out.insert(self.maker.create(&record)?),
+                None => out.insert(self.maker.create(record.padded_len())?),
             };
             let before = active.len();
             let (new_loc, full) = self.maker.append(active, &record)?;
@@ -721,18 +721,10 @@ impl WriteTxn<'_> {
         }
     }
 
-    /// Appends the record of the change at `rev` and logs where it is.
-    fn append(&mut self, key: &[u8], rev: Revision, value: &[u8], lease: i64, tombstone: bool) -> Result<()> {
-        let (created, version) = if tombstone {
-            (Revision::default(), 0)
-        } else {
-            let found = self
-                .store
-                .index
-                .at_exactly(key, rev)
-                .ok_or_else(|| Error::Internal(format!("revision {rev} missing from the index")))?;
-            (found.created, found.version)
-        };
+    /// Appends the record of the change at `rev` (a put of the key as `found` says, or a
+    /// tombstone) and logs where it is.
+    fn append(&mut self, key: &[u8], rev: Revision, value: &[u8], lease: i64, found: Option<Found>) -> Result<()> {
+        let (created, version) = found.map_or((Revision::default(), 0), |f| (f.created, f.version));
         let record = Record {
             rev,
             created,
@@ -763,9 +755,9 @@ impl WriteTxn<'_> {
         }
         let previous = self.store.index.modified(key);
         let rev = self.next_revision();
-        self.store.index.put(key, rev).map_err(internal)?;
+        let found = self.store.index.put(key, rev).map_err(internal)?;
         self.undo.push((key.to_vec(), rev, false, previous));
-        self.append(key, rev, &value, lease, false)?;
+        self.append(key, rev, &value, lease, Some(found))?;
         Ok(prev)
     }
 
@@ -793,7 +785,7 @@ impl WriteTxn<'_> {
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
             self.undo.push((k.clone(), rev, true, previous));
-            self.append(&k, rev, &[], 0, true)?;
+            self.append(&k, rev, &[], 0, None)?;
         }
         Ok(deleted)
     }
