@@ -12,4 +12,4 @@ pub use measure::{
     MEASURING, STOPPED, WARMING,
 };
 pub use report::{ratio, ratio_json, rounded, times_cell, us_cell};
-pub use tool::{dedup_in_order, exit_code, parse_seconds, Context, Failure, WorkDir, MAX_SECONDS};
+pub use tool::{dedup_in_order, exit_code, parse_count, parse_seconds, Context, Failure, WorkDir, MAX_SECONDS};

@@ -57,6 +57,21 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// Parses a count argument: a whole number of `unit` from 1 to `max`.
+pub fn parse_count<T>(s: &str, max: T, unit: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8> + std::fmt::Display,
+{
+    let v: T = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number of {unit}"))?;
+    if v < T::from(1) || v > max {
+        return Err(format!("must be between 1 and {max} {unit}"));
+    }
+    Ok(v)
+}
+
 /// Drops repeated values from a list argument, keeping the first of each where it stood.
 pub fn dedup_in_order<T: Copy + Eq + Hash>(v: &mut Vec<T>) {
     let mut seen = HashSet::new();

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_benches::{
-    dedup_in_order, exit_code, histogram, merge, micros, parse_seconds, payload, per_sec, preallocate, ratio,
-    ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
+    dedup_in_order, exit_code, histogram, merge, micros, parse_count, parse_seconds, payload, per_sec, preallocate,
+    ratio, ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
     WorkerResult, MEASURING, STOPPED, WARMING,
 };
 use cairn_wal::{Config, Durability, Replay, Ticket, Wal};
@@ -82,22 +82,11 @@ const RAW_CHUNK: u64 = 64 << 20;
 const LATENCY_CEILING: Duration = Duration::from_secs(3600);
 
 fn parse_appenders(s: &str) -> Result<usize, String> {
-    let v: usize = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a whole number of threads"))?;
-    if !(1..=MAX_APPENDERS).contains(&v) {
-        return Err(format!("thread counts must be between 1 and {MAX_APPENDERS}"));
-    }
-    Ok(v)
+    parse_count(s, MAX_APPENDERS, "threads")
 }
 
 fn parse_record_size(s: &str) -> Result<usize, String> {
-    let v: usize = s.parse().map_err(|_| format!("`{s}` is not a number of bytes"))?;
-    if !(1..=MAX_RECORD_SIZE).contains(&v) {
-        return Err(format!("must be between 1 and {MAX_RECORD_SIZE} bytes"));
-    }
-    Ok(v)
+    parse_count(s, MAX_RECORD_SIZE, "bytes")
 }
 
 fn main() -> ExitCode {

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_benches::{
-    dedup_in_order, exit_code, histogram, merge, micros, parse_seconds, payload, per_sec, preallocate, ratio,
-    ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
+    dedup_in_order, exit_code, histogram, merge, micros, parse_count, parse_seconds, payload, per_sec, preallocate,
+    ratio, ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
     WorkerResult, MEASURING, STOPPED, WARMING,
 };
 use cairn_engine::{Config, Engine, LocalNetwork, PutRequest};
@@ -85,25 +85,11 @@ const RAW_FILE_SIZE: u64 = 1 << 20;
 const LATENCY_CEILING: Duration = Duration::from_secs(60);
 
 fn parse_proposers(s: &str) -> Result<usize, String> {
-    let v: usize = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a whole number of threads"))?;
-    if !(1..=MAX_PROPOSERS).contains(&v) {
-        return Err(format!("proposer counts must be between 1 and {MAX_PROPOSERS}"));
-    }
-    Ok(v)
+    parse_count(s, MAX_PROPOSERS, "threads")
 }
 
 fn parse_members(s: &str) -> Result<u64, String> {
-    let v: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a whole number of members"))?;
-    if !(1..=MAX_MEMBERS).contains(&v) {
-        return Err(format!("group sizes must be between 1 and {MAX_MEMBERS}"));
-    }
-    Ok(v)
+    parse_count(s, MAX_MEMBERS, "members")
 }
 
 fn main() -> ExitCode {
