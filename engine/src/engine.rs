@@ -111,6 +111,16 @@ pub struct LeaseGrant {
 
 type Answer = Result<(Response, i64)>;
 
+/// Waits for a proposal's answer: [`Error::Timeout`] after `timeout` (the write may still be
+/// applied), [`Error::Closed`] if the engine closed first.
+fn wait_answer(rx: oneshot::Receiver<Answer>, timeout: std::time::Duration) -> Answer {
+    match rx.recv_timeout(timeout) {
+        Ok(answer) => answer,
+        Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
+        Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
+    }
+}
+
 /// Proposals waiting for their entry to be applied, by request ID (carried in the entry's
 /// context, so an entry proposed through any member finds its waiter on the member that
 /// proposed it).
@@ -294,12 +304,7 @@ impl<T> Pending<T> {
     /// `Config::request_timeout`: then the write may still be applied later, or may have been
     /// already (as with etcd, a timed-out write's outcome is unknown).
     pub fn wait(self) -> Result<T> {
-        let answer = match self.rx.recv_timeout(self.timeout) {
-            Ok(answer) => answer?,
-            Err(oneshot::RecvTimeoutError::Timeout) => return Err(Error::Timeout),
-            Err(oneshot::RecvTimeoutError::Disconnected) => return Err(Error::Closed),
-        };
-        (self.convert)(answer)
+        (self.convert)(wait_answer(self.rx, self.timeout)?)
     }
 }
 
@@ -661,6 +666,18 @@ impl Drop for Watch {
 
 impl Inner {
     /// Logs `request` and queues it; the receiver gets its answer once applied.
+    /// Where inputs for the node thread go.
+    fn node_tx(&self) -> Result<Sender<Input>> {
+        let replica = self.replica.lock();
+        Ok(replica.as_ref().ok_or(Error::Closed)?.node.tx.clone())
+    }
+
+    /// The WAL, while the engine is open.
+    fn wal(&self) -> Result<Arc<Wal>> {
+        let replica = self.replica.lock();
+        Ok(replica.as_ref().ok_or(Error::Closed)?.wal.clone())
+    }
+
     fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
         let data = request.encode();
         self.submit_input(|id| Input::Propose { id, data })
@@ -674,10 +691,7 @@ impl Inner {
     ) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        let tx = {
-            let replica = self.replica.lock();
-            replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
-        };
+        let tx = self.node_tx()?;
         self.waiters.lock().insert(id, reply);
         if tx.send(make(id)).is_err() {
             self.waiters.lock().remove(&id);
@@ -699,10 +713,7 @@ impl Inner {
                 Err(Error::Timeout)
             };
         }
-        let tx = {
-            let replica = self.replica.lock();
-            replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
-        };
+        let tx = self.node_tx()?;
         let (reply, answer) = bounded(1);
         tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
         let index = match answer.recv_timeout(timeout) {
@@ -751,11 +762,7 @@ impl Inner {
 
     fn propose(&self, request: Request) -> Answer {
         let (rx, timeout) = self.submit(request)?;
-        match rx.recv_timeout(timeout) {
-            Ok(answer) => answer,
-            Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
-            Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
-        }
+        wait_answer(rx, timeout)
     }
 
     /// Proposes a revoke for up to a batch of expired leases, all at once so their fsyncs are
@@ -781,11 +788,7 @@ impl Inner {
             .collect();
         let mut revoked = 0;
         for (id, answer) in pending {
-            let outcome = answer.and_then(|(rx, timeout)| match rx.recv_timeout(timeout) {
-                Ok(answer) => answer,
-                Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
-                Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
-            });
+            let outcome = answer.and_then(|(rx, timeout)| wait_answer(rx, timeout));
             match outcome {
                 Ok(_) => revoked += 1,
                 // Revoked meanwhile by a client: nothing to retry.
@@ -1022,9 +1025,9 @@ impl Engine {
     /// A handle that delivers messages to this member without holding the engine (for a
     /// transport's receiving side).
     pub fn inbox(&self) -> Result<Inbox> {
-        let replica = self.inner.replica.lock();
-        let tx = replica.as_ref().ok_or(Error::Closed)?.node.tx.clone();
-        Ok(Inbox { tx })
+        Ok(Inbox {
+            tx: self.inner.node_tx()?,
+        })
     }
 
     /// The group's membership, as this member has applied it.
@@ -1038,11 +1041,7 @@ impl Engine {
 
     fn change_members(&self, change: MemberChange) -> Result<()> {
         let (rx, timeout) = self.inner.submit_input(|id| Input::ConfChange { id, change })?;
-        match rx.recv_timeout(timeout) {
-            Ok(answer) => answer.map(|_| ()),
-            Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
-            Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
-        }
+        wait_answer(rx, timeout).map(|_| ())
     }
 
     /// Adds voter `id` (etcd's `MemberAdd`); returns once the change is applied here. Call
@@ -1078,10 +1077,7 @@ impl Engine {
         // transferee was catching up, a message was lost): ask again until the deadline.
         let attempt = config.raft_tick * u32::try_from(config.election_ticks * 2).unwrap_or(u32::MAX);
         loop {
-            let tx = {
-                let replica = self.inner.replica.lock();
-                replica.as_ref().ok_or(Error::Closed)?.node.tx.clone()
-            };
+            let tx = self.inner.node_tx()?;
             let (reply, answer) = bounded(1);
             tx.send(Input::TransferLeader { to, reply })
                 .map_err(|_| Error::Closed)?;
@@ -1434,10 +1430,7 @@ impl Engine {
     /// checkpoint naming the new ones is durable; until then the old checkpoint still holds.
     pub fn defragment(&self) -> Result<Defragmented> {
         let _one = self.inner.defragmenting.lock();
-        let wal = {
-            let guard = self.inner.replica.lock();
-            guard.as_ref().ok_or(Error::Closed)?.wal.clone()
-        };
+        let wal = self.inner.wal()?;
         let state = &self.inner.state;
         let (defrag, before) = {
             let mut st = state.write();
@@ -1448,19 +1441,13 @@ impl Engine {
         let mut fresh = Vec::new();
         let mut after = None;
         let mut pending: Vec<(crate::Revision, crate::backend::Loc)> = Vec::new();
-        // Points records at their copies, a batch per lock hold, once their file is readable.
-        let migrate = |files: Vec<(u32, crate::backend::Sealed)>, moved: &mut Vec<_>| {
-            let mut files = Some(files);
+        // Makes the filled copies readable, then points their records at them, a batch per
+        // lock hold.
+        let migrate = |files: Vec<(u32, crate::backend::Sealed)>, moved: &[(crate::Revision, crate::backend::Loc)]| {
+            state.write().store.defrag_register(files);
             for batch in moved.chunks(DEFRAG_BATCH) {
-                state
-                    .write()
-                    .store
-                    .defrag_migrate(files.take().unwrap_or_default(), batch);
+                state.write().store.defrag_migrate(batch);
             }
-            if let Some(files) = files {
-                state.write().store.defrag_migrate(files, &[]);
-            }
-            moved.clear();
         };
         loop {
             let chunk = state.read().store.defrag_chunk(&defrag, after, DEFRAG_BATCH);
@@ -1474,14 +1461,13 @@ impl Engine {
                 let (ready, rest): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(_, l)| sealed.contains(&l.file));
                 pending = rest;
                 fresh.extend(sealed);
-                let mut ready = ready;
-                migrate(filled, &mut ready);
+                migrate(filled, &ready);
             }
         }
         if let Some(active) = out.take() {
             let (id, sealed) = defrag.finish(active)?;
             fresh.push(id);
-            migrate(vec![(id, sealed)], &mut pending);
+            migrate(vec![(id, sealed)], &pending);
         }
         let (encoded, old_paths, after_size) = {
             let mut st = state.write();
@@ -1504,10 +1490,7 @@ impl Engine {
     /// Writes a checkpoint now and releases the log before it (also done every
     /// `Config::checkpoint_entries` entries and on close).
     pub fn checkpoint(&self) -> Result<()> {
-        let wal = {
-            let guard = self.inner.replica.lock();
-            guard.as_ref().ok_or(Error::Closed)?.wal.clone()
-        };
+        let wal = self.inner.wal()?;
         let encoded = self.inner.state.write().checkpoint()?;
         write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)
     }

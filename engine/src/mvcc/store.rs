@@ -616,7 +616,8 @@ impl Store {
 
     /// Starts defragmenting: the active file is sealed (writes go on into a new one) and every
     /// record kept so far is to be copied, in [`Store::defrag_chunk`]s, by [`Defrag::copy`]
-    /// (without the store's lock), then pointed at by [`Store::defrag_migrate`], and finally
+    /// (without the store's lock), then registered ([`Store::defrag_register`]) and pointed at
+    /// ([`Store::defrag_migrate`]), and finally
     /// [`Store::defrag_switch`] drops the old files.
     pub(crate) fn begin_defrag(&mut self) -> Result<Defrag> {
         let (old, maker) = self.backend.begin_defrag()?;
@@ -635,12 +636,16 @@ impl Store {
             .collect()
     }
 
-    /// Makes `files` readable and points the records `moved` at their copies (records
-    /// compacted away meanwhile are skipped).
-    pub(crate) fn defrag_migrate(&mut self, files: Vec<(u32, Sealed)>, moved: &[(Revision, Loc)]) {
+    /// Makes the copies in `files` readable (records may point into them from now on).
+    pub(crate) fn defrag_register(&mut self, files: Vec<(u32, Sealed)>) {
         for (id, file) in files {
             self.backend.register(id, file);
         }
+    }
+
+    /// Points the records `moved` at their copies (records compacted away meanwhile are
+    /// skipped).
+    pub(crate) fn defrag_migrate(&mut self, moved: &[(Revision, Loc)]) {
         for (rev, loc) in moved {
             if let Some(at) = self.log.changes.get_mut(rev) {
                 *at = *loc;
