@@ -3,10 +3,11 @@
 //! [`Store`] is the MVCC core: revisions, per-key generations, the B-tree key index, and etcd's
 //! read, write and compaction semantics, with etcd's KV requests over it (Range with sorting and
 //! filters, Put, DeleteRange, Txn with compares and nested txns). [`Engine`] keeps it in a
-//! directory: each request is logged in the WAL before it is applied, changes live in
-//! memory-mapped data files, and checkpoints bound what a restart replays. It serves txns,
-//! compaction, non-blocking defragmentation, leases, watch and streamed snapshots. Raft
-//! replication comes with a later issue.
+//! directory: each request is a raft-rs log entry, in the WAL before it is applied, changes
+//! live in memory-mapped data files, and checkpoints bound what a restart replays. It serves
+//! txns, compaction, non-blocking defragmentation, leases, watch and streamed snapshots. An
+//! engine is a Raft group of one ([`Engine::open`]) or a member of a bigger group
+//! ([`Engine::open_member`] with a [`Transport`]; [`LocalNetwork`] for members in one process).
 //!
 //! ```no_run
 //! use cairn_engine::{Config, Engine, PutRequest, RangeRequest};

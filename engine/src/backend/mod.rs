@@ -13,9 +13,9 @@
 //! the layout does not name, and rebuilds the key index by scanning the records in order.
 //!
 //! **Defragmentation** copies the records still in history into fresh files while the store
-//! keeps serving (see `Store::defragment` in the store module), then switches the layout: the
-//! fresh files replace the old ones, which are deleted once a checkpoint naming the new layout
-//! is durable.
+//! keeps serving (`Engine::defragment`, with `Store::begin_defrag` and the steps after it),
+//! then switches the layout: the fresh files replace the old ones, which are deleted once a
+//! checkpoint naming the new layout is durable.
 
 mod mmap;
 pub(crate) mod record;
