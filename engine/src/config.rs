@@ -15,6 +15,10 @@ pub struct Config {
     /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
     /// `--snapshot-count` default).
     pub checkpoint_entries: u64,
+    /// Log entries kept before a checkpoint, so that a follower that far behind is sent
+    /// entries rather than a snapshot of the whole state (etcd's
+    /// `--experimental-snapshot-catchup-entries`). Default 5,000.
+    pub snapshot_catch_up_entries: u64,
     /// This member's Raft ID; a single-node engine is the group of one with this ID. Default 1.
     pub member_id: u64,
     /// The members of a new group (etcd's `--initial-cluster`), this one included; empty for
@@ -83,6 +87,7 @@ impl Default for Config {
         Config {
             wal: cairn_wal::Config::default(),
             checkpoint_entries: 10_000,
+            snapshot_catch_up_entries: 5_000,
             member_id: 1,
             initial_members: Vec::new(),
             join_existing: false,

@@ -33,15 +33,16 @@ use raft::eraftpb::EntryType;
 use crate::backend::{FileLen, FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
-use crate::consensus::log::{RaftLog, CATCH_UP_ENTRIES};
+use crate::consensus::log::RaftLog;
 use crate::consensus::node::{Input, MemberChange, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
+use crate::consensus::transfer::Staged;
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
 use crate::lease::lessor::{LeaseStatus, Lessor};
 use crate::mvcc::index::KeyRange;
-use crate::mvcc::store::{HashKv, LeaseChange, Store, StoreMeta};
+use crate::mvcc::store::{HashKv, Store, StoreMeta};
 use crate::request::{Alarm, Request, Response};
 use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
 use crate::watch::hub::{WatchHub, WatchRequest, WatchResponse};
@@ -65,10 +66,12 @@ pub struct Members {
     pub learners: Vec<u64>,
 }
 
-/// Delivers Raft messages to one member (see [`Engine::inbox`]).
+/// Delivers Raft messages to one member (see [`Engine::inbox`]). It does not keep the
+/// member open.
 #[derive(Clone, Debug)]
 pub struct Inbox {
     tx: Sender<Input>,
+    inner: std::sync::Weak<Inner>,
 }
 
 impl Inbox {
@@ -83,6 +86,51 @@ impl Inbox {
                 Ok(())
             }
         }
+    }
+
+    /// Delivers a snapshot from the leader (what its [`Transport::send_snapshot`] sent):
+    /// `message` carries its metadata, `data` the state. The state is read into new data
+    /// files, in bounded memory, and installed if raft accepts it. Returns once it is
+    /// installed or turned down (a stale snapshot is turned down with `Ok`); a damaged stream
+    /// is refused with [`Error::Snapshot`] and leaves nothing behind.
+    pub fn deliver_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
+        use protobuf::Message as _;
+        let m = raft::eraftpb::Message::parse_from_bytes(message)
+            .map_err(|e| Error::Snapshot(format!("the snapshot's raft message does not decode: {e}")))?;
+        if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
+            return Err(Error::Snapshot(format!(
+                "a {:?} message came with snapshot data",
+                m.get_msg_type()
+            )));
+        }
+        let index = m.get_snapshot().get_metadata().index;
+        let inner = self.inner.upgrade().ok_or(Error::Closed)?;
+        let (maker, applied) = {
+            let st = inner.state.read();
+            (st.store.file_maker(), st.applied_index)
+        };
+        if index <= applied {
+            tracing::info!(index, applied, "turning down a snapshot older than the state");
+            return Ok(());
+        }
+        let lessor = Lessor::new(inner.config.min_lease_ttl, inner.config.clock.clone());
+        drop(inner);
+        let staged = Staged::read(data, maker, lessor)?;
+        if staged.index() < index {
+            return Err(Error::Snapshot(format!(
+                "the snapshot's data is at index {}, its message says {index}",
+                staged.index()
+            )));
+        }
+        let (reply, answer) = bounded(1);
+        self.tx
+            .send(Input::Snapshot {
+                message: m,
+                staged,
+                reply,
+            })
+            .map_err(|_| Error::Closed)?;
+        answer.recv().map_err(|_| Error::Closed)?.map(|_| ())
     }
 }
 
@@ -171,8 +219,11 @@ struct State {
     membership: Membership,
     /// The request IDs of the last entries applied (each request is applied once).
     recent: RecentRequests,
-    /// Defragmentations so far (see [`crate::checkpoint`]).
+    /// Defragmentations and installed snapshots so far (see [`crate::checkpoint`]).
     epoch: u64,
+    /// Snapshots from the leader installed since open: a snapshot being taken of the old
+    /// state cannot go on reading the new one.
+    installs: u64,
 }
 
 /// A checkpoint encoded under the state lock, to write without it.
@@ -206,14 +257,20 @@ impl State {
     }
 }
 
-/// The order ([`Checkpoint::order`]) of the newest checkpoint written. Held while one is
-/// written, so two never write the same temporary file at once, and an older one never
-/// replaces a newer one (the log it needs may be released already, its data files deleted).
-type Checkpointing = Mutex<(u64, u64)>;
+/// How checkpoints are written.
+struct Checkpointing {
+    /// The order ([`Checkpoint::order`]) of the newest checkpoint written. Held while one is
+    /// written, so two never write the same temporary file at once, and an older one never
+    /// replaces a newer one (the log it needs may be released already, its data files
+    /// deleted).
+    newest: Mutex<(u64, u64)>,
+    /// Log entries kept before a checkpoint (`Config::snapshot_catch_up_entries`).
+    catch_up: u64,
+}
 
 /// Syncs the data files a checkpoint names, writes it, and releases the log it covers.
 fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
-    let mut newest = checkpointing.lock();
+    let mut newest = checkpointing.newest.lock();
     if c.order < *newest {
         return Ok(());
     }
@@ -221,13 +278,62 @@ fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpo
     checkpoint::write_bytes(dir, &c.bytes)?;
     *newest = c.order;
     // The last entries before the checkpoint stay, for followers that are behind.
-    wal.release_before(LogIndex(c.applied.saturating_add(1).saturating_sub(CATCH_UP_ENTRIES)))?;
+    wal.release_before(LogIndex(
+        c.applied.saturating_add(1).saturating_sub(checkpointing.catch_up),
+    ))?;
     Ok(())
 }
 
 /// Writes a checkpoint of `state` and releases the log it covers.
 fn checkpoint_and_release(dir: &Path, state: &mut State, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
     write_and_release(dir, &state.checkpoint()?, wal, checkpointing)
+}
+
+/// Writes a snapshot of `state` to `out` (see [`Engine::snapshot`]).
+fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write) -> Result<u64> {
+    /// Unpins the store however the snapshot ends.
+    struct Pin<'a>(&'a RwLock<State>);
+    impl Drop for Pin<'_> {
+        fn drop(&mut self) {
+            self.0.write().store.pinned -= 1;
+        }
+    }
+    let (meta, installs) = {
+        let mut st = state.write();
+        st.store.pinned += 1;
+        let meta = SnapshotMeta {
+            applied_index: st.applied_index,
+            applied_term: st.applied_term,
+            membership: st.membership.clone(),
+            recent: st.recent.clone(),
+            current: st.store.current_revision(),
+            compacted: st.store.compacted_revision(),
+            leases: st.lessor.records(),
+            alarms: st.alarms.iter().copied().collect(),
+        };
+        (meta, st.installs)
+    };
+    let _pin = Pin(state);
+    let mut writer = SnapshotWriter::new(out, &meta)?;
+    let mut after = None;
+    loop {
+        let (records, last) = {
+            let st = state.read();
+            if st.installs != installs {
+                return Err(Error::Snapshot(
+                    "a snapshot from the leader replaced the state while this one was taken".into(),
+                ));
+            }
+            st.store
+                .export_chunk(after, meta.current, meta.compacted, SNAPSHOT_CHUNK)?
+        };
+        if last.is_none() {
+            break;
+        }
+        writer.records(&records)?;
+        after = last;
+    }
+    writer.finish()
 }
 
 struct Inner {
@@ -249,8 +355,8 @@ struct Inner {
     checkpointing: Arc<Checkpointing>,
     /// See [`Swept`].
     swept: Arc<Swept>,
-    /// Held by the one defragmentation that may run at a time.
-    defragmenting: Mutex<()>,
+    /// Held by the one defragmentation that may run at a time, and by a snapshot's install.
+    defragmenting: Arc<Mutex<()>>,
     /// The next server-chosen lease ID candidate.
     next_lease_id: AtomicI64,
 }
@@ -433,10 +539,46 @@ struct Applier {
     node: Sender<Input>,
     /// Where a leader's restarted lease clocks are recorded.
     status: Arc<Status>,
+    /// Where the applied index is published, for snapshots sent to followers.
+    log: RaftLog,
+    /// Held while a snapshot from the leader is installed (no defragmentation meanwhile).
+    defragmenting: Arc<Mutex<()>>,
 }
 
 /// Signalled (under its mutex) when a compaction's sweep finishes.
 type Swept = (Mutex<()>, parking_lot::Condvar);
+
+/// Swaps a snapshot's staged state in for the live one; returns the checkpoint to write before
+/// anything else, and the old data files, to delete after it. Watchers catch up from the new
+/// state (or learn that their revisions were compacted). Call with `defragmenting` held.
+fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Result<(Encoded, Vec<PathBuf>)> {
+    let mut st = state.write();
+    if staged.index() <= st.applied_index {
+        return Err(Error::Internal(format!(
+            "a snapshot at {} cannot replace the state at {}",
+            staged.index(),
+            st.applied_index
+        )));
+    }
+    let Some((mut store, mut lessor, meta)) = staged.take() else {
+        return Err(Error::Internal("a staged snapshot was installed twice".into()));
+    };
+    // Snapshots of the old state still running unpin the new one when they stop.
+    store.pinned = st.store.pinned;
+    let old = std::mem::replace(&mut st.store, store);
+    lessor.restart_clocks();
+    st.lessor = lessor;
+    st.alarms = meta.alarms.into_iter().collect();
+    st.applied_index = meta.applied_index;
+    st.applied_term = meta.applied_term;
+    st.membership = meta.membership;
+    st.recent = meta.recent;
+    st.epoch += 1;
+    st.installs += 1;
+    hub.lock().unsync_all();
+    let encoded = st.checkpoint()?;
+    Ok((encoded, old.file_paths()))
+}
 
 fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
     let Applier {
@@ -452,6 +594,8 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
         applied,
         node,
         status,
+        log,
+        defragmenting,
     } = a;
     let everything = KeyRange::new(&[0], &[0]);
     let mut since_checkpoint = 0u64;
@@ -524,11 +668,42 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 status.leases_term.store(term, Ordering::Release);
                 continue;
             }
+            ToApply::Install { staged, reply } => {
+                let installed = {
+                    let _one = defragmenting.lock();
+                    install(&state, &hub, staged)
+                };
+                let outcome = installed.and_then(|(encoded, old_files)| {
+                    let index = encoded.applied;
+                    write_and_release(&dir, &encoded, &wal, &checkpointing)?;
+                    for path in old_files {
+                        if let Err(e) = crate::backend::delete_gradually(&path) {
+                            tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
+                        }
+                    }
+                    Ok(index)
+                });
+                if let Ok(index) = outcome {
+                    let st = state.read();
+                    log.publish_applied(index, st.applied_term, st.membership.to_conf_state());
+                    drop(st);
+                    applied.set(index);
+                    let _ = node.send(Input::Applied(index));
+                    since_checkpoint = 0;
+                }
+                let _ = reply.send(outcome.map(|_| ()));
+                continue;
+            }
         };
         let mut answers = Vec::new();
         let mut encoded = None;
         let mut st = state.write();
         for (entry, conf) in batch {
+            if entry.index <= st.applied_index {
+                // In the state already: a snapshot from the leader was newer than its
+                // metadata said. A waiter for it times out, as for any outcome not known.
+                continue;
+            }
             if let Some(cs) = conf {
                 st.membership = Membership::from(&cs);
                 if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
@@ -581,6 +756,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
             }
         }
         let index = st.applied_index;
+        log.publish_applied(index, st.applied_term, st.membership.to_conf_state());
         drop(st);
         applied.set(index);
         let _ = node.send(Input::Applied(index));
@@ -599,7 +775,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 writing.store(false, Ordering::Release);
             }
             let _ = node.send(Input::Compact {
-                index: index.saturating_sub(CATCH_UP_ENTRIES),
+                index: index.saturating_sub(checkpointing.catch_up),
             });
         }
     }
@@ -858,20 +1034,11 @@ impl Engine {
             membership: Membership::default(),
             recent: RecentRequests::default(),
             epoch: 0,
+            installs: 0,
         };
         if let Some(c) = checkpoint {
             state.lessor.load(c.leases);
-            let attached: Vec<LeaseChange> = state
-                .store
-                .leased_keys()?
-                .into_iter()
-                .map(|(key, lease)| LeaseChange {
-                    key,
-                    from: 0,
-                    to: lease,
-                })
-                .collect();
-            state.lessor.apply_changes(&attached);
+            state.lessor.apply_changes(&state.store.leased_keys()?);
             state.alarms = c.alarms.into_iter().collect();
             state.applied_index = c.applied_index;
             state.applied_term = c.applied_term;
@@ -889,7 +1056,7 @@ impl Engine {
         for record in replay.by_ref() {
             log.replay(record?)?;
         }
-        log.finish_replay();
+        log.finish_replay(config.snapshot_catch_up_entries);
         state.store.release_pages();
         let wal = Arc::new(replay.finish()?);
         if state.applied_index == 0 && log.last_index() == 0 && !config.join_existing {
@@ -926,11 +1093,18 @@ impl Engine {
         };
         let state = Arc::new(RwLock::new(state));
         let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
-        let checkpointing = Arc::new(Mutex::new((state.read().applied_index, state.read().epoch)));
+        let checkpointing = Arc::new(Checkpointing {
+            newest: Mutex::new((state.read().applied_index, state.read().epoch)),
+            catch_up: config.snapshot_catch_up_entries,
+        });
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let waiters: Arc<Waiters> = Arc::default();
         let (apply_tx, apply_rx) = unbounded();
         let status = Arc::new(Status::default());
+        let snapshots = {
+            let state = state.clone();
+            Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
+        };
         let node = Node::spawn(
             node_config,
             log.clone(),
@@ -938,7 +1112,9 @@ impl Engine {
             transport,
             apply_tx,
             status.clone(),
+            snapshots,
         )?;
+        let defragmenting = Arc::new(Mutex::new(()));
         let apply_thread = {
             let applier = Applier {
                 state: state.clone(),
@@ -953,6 +1129,8 @@ impl Engine {
                 applied: applied.clone(),
                 node: node.tx.clone(),
                 status: status.clone(),
+                log: log.clone(),
+                defragmenting: defragmenting.clone(),
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
@@ -983,7 +1161,7 @@ impl Engine {
             state,
             hub,
             checkpointing,
-            defragmenting: Mutex::new(()),
+            defragmenting,
             swept,
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
             config,
@@ -1022,11 +1200,18 @@ impl Engine {
         self.inbox()?.deliver(message)
     }
 
+    /// Hands this member a snapshot from its leader (what the leader's
+    /// [`Transport::send_snapshot`] sent); see [`Inbox::deliver_snapshot`].
+    pub fn receive_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
+        self.inbox()?.deliver_snapshot(message, data)
+    }
+
     /// A handle that delivers messages to this member without holding the engine (for a
     /// transport's receiving side).
     pub fn inbox(&self) -> Result<Inbox> {
         Ok(Inbox {
             tx: self.inner.node_tx()?,
+            inner: Arc::downgrade(&self.inner),
         })
     }
 
@@ -1338,44 +1523,7 @@ impl Engine {
     /// stays bounded and writes go on meanwhile (the compaction sweep waits until it is done).
     /// [`Engine::restore`] turns a snapshot into a data directory.
     pub fn snapshot(&self, out: &mut dyn std::io::Write) -> Result<u64> {
-        /// Unpins the store however the snapshot ends.
-        struct Pin<'a>(&'a RwLock<State>);
-        impl Drop for Pin<'_> {
-            fn drop(&mut self) {
-                self.0.write().store.pinned -= 1;
-            }
-        }
-        let meta = {
-            let mut st = self.inner.state.write();
-            st.store.pinned += 1;
-            SnapshotMeta {
-                applied_index: st.applied_index,
-                applied_term: st.applied_term,
-                membership: st.membership.clone(),
-                recent: st.recent.clone(),
-                current: st.store.current_revision(),
-                compacted: st.store.compacted_revision(),
-                leases: st.lessor.records(),
-                alarms: st.alarms.iter().copied().collect(),
-            }
-        };
-        let _pin = Pin(&self.inner.state);
-        let mut writer = SnapshotWriter::new(out, &meta)?;
-        let mut after = None;
-        loop {
-            let (records, last) =
-                self.inner
-                    .state
-                    .read()
-                    .store
-                    .export_chunk(after, meta.current, meta.compacted, SNAPSHOT_CHUNK)?;
-            if last.is_none() {
-                break;
-            }
-            writer.records(&records)?;
-            after = last;
-        }
-        writer.finish()
+        write_snapshot(&self.inner.state, out)
     }
 
     /// Creates the data directory `dir` from a snapshot taken by [`Engine::snapshot`], in
@@ -1495,6 +1643,12 @@ impl Engine {
         write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)
     }
 
+    /// How many snapshots from the leader this member has installed since it was opened (a
+    /// follower too far behind for the leader's log is sent one).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.inner.state.read().installs
+    }
+
     /// The alarms raised (etcd's `Alarm` list).
     pub fn alarms(&self) -> Vec<Alarm> {
         self.inner.state.read().alarms.iter().copied().collect()
@@ -1599,6 +1753,7 @@ mod tests {
             membership: Membership::default(),
             recent: RecentRequests::default(),
             epoch: 0,
+            installs: 0,
         };
         let mut c = state.checkpoint().unwrap();
         c.layout.clear();
@@ -1614,7 +1769,10 @@ mod tests {
             .unwrap()
             .finish()
             .unwrap();
-        let checkpointing: Checkpointing = Mutex::new((0, 0));
+        let checkpointing = Checkpointing {
+            newest: Mutex::new((0, 0)),
+            catch_up: 5000,
+        };
         write_and_release(dir.path(), &at(10), &wal, &checkpointing).unwrap();
         write_and_release(dir.path(), &at(5), &wal, &checkpointing).unwrap();
         assert_eq!(checkpoint::read(dir.path()).unwrap().unwrap().applied_index, 10);

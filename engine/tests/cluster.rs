@@ -38,10 +38,16 @@ struct Cluster {
     dirs: Vec<PathBuf>,
     _root: tempfile::TempDir,
     members: Vec<Option<Engine>>,
+    /// Each member's configuration.
+    config: fn(u64) -> Config,
 }
 
 impl Cluster {
     fn new(seed: u64) -> Cluster {
+        Cluster::with(seed, config)
+    }
+
+    fn with(seed: u64, config: fn(u64) -> Config) -> Cluster {
         let root = tempfile::tempdir().unwrap();
         let dirs: Vec<PathBuf> = MEMBERS.iter().map(|id| root.path().join(format!("m{id}"))).collect();
         let mut c = Cluster {
@@ -50,6 +56,7 @@ impl Cluster {
             dirs,
             _root: root,
             members: MEMBERS.iter().map(|_| None).collect(),
+            config,
         };
         for id in MEMBERS {
             c.start(id);
@@ -64,7 +71,7 @@ impl Cluster {
     fn start(&mut self, id: u64) {
         let config = Config {
             clock: Arc::new(self.clock.clone()),
-            ..config(id)
+            ..(self.config)(id)
         };
         let engine = Engine::open_member(self.dir(id), config, self.net.transport(id)).unwrap();
         self.net.attach(id, engine.inbox().unwrap());
@@ -337,4 +344,67 @@ fn a_new_leader_never_expires_a_lease_early() {
 
         assert_eq!(e.lease_time_to_live(lease, false).ttl, -1, "member {}", e.member_id());
     }
+}
+
+#[test]
+fn a_member_far_behind_catches_up_by_snapshot() {
+    // Frequent checkpoints and a small catch-up margin: the leader soon holds none of the
+    // entries a stopped member needs, and must send it the state instead.
+    fn compact_often(id: u64) -> Config {
+        Config {
+            checkpoint_entries: 20,
+            snapshot_catch_up_entries: 10,
+            data_file_size: 64 << 10,
+            ..config(id)
+        }
+    }
+    let mut c = Cluster::with(6, compact_often);
+    let leader = c.leader(&MEMBERS);
+    for i in 0..10 {
+        put_through(c.member(leader), &format!("before{i}"), "x");
+    }
+    let behind = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
+    c.stop(behind);
+    let rest: Vec<u64> = MEMBERS.iter().copied().filter(|id| *id != behind).collect();
+    let leader = c.leader(&rest);
+    // While it is down: writes, overwrites, deletes, a lease with a key, and a compaction.
+    let lease = c.member(leader).lease_grant(0, 600).unwrap().response.id;
+    c.member(leader)
+        .put(PutRequest {
+            lease,
+            ..put("leased", "v")
+        })
+        .unwrap();
+    let mut compact_at = 0;
+    for i in 0..200 {
+        compact_at = put_through(c.member(leader), &format!("while-down{}", i % 50), &format!("v{i}"));
+    }
+    c.member(leader)
+        .delete_range(cairn_engine::DeleteRangeRequest {
+            key: b"before0".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+    c.member(leader).compact(compact_at).unwrap();
+    c.member(leader).wait_compacted().unwrap();
+    c.start(behind);
+    assert_eq!(
+        everything(c.member(behind)),
+        everything(c.member(leader)),
+        "it caught up"
+    );
+    assert_eq!(c.member(behind).snapshots_installed(), 1, "by a snapshot");
+    assert_eq!(c.member(behind).compacted_revision(), compact_at);
+    assert_eq!(c.member(behind).leases(), vec![lease]);
+    assert_eq!(
+        c.member(behind).lease_time_to_live(lease, true).keys,
+        vec![Bytes::from("leased")]
+    );
+    // Entries after the snapshot follow it, and the member restarts from what it installed.
+    put_through(c.member(leader), "after-snapshot", "y");
+    assert_same_everywhere(&c);
+    c.stop(behind);
+    c.start(behind);
+    put_through(c.member(behind), "after-restart", "z");
+    assert_same_everywhere(&c);
 }

@@ -93,14 +93,6 @@ pub enum Error {
         /// The index the rejected entry carries.
         got: LogIndex,
     },
-    /// A truncation point beyond the end of the log.
-    #[error("cannot truncate from {from}: the log ends at {last:?}")]
-    TruncateBeyondEnd {
-        /// The requested truncation point; at most `last + 1` is accepted.
-        from: LogIndex,
-        /// The log's last entry index; `None` when no entry has been appended.
-        last: Option<LogIndex>,
-    },
     /// A record payload larger than the configured maximum.
     #[error("record of {size} bytes exceeds the limit of {limit} bytes")]
     RecordTooLarge {
@@ -192,10 +184,6 @@ impl Error {
                 reason: *reason,
             },
             Error::NonContiguous { last, got } => Error::NonContiguous { last: *last, got: *got },
-            Error::TruncateBeyondEnd { from, last } => Error::TruncateBeyondEnd {
-                from: *from,
-                last: *last,
-            },
             Error::RecordTooLarge { size, limit } => Error::RecordTooLarge {
                 size: *size,
                 limit: *limit,

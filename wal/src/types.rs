@@ -56,7 +56,9 @@ pub enum Record {
     /// The log carries the latest state into every new segment, so releasing old segments never
     /// loses it.
     State(Bytes),
-    /// Drops every entry with an index `>= from`; the next entry must have index `from`.
+    /// Drops every entry with an index `>= from`; the next entry must have index `from`. A
+    /// point past the end restarts the log there: Raft installing a snapshot that covers
+    /// every entry before `from`, which the log never held.
     Truncate {
         /// The first index dropped.
         from: LogIndex,

@@ -102,9 +102,6 @@ fn invalid_requests_fail_alone_and_write_nothing() {
             )
         }),
         (vec![entry(1, "again")], |e| matches!(e, Error::NonContiguous { .. })),
-        (vec![Record::Truncate { from: LogIndex(5) }], |e| {
-            matches!(e, Error::TruncateBeyondEnd { .. })
-        }),
     ];
     for (records, expected) in cases {
         let err = wal.append(records, Durability::Durable).unwrap().wait().unwrap_err();
@@ -127,6 +124,45 @@ fn oversized_records_are_refused_before_queueing() {
         .append(vec![entry(1, "seventeen bytes!!")], Durability::Durable)
         .unwrap_err();
     assert!(matches!(err, Error::RecordTooLarge { size: 17, limit: 16 }), "{err}");
+}
+
+#[test]
+fn a_truncation_past_the_end_restarts_the_log_there() {
+    // A Raft member that installed a snapshot covering entries 1..=99 continues at 100.
+    let fs = SimFs::new();
+    let (_, wal) = open(&fs, small());
+    append(&wal, vec![entry(1, "a"), entry(2, "b")]);
+    let err = wal
+        .append(vec![entry(100, "too soon")], Durability::Durable)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, Error::NonContiguous { last: LogIndex(2), .. }), "{err}");
+    wal.truncate_suffix(LogIndex(100)).unwrap().wait().unwrap();
+    append(&wal, vec![entry(100, "c")]);
+    let err = wal
+        .append(vec![entry(3, "the old run")], Durability::Durable)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NonContiguous {
+                last: LogIndex(100),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    drop(wal);
+    let expected = vec![
+        entry(1, "a"),
+        entry(2, "b"),
+        Record::Truncate { from: LogIndex(100) },
+        entry(100, "c"),
+    ];
+    assert_eq!(open(&fs, small()).0, expected);
 }
 
 #[test]

@@ -401,6 +401,36 @@ impl Backend {
         })
     }
 
+    /// An empty backend whose files `maker` creates: beside a live one in the same directory
+    /// (new file ids), for a state that may replace it.
+    pub(crate) fn fresh(maker: FileMaker) -> Result<Backend> {
+        let active = maker.create(0)?;
+        Ok(Backend {
+            maker,
+            sealed: BTreeMap::new(),
+            layout: Vec::new(),
+            active,
+        })
+    }
+
+    /// What creates this backend's files.
+    pub(crate) fn maker(&self) -> FileMaker {
+        self.maker.clone()
+    }
+
+    /// The paths of every file of this backend, to delete once it is replaced (none in
+    /// memory).
+    pub(crate) fn file_paths(&self) -> Vec<PathBuf> {
+        let Some(dir) = self.dir() else {
+            return Vec::new();
+        };
+        self.sealed
+            .keys()
+            .chain(std::iter::once(&self.active.id))
+            .map(|id| file_path(dir, *id))
+            .collect()
+    }
+
     pub(crate) fn append(&mut self, record: &Record<'_>) -> Result<Loc> {
         let (loc, full) = self.maker.append(&mut self.active, record)?;
         if let Some((id, sealed)) = full {

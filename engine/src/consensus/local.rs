@@ -161,6 +161,25 @@ struct LocalTransport {
 }
 
 impl Transport for LocalTransport {
+    /// Hands the stream straight to the receiver's inbox: a cut link or a member that is down
+    /// fails the transfer, and a dropped message drops the whole snapshot.
+    fn send_snapshot(&self, to: u64, message: Bytes, data: &mut dyn std::io::Read) -> std::io::Result<()> {
+        {
+            let mut guard = self.net.faults.lock();
+            let f = &mut *guard;
+            if f.cut.contains(&(self.from, to)) {
+                return Err(std::io::Error::other(format!("the link to member {to} is cut")));
+            }
+            let drop = f.drop.clamp(0.0, 1.0);
+            if drop > 0.0 && f.rng.random_bool(drop) {
+                return Err(std::io::Error::other("the snapshot was lost"));
+            }
+        }
+        let inbox = self.net.inboxes.read().get(&to).cloned();
+        let inbox = inbox.ok_or_else(|| std::io::Error::other(format!("member {to} is down")))?;
+        inbox.deliver_snapshot(&message, data).map_err(std::io::Error::other)
+    }
+
     fn send(&self, to: u64, message: Bytes) {
         let (copies, delays) = {
             let mut guard = self.net.faults.lock();

@@ -24,10 +24,6 @@ use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
 use crate::error::{Error, Result};
 
-/// Log entries kept before a checkpoint, in the WAL and in memory, so that a follower a little
-/// behind can still be sent entries rather than a snapshot (etcd keeps 5,000 too).
-pub(crate) const CATCH_UP_ENTRIES: u64 = 5000;
-
 /// The log's state (see the module docs).
 #[derive(Debug, Default)]
 struct LogState {
@@ -41,6 +37,9 @@ struct LogState {
     /// While replaying: the WAL's entries up to `snapshot_index`, kept for followers that are
     /// behind (see [`RaftLog::finish_replay`]).
     before: VecDeque<Entry>,
+    /// What the apply thread last published as applied: the index, its term and the
+    /// membership then. A snapshot sent to a follower is at least this new.
+    applied: (u64, u64, ConfState),
 }
 
 impl LogState {
@@ -157,11 +156,12 @@ impl RaftLog {
         (hard_state.term, hard_state.commit) = (term, index);
         let state = LogState {
             hard_state,
-            conf_state,
+            conf_state: conf_state.clone(),
             snapshot_index: index,
             snapshot_term: term,
             entries: VecDeque::new(),
             before: VecDeque::new(),
+            applied: (index, term, conf_state.clone()),
         };
         RaftLog {
             state: Arc::new(RwLock::new(state)),
@@ -173,9 +173,6 @@ impl RaftLog {
         let mut st = self.state.write();
         match record {
             Record::Entry { index, payload } => {
-                if index.0.saturating_add(CATCH_UP_ENTRIES) <= st.snapshot_index {
-                    return Ok(()); // older than the catch-up margin
-                }
                 let entry = Entry::parse_from_bytes(&payload).map_err(corrupt("entry"))?;
                 if index.0 <= st.snapshot_index {
                     // In the checkpoint already; kept for followers if the run is unbroken.
@@ -227,19 +224,21 @@ impl RaftLog {
         Ok(())
     }
 
-    /// Ends replaying: entries the WAL kept from before the checkpoint (its catch-up margin)
-    /// join the log, so a follower that is behind can still be sent them. The first of them
-    /// becomes the log's start (raft-rs needs the term of the entry before the first).
-    pub(crate) fn finish_replay(&self) {
+    /// Ends replaying: the last `keep` entries the WAL kept from before the checkpoint (its
+    /// catch-up margin) join the log, so a follower that is behind can still be sent them.
+    /// The first of them becomes the log's start (raft-rs needs the term of the entry before
+    /// the first).
+    pub(crate) fn finish_replay(&self, keep: u64) {
         let mut st = self.state.write();
-        let before = std::mem::take(&mut st.before);
+        let mut before = std::mem::take(&mut st.before);
+        let extra = (before.len() as u64).saturating_sub(keep.saturating_add(1));
+        before.drain(..usize::try_from(extra).unwrap_or(usize::MAX));
         let ends_right = before
             .back()
             .is_some_and(|e| e.index == st.snapshot_index && e.term == st.snapshot_term);
         if !ends_right || before.len() < 2 {
             return;
         }
-        let mut before = before;
         let Some(first) = before.pop_front() else {
             return;
         };
@@ -296,6 +295,34 @@ impl RaftLog {
     pub(crate) fn sole_voter_last_index(&self, id: u64) -> Option<u64> {
         let st = self.state.read();
         (st.conf_state.voters == [id] && st.conf_state.voters_outgoing.is_empty()).then(|| st.last_index())
+    }
+
+    /// Records what the state machine has applied: the log index, its term and the membership
+    /// then (what a snapshot made now would hold at least).
+    pub(crate) fn publish_applied(&self, index: u64, term: u64, conf_state: ConfState) {
+        self.state.write().applied = (index, term, conf_state);
+    }
+
+    /// Restarts the log after a snapshot at `index` (of `term`, with membership `conf_state`)
+    /// that this member installed: every entry it held is replaced by the snapshot.
+    pub(crate) fn install_snapshot(&self, index: u64, term: u64, conf_state: ConfState) -> Result<()> {
+        let mut st = self.state.write();
+        if index < st.snapshot_index {
+            return Err(Error::Internal(format!(
+                "a snapshot at {index} is older than the log's start at {}",
+                st.snapshot_index
+            )));
+        }
+        st.entries.clear();
+        st.before.clear();
+        st.snapshot_index = index;
+        st.snapshot_term = term;
+        st.hard_state.commit = st.hard_state.commit.max(index);
+        st.conf_state = conf_state.clone();
+        if index >= st.applied.0 {
+            st.applied = (index, term, conf_state);
+        }
+        Ok(())
     }
 
     /// Drops the entries up to `index` (of `term`), which a durable checkpoint now covers.
@@ -373,10 +400,23 @@ impl Storage for RaftLog {
         Ok(self.state.read().last_index())
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Streaming the engine's state to a follower far behind comes with multi-member
-        // groups; a group of one never asks.
-        Err(store_error(StorageError::SnapshotTemporarilyUnavailable))
+    /// Only the metadata: the node thread streams the state itself when it sends the message
+    /// (see [`super::transfer`]). Not ready while the state is older than `request_index` or
+    /// does not yet count `to` as a member (it was just added).
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let st = self.state.read();
+        let (index, term, cs) = &st.applied;
+        let member = [&cs.voters, &cs.learners, &cs.voters_outgoing, &cs.learners_next]
+            .iter()
+            .any(|ids| ids.contains(&to));
+        if *index == 0 || *index < request_index || !member {
+            return Err(store_error(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let mut snapshot = Snapshot::default();
+        let meta = snapshot.mut_metadata();
+        (meta.index, meta.term) = (*index, *term);
+        meta.set_conf_state(cs.clone());
+        Ok(snapshot)
     }
 }
 
@@ -428,18 +468,25 @@ mod tests {
         for i in 1..=12 {
             log.replay(entry_record(&entry(i, 2)).unwrap()).unwrap();
         }
-        log.finish_replay();
+        log.finish_replay(100);
         // Entry 1 becomes the start (its term is what raft-rs asks about); 2..=12 are there.
         assert_eq!((log.first_index().unwrap(), log.term(1).unwrap()), (2, 2));
         let got = log.entries(2, 13, None, ctx()).unwrap();
         assert_eq!(got.first().map(|e| e.index), Some(2));
         assert_eq!(got.len(), 11);
+        // Only the last `keep` of them stay.
+        let trimmed = RaftLog::new(10, 2, ConfState::default());
+        for i in 1..=12 {
+            trimmed.replay(entry_record(&entry(i, 2)).unwrap()).unwrap();
+        }
+        trimmed.finish_replay(3);
+        assert_eq!(trimmed.first_index().unwrap(), 8);
         // A run that does not reach the checkpoint is not used.
         let gap = RaftLog::new(10, 2, ConfState::default());
         for i in 1..=8 {
             gap.replay(entry_record(&entry(i, 2)).unwrap()).unwrap();
         }
-        gap.finish_replay();
+        gap.finish_replay(100);
         assert_eq!(gap.first_index().unwrap(), 11);
     }
 

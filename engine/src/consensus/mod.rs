@@ -4,6 +4,7 @@
 pub(crate) mod local;
 pub(crate) mod log;
 pub(crate) mod node;
+pub(crate) mod transfer;
 
 use raft::eraftpb::ConfState;
 

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message};
+use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
 use super::log::{encode_state, entry_record, RaftLog};
+use super::transfer::{self, SnapshotSource, Staged};
 use crate::error::{Error, Result};
 
 /// Where Raft messages for the other members of a group go: the seam for the network. A
@@ -39,6 +40,13 @@ use crate::error::{Error, Result};
 pub trait Transport: Send + Sync {
     /// Sends `message` to member `to`.
     fn send(&self, to: u64, message: bytes::Bytes);
+
+    /// Streams a snapshot to member `to`: `message` is the raft message that carries its
+    /// metadata, `data` the engine's state; the receiver hands both to
+    /// [`crate::Inbox::deliver_snapshot`]. Returns once the receiver has installed it, or with
+    /// the reason it failed (raft then tries again later). Called on a thread of its own: it
+    /// may take as long as the transfer does. `data` is read to its end, in order, once.
+    fn send_snapshot(&self, to: u64, message: bytes::Bytes, data: &mut dyn std::io::Read) -> std::io::Result<()>;
 }
 
 /// The transport of a group of one: there is no one to send to.
@@ -47,6 +55,10 @@ pub(crate) struct NoPeers;
 impl Transport for NoPeers {
     fn send(&self, to: u64, _message: bytes::Bytes) {
         tracing::warn!(to, "a raft message for a peer in a group of one");
+    }
+
+    fn send_snapshot(&self, to: u64, _message: bytes::Bytes, _data: &mut dyn std::io::Read) -> std::io::Result<()> {
+        Err(std::io::Error::other(format!("a group of one has no member {to}")))
     }
 }
 
@@ -124,6 +136,15 @@ pub(crate) enum Input {
     TransferLeader { to: u64, reply: Sender<Result<()>> },
     /// A message from a peer.
     Step(Message),
+    /// A snapshot from the leader (`message`), its state staged beside the live one; the
+    /// answer says whether raft accepted and the state was installed.
+    Snapshot {
+        message: Message,
+        staged: Staged,
+        reply: Sender<Result<bool>>,
+    },
+    /// How streaming a snapshot to member `to` ended.
+    SnapshotSent { to: u64, delivered: bool },
     /// Stop the node thread.
     Stop,
 }
@@ -143,6 +164,9 @@ pub(crate) enum ToApply {
     /// This member became the leader in `term`: leases restart their clocks (never expiring
     /// early), and only then may this member expire them.
     BecameLeader { term: u64 },
+    /// A snapshot raft accepted: the staged state replaces the live one (after everything
+    /// handed over before it is applied), durably, before the answer.
+    Install { staged: Staged, reply: Sender<Result<()>> },
 }
 
 /// Tunables of the node.
@@ -167,7 +191,7 @@ pub(crate) struct Node {
 
 impl Node {
     /// Starts the node thread (and its persister) over `log` and `wal`; committed entries go
-    /// to `apply`.
+    /// to `apply`; a follower far behind is sent what `snapshots` writes.
     pub(crate) fn spawn(
         config: NodeConfig,
         log: RaftLog,
@@ -175,6 +199,7 @@ impl Node {
         transport: Arc<dyn Transport>,
         apply: Sender<ToApply>,
         status: Arc<Status>,
+        snapshots: SnapshotSource,
     ) -> Result<Node> {
         let raft_config = raft::Config {
             id: config.id,
@@ -219,6 +244,10 @@ impl Node {
             broken: None,
             status,
             campaign_when_applied: false,
+            snapshots,
+            inputs: tx.clone(),
+            staged: None,
+            engine_applied: config.applied,
             config,
         };
         let thread = std::thread::Builder::new()
@@ -350,6 +379,15 @@ struct NodeThread {
     /// Campaign once raft has seen the conf change that left this member the sole voter
     /// applied.
     campaign_when_applied: bool,
+    /// Writes the snapshots sent to followers far behind.
+    snapshots: SnapshotSource,
+    /// This thread's own inputs, for snapshot senders to report to.
+    inputs: Sender<Input>,
+    /// A snapshot from the leader stepped into raft, until its Ready installs it.
+    staged: Option<(Staged, Sender<Result<bool>>)>,
+    /// The last index the apply thread reported applied; raft is told as much of it as it
+    /// allows (its applied index never passes what it committed and persisted).
+    engine_applied: u64,
     config: NodeConfig,
 }
 
@@ -368,7 +406,10 @@ impl NodeThread {
                     Ok(input) => self.handle(input),
                 },
                 recv(persisted) -> p => match p {
-                    Ok(Persisted::Ready(number)) => self.raw.on_persist_ready(number),
+                    Ok(Persisted::Ready(number)) => {
+                        self.raw.on_persist_ready(number);
+                        self.advance_applied();
+                    }
                     Ok(Persisted::Failed(e)) => {
                         tracing::error!(error = %e, "the WAL failed: this member stops accepting writes");
                         self.broken = Some(e);
@@ -391,7 +432,10 @@ impl NodeThread {
             }
             while let Ok(p) = persisted.try_recv() {
                 match p {
-                    Persisted::Ready(number) => self.raw.on_persist_ready(number),
+                    Persisted::Ready(number) => {
+                        self.raw.on_persist_ready(number);
+                        self.advance_applied();
+                    }
                     Persisted::Failed(e) => self.broken = Some(e),
                 }
             }
@@ -403,6 +447,10 @@ impl NodeThread {
             if let Err(e) = self.on_ready() {
                 tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
                 self.broken = Some(e);
+            }
+            if let Some((_, reply)) = self.staged.take() {
+                // Raft did not take it (stale, or no longer from the leader): the staged files go.
+                let _ = reply.send(Ok(false));
             }
             if stop {
                 break;
@@ -462,13 +510,37 @@ impl NodeThread {
                 };
                 let _ = reply.send(answer);
             }
+            Input::Step(m) if m.get_msg_type() == MessageType::MsgSnapshot => {
+                tracing::warn!(from = m.from, "dropping a snapshot message that came without its data");
+            }
             Input::Step(m) => {
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "a raft message was not stepped");
                 }
             }
+            Input::Snapshot { message, staged, reply } => {
+                if let Some((_, earlier)) = self.staged.take() {
+                    let _ = earlier.send(Ok(false));
+                }
+                match self.raw.step(message) {
+                    Ok(()) => self.staged = Some((staged, reply)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a snapshot message was not stepped");
+                        let _ = reply.send(Ok(false));
+                    }
+                }
+            }
+            Input::SnapshotSent { to, delivered } => {
+                let status = if delivered {
+                    raft::SnapshotStatus::Finish
+                } else {
+                    raft::SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(to, status);
+            }
             Input::Applied(index) => {
-                self.raw.advance_apply_to(index);
+                self.engine_applied = self.engine_applied.max(index);
+                self.advance_applied();
                 let log = &self.raw.raft.raft_log;
                 if self.campaign_when_applied && log.applied >= log.committed {
                     self.campaign_when_applied = false;
@@ -480,20 +552,76 @@ impl NodeThread {
                 }
             }
             Input::Compact { index } => {
-                // Never past what raft itself has seen applied, nor, on a leader, past what a
-                // follower still needs (sending a snapshot instead comes later).
-                let raft = &self.raw.raft;
-                let needed = if raft.state == StateRole::Leader {
-                    raft.prs().iter().map(|(_, pr)| pr.matched).min().unwrap_or(index)
-                } else {
-                    index
-                };
-                let upto = index.min(raft.raft_log.applied).min(needed);
+                // Never past what raft itself has seen applied. A follower that needs entries
+                // from before it is sent a snapshot instead.
+                let upto = index.min(self.raw.raft.raft_log.applied);
                 if let Ok(term) = raft::Storage::term(&self.log, upto) {
                     self.log.compact_to(upto, term);
                 }
             }
             Input::Stop => {}
+        }
+    }
+
+    /// Tells raft what the apply thread applied, as far as raft allows: never past what it
+    /// committed and persisted (after a snapshot, the state can be ahead of both).
+    fn advance_applied(&mut self) {
+        let log = &self.raw.raft.raft_log;
+        let target = self.engine_applied.min(log.committed).min(log.persisted);
+        if target > log.applied {
+            self.raw.advance_apply_to(target);
+        }
+    }
+
+    /// Installs the snapshot raft accepted: the apply thread swaps in the staged state and
+    /// checkpoints it (after applying everything handed over before), then the in-memory log
+    /// restarts after it.
+    fn install(&mut self, snapshot: &Snapshot) -> Result<()> {
+        let meta = snapshot.get_metadata();
+        let Some((staged, reply)) = self.staged.take() else {
+            return Err(Error::Internal(format!(
+                "raft accepted a snapshot at {} that came without its data",
+                meta.index
+            )));
+        };
+        let (done, answer) = crossbeam_channel::bounded(1);
+        self.apply
+            .send(ToApply::Install { staged, reply: done })
+            .map_err(|_| Error::Closed)?;
+        let installed = answer.recv().map_err(|_| Error::Closed).and_then(|r| r);
+        if let Err(e) = installed {
+            let _ = reply.send(Err(e.clone()));
+            return Err(e);
+        }
+        self.log
+            .install_snapshot(meta.index, meta.term, meta.get_conf_state().clone())?;
+        self.engine_applied = self.engine_applied.max(meta.index);
+        tracing::info!(
+            index = meta.index,
+            term = meta.term,
+            "installed a snapshot from the leader"
+        );
+        let _ = reply.send(Ok(true));
+        Ok(())
+    }
+
+    /// Sends a Ready's messages; snapshots are streamed on threads of their own.
+    fn dispatch(&self, messages: Vec<Message>) {
+        let (snapshots, rest): (Vec<_>, Vec<_>) = messages
+            .into_iter()
+            .partition(|m| m.get_msg_type() == MessageType::MsgSnapshot);
+        send_all(&*self.transport, rest);
+        for m in snapshots {
+            match m.write_to_bytes() {
+                Ok(bytes) => transfer::send(
+                    m.to,
+                    bytes::Bytes::from(bytes),
+                    self.snapshots.clone(),
+                    self.transport.clone(),
+                    self.inputs.clone(),
+                ),
+                Err(e) => tracing::error!(error = %e, "cannot encode a snapshot message"),
+            }
         }
     }
 
@@ -606,14 +734,21 @@ impl NodeThread {
             .term
             .store(self.raw.raft.term, std::sync::atomic::Ordering::Relaxed);
         if !rd.messages().is_empty() {
-            send_all(&*self.transport, rd.take_messages());
+            self.dispatch(rd.take_messages());
         }
-        if !rd.snapshot().is_empty() {
-            return Err(Error::Internal(
-                "a raft snapshot arrived; installing one comes with multi-member groups".into(),
-            ));
-        }
-        let conf_before = self.log.conf_state();
+        // A snapshot comes first: the entries of this Ready follow it.
+        let installed = if rd.snapshot().is_empty() {
+            None
+        } else {
+            let snapshot = rd.snapshot().clone();
+            self.install(&snapshot)?;
+            Some(snapshot.get_metadata().index)
+        };
+        let conf_before = if installed.is_some() {
+            ConfState::default()
+        } else {
+            self.log.conf_state()
+        };
         self.committed(rd.take_committed_entries())?;
         let sole_voter = self.log.conf_state() != conf_before
             && self.log.conf_state().voters == [self.config.id]
@@ -637,7 +772,13 @@ impl NodeThread {
         let persisted_messages = rd.take_persisted_messages();
         let number = rd.number();
         self.raw.advance_append_async(rd);
-        let mut records = Vec::with_capacity(entries.len() + 2);
+        let mut records = Vec::with_capacity(entries.len() + 3);
+        if let Some(index) = installed {
+            // The log restarts after the snapshot (the checkpoint covers what came before).
+            records.push(Record::Truncate {
+                from: LogIndex(index + 1),
+            });
+        }
         if let Some(from) = replaced {
             records.push(Record::Truncate { from: LogIndex(from) });
         }

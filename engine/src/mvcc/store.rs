@@ -263,10 +263,17 @@ impl Store {
     /// rebuilt by scanning its data files.
     pub(crate) fn open(data_dir: &Path, file_size: u64, meta: Option<&StoreMeta>) -> Result<Store> {
         let layout = meta.map(|m| m.layout.as_slice()).unwrap_or_default();
-        let mut store = Store::with_backend(Backend::open(data_dir, file_size, layout)?);
-        let Some(meta) = meta else {
-            return Ok(store);
-        };
+        let backend = Backend::open(data_dir, file_size, layout)?;
+        match meta {
+            None => Ok(Store::with_backend(backend)),
+            Some(meta) => Store::rebuild(backend, meta.current, meta.compacted),
+        }
+    }
+
+    /// The store whose records `backend` holds, at revision `current`, compacted at
+    /// `compacted`: the index and revision log are rebuilt by scanning the records.
+    pub(crate) fn rebuild(backend: Backend, current: i64, compacted: i64) -> Result<Store> {
+        let mut store = Store::with_backend(backend);
         let Store {
             index, log, backend, ..
         } = &mut store;
@@ -277,12 +284,22 @@ impl Store {
             log.insert(record.rev, loc);
             Ok(())
         })?;
-        store.current = meta.current;
-        if meta.compacted > 0 {
-            store.begin_compaction(meta.compacted)?;
+        store.current = current;
+        if compacted > 0 {
+            store.begin_compaction(compacted)?;
             while store.compaction_step(usize::MAX) {}
         }
         Ok(store)
+    }
+
+    /// What creates this store's data files (for a state built beside it).
+    pub(crate) fn file_maker(&self) -> FileMaker {
+        self.backend.maker()
+    }
+
+    /// The paths of every data file of this store (to delete once it is replaced).
+    pub(crate) fn file_paths(&self) -> Vec<std::path::PathBuf> {
+        self.backend.file_paths()
     }
 
     /// Writes buffered records to the data files, so that [`Store::meta`] names them.
@@ -573,9 +590,9 @@ impl Store {
         })
     }
 
-    /// Every key that exists now with a lease attached, and its lease (for the lessor to
-    /// rebuild its key sets on open).
-    pub(crate) fn leased_keys(&self) -> Result<Vec<(Bytes, i64)>> {
+    /// Every key that exists now with a lease attached, as lease changes from none (for the
+    /// lessor to rebuild its key sets from).
+    pub(crate) fn leased_keys(&self) -> Result<Vec<LeaseChange>> {
         let mut out = Vec::new();
         for (key, found) in self
             .index
@@ -584,7 +601,11 @@ impl Store {
         {
             let lease = self.record(found.modified)?.lease;
             if lease != 0 {
-                out.push((Bytes::from(key), lease));
+                out.push(LeaseChange {
+                    key: Bytes::from(key),
+                    from: 0,
+                    to: lease,
+                });
             }
         }
         Ok(out)

@@ -291,6 +291,14 @@ impl WatchHub {
         }
     }
 
+    /// Every watcher catches up from history again (the state was replaced by a snapshot:
+    /// what it will be notified of next may not follow what it saw).
+    pub(crate) fn unsync_all(&mut self) {
+        for w in self.watchers.values_mut() {
+            w.synced = false;
+        }
+    }
+
     /// Whether watcher `id` has been handed every revision up to `current` (synced, and
     /// nothing older still in its buffer). A cancelled watcher counts as caught up.
     pub(crate) fn caught_up(&self, id: u64, current: i64) -> bool {
