@@ -8,10 +8,11 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (4)
+//! 8       4     format version, u32 LE (5)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
-//! 24      len   body: postcard of (applied index and term, membership, recent request IDs,
+//! 24      len   body: postcard of (applied index and term, membership with each member's
+//!               attributes, recent request IDs,
 //!               layout epoch, store meta, leases, alarms)
 //! ```
 //!
@@ -35,7 +36,7 @@ use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 const HEADER_LEN: usize = 24;
 const NAME: &str = "checkpoint";
 const TMP_NAME: &str = "checkpoint.tmp";

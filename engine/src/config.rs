@@ -24,6 +24,10 @@ pub struct Config {
     /// The members of a new group (etcd's `--initial-cluster`), this one included; empty for
     /// a group of one. Ignored once the member has data. Default empty.
     pub initial_members: Vec<u64>,
+    /// The names and peer URLs of `initial_members` (etcd's `--initial-cluster`), recorded in
+    /// the group's first entries; members not listed have none until they are updated or
+    /// publish. Default empty.
+    pub initial_attributes: std::collections::BTreeMap<u64, crate::MemberAttributes>,
     /// A new member joining a group that exists already (etcd's `--initial-cluster-state
     /// existing`): it starts with no membership and learns it, and the log, from the leader
     /// after the group has added it. Default false.
@@ -90,6 +94,7 @@ impl Default for Config {
             snapshot_catch_up_entries: 5_000,
             member_id: 1,
             initial_members: Vec::new(),
+            initial_attributes: Default::default(),
             join_existing: false,
             raft_tick: Duration::from_millis(100),
             election_ticks: 10,

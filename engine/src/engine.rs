@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{Input, MemberChange, NoPeers, Node, NodeConfig, Status, ToApply, Transport};
 use crate::consensus::transfer::Staged;
-use crate::consensus::{Membership, RecentRequests};
+use crate::consensus::{MemberAttributes, Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
@@ -64,6 +64,21 @@ pub struct Members {
     pub voters: Vec<u64>,
     /// Members that receive the log without voting.
     pub learners: Vec<u64>,
+}
+
+/// A member of the group, as [`Engine::member_list`] reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// Its Raft ID.
+    pub id: u64,
+    /// A learner receives the log but does not vote.
+    pub is_learner: bool,
+    /// See [`MemberAttributes::name`].
+    pub name: String,
+    /// Where its peers reach it.
+    pub peer_urls: Vec<String>,
+    /// Where clients reach it; empty until it publishes them.
+    pub client_urls: Vec<String>,
 }
 
 /// Delivers Raft messages to one member (see [`Engine::inbox`]). It does not keep the
@@ -456,7 +471,11 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
 /// proposed, so replay reaches the same state whatever the configuration is now.
 fn apply(state: &mut State, request: &Request) -> Answer {
     let State {
-        store, lessor, alarms, ..
+        store,
+        lessor,
+        alarms,
+        membership,
+        ..
     } = state;
     if alarms.contains(&Alarm::NoSpace) {
         // etcd's capped applier: what adds data fails; reads, deletes, compaction and leases'
@@ -511,6 +530,22 @@ fn apply(state: &mut State, request: &Request) -> Answer {
                 lessor.checkpoint(*id, *ttl);
             }
             Ok((Response::LeaseCheckpoint, store.current_revision()))
+        }
+        Request::MemberUpdate { id, peer_urls } => {
+            if !membership.contains(*id) {
+                return Err(Error::MemberNotFound);
+            }
+            membership.attributes.entry(*id).or_default().peer_urls = peer_urls.clone();
+            Ok((Response::Member, store.current_revision()))
+        }
+        Request::MemberPublish { id, name, client_urls } => {
+            if !membership.contains(*id) {
+                return Err(Error::MemberNotFound);
+            }
+            let attributes = membership.attributes.entry(*id).or_default();
+            attributes.name = name.clone();
+            attributes.client_urls = client_urls.clone();
+            Ok((Response::Member, store.current_revision()))
         }
         Request::Alarm { activate, alarm } => {
             if *activate {
@@ -704,8 +739,8 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                 // metadata said. A waiter for it times out, as for any outcome not known.
                 continue;
             }
-            if let Some(cs) = conf {
-                st.membership = Membership::from(&cs);
+            if let Some(change) = conf {
+                st.membership.apply(&change);
                 if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
                     answers.push((id, Ok((Response::ConfChange, st.store.current_revision()))));
                 }
@@ -1065,7 +1100,7 @@ impl Engine {
             } else {
                 config.initial_members.clone()
             };
-            crate::consensus::log::bootstrap(&log, &wal, &members)?;
+            crate::consensus::log::bootstrap(&log, &wal, &members, &config.initial_attributes)?;
         }
         let single = if log.last_index() > state.applied_index && state.membership.voters.is_empty() {
             // A new group: its members are in its first entries.
@@ -1224,22 +1259,68 @@ impl Engine {
         }
     }
 
+    /// Every member with its attributes, in ID order (etcd's `MemberList`), as this member
+    /// has applied them.
+    pub fn member_list(&self) -> Vec<Member> {
+        let st = self.inner.state.read();
+        let m = &st.membership;
+        let mut ids: Vec<u64> = m
+            .voters
+            .iter()
+            .chain(&m.voters_outgoing)
+            .chain(&m.learners)
+            .chain(&m.learners_next)
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| {
+                let attributes = m.attributes.get(&id).cloned().unwrap_or_default();
+                Member {
+                    id,
+                    is_learner: m.learners.contains(&id),
+                    name: attributes.name,
+                    peer_urls: attributes.peer_urls,
+                    client_urls: attributes.client_urls,
+                }
+            })
+            .collect()
+    }
+
+    /// Replaces member `id`'s peer URLs (etcd's `MemberUpdate`); returns once applied here.
+    pub fn member_update(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.inner.propose(Request::MemberUpdate { id, peer_urls }).map(|_| ())
+    }
+
+    /// Records this member's name and client URLs in the group (what an etcd member publishes
+    /// when it starts); returns once applied here.
+    pub fn member_publish(&self, name: String, client_urls: Vec<String>) -> Result<()> {
+        let id = self.inner.config.member_id;
+        self.inner
+            .propose(Request::MemberPublish { id, name, client_urls })
+            .map(|_| ())
+    }
+
     fn change_members(&self, change: MemberChange) -> Result<()> {
         let (rx, timeout) = self.inner.submit_input(|id| Input::ConfChange { id, change })?;
         wait_answer(rx, timeout).map(|_| ())
     }
 
-    /// Adds voter `id` (etcd's `MemberAdd`); returns once the change is applied here. Call
-    /// it on the leader. One membership change at a time: a second fails with
-    /// [`Error::ConfChangePending`] until the first is applied.
-    pub fn member_add(&self, id: u64) -> Result<()> {
-        self.change_members(MemberChange::AddVoter(id))
+    /// Adds voter `id`, reached at `peer_urls` (etcd's `MemberAdd`); returns once the change
+    /// is applied here. Call it on the leader. One membership change at a time: a second
+    /// fails with [`Error::ConfChangePending`] until the first is applied.
+    pub fn member_add(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.change_members(MemberChange::AddVoter(id, MemberAttributes::with_peer_urls(peer_urls)))
     }
 
     /// Adds learner `id` (etcd's `MemberAdd` with `is_learner`): it receives the log but does
     /// not vote, until [`Engine::member_promote`].
-    pub fn member_add_learner(&self, id: u64) -> Result<()> {
-        self.change_members(MemberChange::AddLearner(id))
+    pub fn member_add_learner(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.change_members(MemberChange::AddLearner(
+            id,
+            MemberAttributes::with_peer_urls(peer_urls),
+        ))
     }
 
     /// Promotes learner `id` to voter (etcd's `MemberPromote`); it must have caught up with

@@ -47,7 +47,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
 pub use consensus::local::LocalNetwork;
 pub use consensus::node::Transport;
-pub use engine::{Applied, Defragmented, Engine, Inbox, LeaseGrant, Members, Pending, PendingFuture, Watch};
+pub use consensus::MemberAttributes;
+pub use engine::{Applied, Defragmented, Engine, Inbox, LeaseGrant, Member, Members, Pending, PendingFuture, Watch};
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

@@ -33,6 +33,17 @@ pub(crate) enum Request {
     LeaseCheckpoint {
         remaining: Vec<(i64, i64)>,
     },
+    /// Replaces member `id`'s peer URLs.
+    MemberUpdate {
+        id: u64,
+        peer_urls: Vec<String>,
+    },
+    /// Member `id` publishes its name and client URLs.
+    MemberPublish {
+        id: u64,
+        name: String,
+        client_urls: Vec<String>,
+    },
     /// Raises (`activate`) or disarms an alarm.
     Alarm {
         activate: bool,
@@ -65,6 +76,8 @@ pub(crate) enum Response {
     Alarm,
     /// A membership change was applied.
     ConfChange,
+    /// A member's attributes changed.
+    Member,
 }
 
 /// Why a logged payload could not be decoded.

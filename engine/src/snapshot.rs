@@ -1,9 +1,9 @@
 //! Snapshots: the complete state as a stream, written and read in bounded memory.
 //!
 //! ```text
-//! "CAIRNSNP" | format version u32 LE (3)
+//! "CAIRNSNP" | format version u32 LE (4)
 //! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
-//!   1 meta     postcard of (applied index and term, membership, recent request IDs,
+//!   1 meta     postcard of (applied index and term, membership with attributes, recent request IDs,
 //!              revision, compacted revision, leases, alarms)
 //!   2 records  data-file records (see `backend::record`), back to back, in revision order
 //!   3 end      the number of records, u64 LE
@@ -24,7 +24,7 @@ use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 const META: u32 = 1;
 const RECORDS: u32 = 2;
 const END: u32 = 3;

@@ -12,16 +12,33 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use std::sync::Arc;
 
-use cairn_engine::{Config, Engine, Error, LocalNetwork, ManualClock, PutRequest, RangeRequest};
+use cairn_engine::{
+    Config, Engine, Error, LocalNetwork, ManualClock, Member, MemberAttributes, PutRequest, RangeRequest,
+};
 
 const MEMBERS: [u64; 3] = [1, 2, 3];
 /// How long anything may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 
+fn peer_url(id: u64) -> String {
+    format!("http://m{id}:2380")
+}
+
 fn config(id: u64) -> Config {
+    let initial_attributes = MEMBERS
+        .iter()
+        .map(|m| {
+            let attributes = MemberAttributes {
+                name: format!("m{m}"),
+                ..MemberAttributes::with_peer_urls(vec![peer_url(*m)])
+            };
+            (*m, attributes)
+        })
+        .collect();
     Config {
         member_id: id,
         initial_members: MEMBERS.to_vec(),
+        initial_attributes,
         raft_tick: Duration::from_millis(10),
         election_ticks: 10,
         heartbeat_ticks: 1,
@@ -169,6 +186,19 @@ fn three_members_elect_a_leader_and_replicate_writes_through_any_member() {
         put_through(c.member(through), &format!("k{i:02}"), &format!("v{i}"));
     }
     assert_eq!(everything(c.member(leader)).len(), 30);
+    // Every member knows the others' names and peer URLs from the bootstrap entries.
+    for e in c.running() {
+        let names: Vec<(u64, String, Vec<String>)> = e
+            .member_list()
+            .into_iter()
+            .map(|m| (m.id, m.name, m.peer_urls))
+            .collect();
+        let expected: Vec<_> = MEMBERS
+            .iter()
+            .map(|m| (*m, format!("m{m}"), vec![peer_url(*m)]))
+            .collect();
+        assert_eq!(names, expected, "member {}", e.member_id());
+    }
     // Leases: granted through any member; kept alive by the leader only, which expires them.
     let follower = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
     let lease = c.member(follower).lease_grant(0, 60).unwrap().response.id;
@@ -255,8 +285,18 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         put_through(c.member(leader), &format!("k{i}"), "v");
     }
     // A fourth member joins as a learner, catches up, and is promoted.
-    c.member(leader).member_add_learner(4).unwrap();
-    assert!(matches!(c.member(leader).member_add(4), Err(Error::MemberExists)));
+    c.member(leader).member_add_learner(4, vec![peer_url(4)]).unwrap();
+    assert!(matches!(
+        c.member(leader).member_add(4, vec![peer_url(4)]),
+        Err(Error::MemberExists)
+    ));
+    let added = Member {
+        id: 4,
+        is_learner: true,
+        peer_urls: vec![peer_url(4)],
+        ..Member::default()
+    };
+    assert_eq!(c.member(leader).member_list().last(), Some(&added));
     let dir4 = c.dir(1).parent().unwrap().join("m4");
     let joiner = Engine::open_member(
         &dir4,
@@ -277,6 +317,18 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         put_through(c.member(leader), "writes-go-on", "x");
     }
     assert_eq!(joiner.members().learners, vec![4]);
+    // Its attributes: peer URLs updated through the group, name and client URLs published by
+    // the member itself (as an etcd member does when it starts).
+    joiner
+        .member_publish("m4".into(), vec!["http://m4:2379".into()])
+        .unwrap();
+    c.member(leader)
+        .member_update(4, vec!["http://m4-new:2380".into()])
+        .unwrap();
+    assert!(matches!(
+        c.member(leader).member_update(9, vec![]),
+        Err(Error::MemberNotFound)
+    ));
     // The leader may not have heard the learner's last acknowledgement yet: it refuses the
     // promotion until it has, as etcd does.
     let deadline = Instant::now() + PATIENCE;
@@ -290,6 +342,14 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         }
     }
     assert_eq!(c.member(leader).members().voters.len(), 4);
+    let promoted = Member {
+        id: 4,
+        is_learner: false,
+        name: "m4".into(),
+        peer_urls: vec!["http://m4-new:2380".into()],
+        client_urls: vec!["http://m4:2379".into()],
+    };
+    assert_eq!(c.member(leader).member_list().last(), Some(&promoted));
     assert!(matches!(
         c.member(leader).member_promote(4),
         Err(Error::MemberNotLearner)
@@ -309,6 +369,7 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         Err(Error::MemberNotFound)
     ));
     assert!(!c.member(next).members().voters.contains(&leader));
+    assert!(c.member(next).member_list().iter().all(|m| m.id != leader));
     c.stop(leader);
     put_through(&joiner, "after", "changes");
     let remaining: Vec<&Engine> = c.running().chain(std::iter::once(&joiner)).collect();
@@ -396,6 +457,7 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     assert_eq!(c.member(behind).snapshots_installed(), 1, "by a snapshot");
     assert_eq!(c.member(behind).compacted_revision(), compact_at);
     assert_eq!(c.member(behind).leases(), vec![lease]);
+    assert_eq!(c.member(behind).member_list(), c.member(leader).member_list());
     assert_eq!(
         c.member(behind).lease_time_to_live(lease, true).keys,
         vec![Bytes::from("leased")]

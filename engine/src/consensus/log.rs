@@ -112,16 +112,23 @@ pub(crate) fn entry_record(e: &Entry) -> Result<Record> {
     })
 }
 
-/// Starts a new group's log, as etcd does: entry `i` (term 1) adds member `members[i-1]`,
-/// and all are committed, so the log alone says who the members are (a member that joins
-/// later learns them by replicating it). Written to the WAL and synced before the node starts.
-pub(crate) fn bootstrap(log: &RaftLog, wal: &cairn_wal::Wal, members: &[u64]) -> Result<()> {
+/// Starts a new group's log, as etcd does: entry `i` (term 1) adds member `members[i-1]`
+/// with its attributes, and all are committed, so the log alone says who the members are (a
+/// member that joins later learns them by replicating it). Written to the WAL and synced
+/// before the node starts.
+pub(crate) fn bootstrap(
+    log: &RaftLog,
+    wal: &cairn_wal::Wal,
+    members: &[u64],
+    attributes: &std::collections::BTreeMap<u64, super::MemberAttributes>,
+) -> Result<()> {
     use raft::eraftpb::{ConfChange, ConfChangeType, EntryType};
     let mut entries = Vec::with_capacity(members.len());
     for (i, id) in members.iter().enumerate() {
         let cc = ConfChange {
             change_type: ConfChangeType::AddNode,
             node_id: *id,
+            context: attributes.get(id).map(|a| a.encode()).unwrap_or_default().into(),
             ..ConfChange::default()
         };
         let data = cc

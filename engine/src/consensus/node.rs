@@ -29,6 +29,7 @@ use raft::{RawNode, StateRole};
 
 use super::log::{encode_state, entry_record, RaftLog};
 use super::transfer::{self, SnapshotSource, Staged};
+use super::{ConfApplied, MemberAttributes};
 use crate::error::{Error, Result};
 
 /// Where Raft messages for the other members of a group go: the seam for the network. A
@@ -72,10 +73,10 @@ fn send_all(transport: &dyn Transport, messages: Vec<Message>) {
 }
 
 /// A membership change, as the engine asks for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum MemberChange {
-    AddVoter(u64),
-    AddLearner(u64),
+    AddVoter(u64, MemberAttributes),
+    AddLearner(u64, MemberAttributes),
     /// A learner becomes a voter; it must have caught up with the leader.
     Promote(u64),
     Remove(u64),
@@ -157,8 +158,8 @@ enum Persisted {
 
 /// What the apply thread is handed.
 pub(crate) enum ToApply {
-    /// Committed entries, in order, each with the membership after it if it changed it.
-    Entries(Vec<(Entry, Option<ConfState>)>),
+    /// Committed entries, in order, each with the membership change it applied, if any.
+    Entries(Vec<(Entry, Option<ConfApplied>)>),
     /// A proposal that will never be applied.
     Dropped { id: u64, error: Error },
     /// This member became the leader in `term`: leases restart their clocks (never expiring
@@ -642,12 +643,19 @@ impl NodeThread {
         let conf = raft.prs().conf();
         let is_voter = |m: u64| conf.voters().contains(m);
         let is_learner = |m: u64| conf.learners().contains(&m);
+        let mut context = Vec::new();
         let (kind, node) = match change {
-            MemberChange::AddVoter(m) | MemberChange::AddLearner(m) if is_voter(m) || is_learner(m) => {
+            MemberChange::AddVoter(m, _) | MemberChange::AddLearner(m, _) if is_voter(m) || is_learner(m) => {
                 return Err(Error::MemberExists);
             }
-            MemberChange::AddVoter(m) => (ConfChangeType::AddNode, m),
-            MemberChange::AddLearner(m) => (ConfChangeType::AddLearnerNode, m),
+            MemberChange::AddVoter(m, attributes) => {
+                context = attributes.encode();
+                (ConfChangeType::AddNode, m)
+            }
+            MemberChange::AddLearner(m, attributes) => {
+                context = attributes.encode();
+                (ConfChangeType::AddLearnerNode, m)
+            }
             MemberChange::Promote(m) if !is_learner(m) => return Err(Error::MemberNotLearner),
             MemberChange::Promote(m) => {
                 let leader = raft.raft_log.last_index();
@@ -667,6 +675,7 @@ impl NodeThread {
         };
         let cc = ConfChangeV2 {
             changes: vec![single].into(),
+            context: context.into(),
             ..ConfChangeV2::default()
         };
         self.raw
@@ -689,12 +698,12 @@ impl NodeThread {
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
                         .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
-                    Some(self.apply_conf_change(&cc)?)
+                    Some(self.apply_conf_change(&cc, cc.context.clone())?)
                 }
                 EntryType::EntryConfChangeV2 => {
                     let cc = ConfChangeV2::parse_from_bytes(&e.data)
                         .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
-                    Some(self.apply_conf_change(&cc)?)
+                    Some(self.apply_conf_change(&cc, cc.context.clone())?)
                 }
             };
             out.push((e, cs));
@@ -702,13 +711,25 @@ impl NodeThread {
         self.apply.send(ToApply::Entries(out)).map_err(|_| Error::Closed)
     }
 
-    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) -> Result<ConfState> {
-        let cs = self
+    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI, context: bytes::Bytes) -> Result<ConfApplied> {
+        use raft::eraftpb::ConfChangeType;
+        let state = self
             .raw
             .apply_conf_change(cc)
             .map_err(|e| Error::Internal(format!("apply conf change: {e}")))?;
-        self.log.set_conf_state(cs.clone());
-        Ok(cs)
+        self.log.set_conf_state(state.clone());
+        let mut applied = ConfApplied {
+            state,
+            context,
+            ..ConfApplied::default()
+        };
+        for change in cc.as_v2().changes.iter() {
+            match change.get_change_type() {
+                ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => applied.added.push(change.node_id),
+                ConfChangeType::RemoveNode => applied.removed.push(change.node_id),
+            }
+        }
+        Ok(applied)
     }
 
     fn on_ready(&mut self) -> Result<()> {
