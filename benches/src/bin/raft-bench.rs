@@ -19,6 +19,22 @@
 //! cores, so three members pay for three fdatasyncs on one device per commit where a real
 //! group pays for one on each of three: the 3-member cost here is an upper bound.
 //!
+//! With `--catch-up KEYS`, one more experiment follows, on a fresh group of three: one
+//! follower is stopped, KEYS distinct keys (256-byte values) are put through the leader by 64
+//! proposer threads (the write time), then the follower is restarted and timed until it has
+//! applied the leader's revision (the catch-up time, from reopening it). The leader has
+//! released the entries it missed by then, so it must be sent a snapshot of the whole state
+//! (the run fails if it installed none); the result is the catch-up time, as MiB/s of the
+//! leader's history (`Engine::size_in_use`, what the snapshot streams) and as a ratio to the
+//! write time. KEYS is 0 (skip, the default) or at least 20,000: with the default
+//! configuration the leader only releases log entries at its checkpoints (every 10,000 applied
+//! entries, keeping the last 5,000).
+//!
+//! ```text
+//! cargo run --release -p cairn-benches --bin raft-bench -- --dir /var/lib/cairn --seconds 1 \
+//!     --members 1 --proposers 1 --catch-up 100000
+//! ```
+//!
 //! Every file lives in a new `raft-bench-<pid>` directory under `--dir`, each configuration in
 //! a fresh subdirectory of it, removed when the configuration is done. The tool removes its
 //! directory at the end, also after an error. Killed mid-run, it leaves that directory behind
@@ -28,7 +44,7 @@ use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -61,6 +77,10 @@ struct Args {
     /// Group sizes, comma-separated; 1 is the baseline the others are compared with.
     #[arg(long, value_delimiter = ',', default_value = "1,3", value_parser = parse_members)]
     members: Vec<u64>,
+    /// After the configurations, time a follower catching up by snapshot after this many keys
+    /// were written without it (0 skips it; otherwise at least 20000).
+    #[arg(long = "catch-up", value_name = "KEYS", default_value_t = 0, value_parser = parse_catch_up)]
+    catch_up: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -83,6 +103,22 @@ const RAW_WARMUP: u64 = 20;
 const RAW_FILE_SIZE: u64 = 1 << 20;
 /// Latencies are recorded up to a minute.
 const LATENCY_CEILING: Duration = Duration::from_secs(60);
+/// Fewest keys `--catch-up` accepts: with the default configuration the leader releases log
+/// entries only when it checkpoints (every 10,000 applied entries, keeping the last 5,000), so
+/// after two checkpoints the stopped follower's next entry is surely gone.
+const MIN_CATCH_UP_KEYS: u64 = 20_000;
+/// Most keys `--catch-up` accepts: 4M 256-byte values stay under the default 2 GiB quota.
+const MAX_CATCH_UP_KEYS: u64 = 4_000_000;
+/// The group `--catch-up` measures: a leader, a follower that stays, and one that is stopped.
+const CATCH_UP_MEMBERS: u64 = 3;
+/// Proposer threads putting `--catch-up`'s keys.
+const CATCH_UP_PROPOSERS: usize = 64;
+/// How long the restarted follower may take to catch up before the run fails.
+const CATCH_UP_PATIENCE: Duration = Duration::from_secs(600);
+/// How often the restarted follower's revision is looked at.
+const CATCH_UP_POLL: Duration = Duration::from_millis(1);
+/// Bytes in a MiB, for rates.
+const MIB: f64 = (1u64 << 20) as f64;
 
 fn parse_proposers(s: &str) -> Result<usize, String> {
     parse_count(s, MAX_PROPOSERS, "threads")
@@ -90,6 +126,22 @@ fn parse_proposers(s: &str) -> Result<usize, String> {
 
 fn parse_members(s: &str) -> Result<u64, String> {
     parse_count(s, MAX_MEMBERS, "members")
+}
+
+/// Parses `--catch-up`: 0 (skip), or a number of keys from `MIN_CATCH_UP_KEYS` up.
+fn parse_catch_up(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    let keys = parse_count(s, MAX_CATCH_UP_KEYS, "keys")?;
+    if keys < MIN_CATCH_UP_KEYS {
+        return Err(format!(
+            "must be 0 (skip) or at least {MIN_CATCH_UP_KEYS} keys: the leader releases log entries only \
+             at its checkpoints (every 10,000 entries, keeping the last 5,000), so a follower that missed \
+             fewer could catch up from the log instead of by snapshot"
+        ));
+    }
+    Ok(keys)
 }
 
 fn main() -> ExitCode {
@@ -121,9 +173,14 @@ fn run(args: &Args) -> Result<(), Failure> {
             runs.push(measure_group(work.path(), m, p, warmup, window)?);
         }
     }
+    let catch_up = if args.catch_up > 0 {
+        Some(measure_catch_up(work.path(), args.catch_up)?)
+    } else {
+        None
+    };
     work.remove()?;
 
-    let report = Report { raw, runs };
+    let report = Report { raw, runs, catch_up };
     if args.json {
         let json = serde_json::to_string_pretty(&report.to_json(args)).context(|| "encode JSON".to_string())?;
         println!("{json}");
@@ -222,10 +279,15 @@ fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> Work
     Ok((latency, completed))
 }
 
-/// A running group: its members, in ID order, and the network between them (none for one).
+/// A running group: its running members (in ID order until one is restarted), and the
+/// network between them (none for one).
 struct Group {
     net: Option<LocalNetwork>,
     engines: Vec<Engine>,
+    /// Where each member's subdirectory is.
+    dir: PathBuf,
+    /// Every member's ID, running or not.
+    ids: Vec<u64>,
 }
 
 impl Group {
@@ -235,31 +297,51 @@ impl Group {
         let mut group = Group {
             net: (members > 1).then(|| LocalNetwork::new(members)),
             engines: Vec::new(),
+            dir: dir.to_path_buf(),
+            ids: (1..=members).collect(),
         };
-        let ids: Vec<u64> = (1..=members).collect();
-        for &id in &ids {
-            let member_dir = dir.join(format!("member-{id}"));
-            let opened = match &group.net {
-                None => Engine::open(&member_dir, Config::default()),
-                Some(net) => {
-                    let config = Config {
-                        member_id: id,
-                        initial_members: ids.clone(),
-                        ..Config::default()
-                    };
-                    Engine::open_member(&member_dir, config, net.transport(id)).and_then(|engine| {
-                        net.attach(id, engine.inbox()?);
-                        Ok(engine)
-                    })
-                }
-            };
+        for id in group.ids.clone() {
             // On failure, `group` drops and closes the members opened so far.
-            group
-                .engines
-                .push(opened.context(|| format!("open member {id} in {}", member_dir.display()))?);
+            group.open(id)?;
         }
         group.wait_for_leader()?;
         Ok(group)
+    }
+
+    /// Opens member `id` from its subdirectory (new, or as it was left) and connects it.
+    fn open(&mut self, id: u64) -> Result<(), Failure> {
+        let member_dir = self.dir.join(format!("member-{id}"));
+        let opened = match &self.net {
+            None => Engine::open(&member_dir, Config::default()),
+            Some(net) => {
+                let config = Config {
+                    member_id: id,
+                    initial_members: self.ids.clone(),
+                    ..Config::default()
+                };
+                Engine::open_member(&member_dir, config, net.transport(id)).and_then(|engine| {
+                    net.attach(id, engine.inbox()?);
+                    Ok(engine)
+                })
+            }
+        };
+        let engine = opened.context(|| format!("open member {id} in {}", member_dir.display()))?;
+        self.engines.push(engine);
+        Ok(())
+    }
+
+    /// Stops member `id`, which must be running: disconnects and closes it.
+    fn stop(&mut self, id: u64) -> Result<(), Failure> {
+        let i = self
+            .engines
+            .iter()
+            .position(|e| e.member_id() == id)
+            .ok_or_else(|| Failure(format!("member {id} is not running")))?;
+        let engine = self.engines.remove(i);
+        if let Some(net) = &self.net {
+            net.detach(id);
+        }
+        engine.close().context(|| format!("close member {id}"))
     }
 
     /// Waits until every member names the same leader, one of them; returns its index.
@@ -387,11 +469,198 @@ fn measure_group(
     })
 }
 
+/// `--catch-up`'s outcome.
+#[derive(Debug)]
+struct CatchUpResult {
+    keys: u64,
+    /// Putting the keys through the leader while the follower was down.
+    write: Duration,
+    /// Latency of those puts.
+    write_latency: Percentiles,
+    /// From reopening the follower until it had applied the leader's revision.
+    catch_up: Duration,
+    /// The part of `catch_up` spent in `Engine::open_member` (its own log, before it can hear
+    /// from the leader).
+    reopen: Duration,
+    /// The leader's `Engine::size_in_use()` once the keys were written: the history a snapshot
+    /// streams (`Engine::size()` counts the data files' preallocated space too).
+    state_bytes: u64,
+    /// The leader's `Engine::size()` then: its data files on disk.
+    file_bytes: u64,
+    /// `Engine::snapshots_installed()` of the follower once it had caught up.
+    snapshots_installed: u64,
+}
+
+impl CatchUpResult {
+    fn keys_per_sec(&self) -> f64 {
+        per_sec(self.keys, self.write)
+    }
+
+    fn mib_per_sec(&self) -> Option<f64> {
+        ratio(self.state_bytes as f64 / MIB, self.catch_up.as_secs_f64())
+    }
+
+    /// Catch-up time over write time.
+    fn over_write(&self) -> Option<f64> {
+        ratio(self.catch_up.as_secs_f64(), self.write.as_secs_f64())
+    }
+}
+
+/// Puts keys `n` taken from `next` until `keys` are taken or the phase is `STOPPED`, through
+/// `leader`, one at a time as `proposer` does; every put's latency is recorded. A failed put
+/// stops every filler.
+fn filler(leader: &Engine, id: usize, next: &AtomicU64, keys: u64, phase: &AtomicU8, value: &Bytes) -> WorkerResult {
+    let mut latency = histogram(LATENCY_CEILING)?;
+    let mut completed = 0u64;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let n = next.fetch_add(1, Ordering::SeqCst);
+        if n >= keys {
+            break;
+        }
+        let request = PutRequest {
+            key: format!("catch-up/{n:012}").into_bytes(),
+            value: value.clone(),
+            ..PutRequest::default()
+        };
+        let started = Instant::now();
+        let outcome = leader.put(request);
+        let took = started.elapsed();
+        if let Err(e) = outcome {
+            phase.store(STOPPED, Ordering::SeqCst);
+            return Err(Failure(format!(
+                "put through member {} by filler {id}: {e}",
+                leader.member_id()
+            )));
+        }
+        latency.saturating_record(micros(took));
+        completed += 1;
+    }
+    Ok((latency, completed))
+}
+
+/// Puts `keys` distinct keys through `leader` with `CATCH_UP_PROPOSERS` threads; returns how
+/// long it took and the puts' latency.
+fn write_keys(leader: &Engine, keys: u64) -> Result<(Duration, Percentiles), Failure> {
+    let next = AtomicU64::new(0);
+    let phase = AtomicU8::new(MEASURING);
+    let value = Bytes::from(payload(VALUE_SIZE));
+    let started = Instant::now();
+    let outcomes = thread::scope(|s| {
+        let mut running = Vec::with_capacity(CATCH_UP_PROPOSERS);
+        let mut outcomes: Vec<WorkerResult> = Vec::with_capacity(CATCH_UP_PROPOSERS);
+        for i in 0..CATCH_UP_PROPOSERS {
+            let (next, phase, value) = (&next, &phase, &value);
+            let spawned = thread::Builder::new()
+                .name(format!("filler-{i}"))
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || filler(leader, i, next, keys, phase, value));
+            match spawned {
+                Ok(t) => running.push(t),
+                Err(e) => {
+                    phase.store(STOPPED, Ordering::SeqCst);
+                    outcomes.push(Err(Failure(format!(
+                        "spawn filler thread {i} of {CATCH_UP_PROPOSERS}: {e}"
+                    ))));
+                    break;
+                }
+            }
+        }
+        for t in running {
+            outcomes.push(
+                t.join()
+                    .unwrap_or_else(|_| Err(Failure("a filler panicked".to_string()))),
+            );
+        }
+        outcomes
+    });
+    let took = started.elapsed();
+    let (latency, completed) = merge(outcomes, LATENCY_CEILING)?;
+    if completed != keys {
+        return Err(Failure(format!("{completed} keys were put, not {keys}")));
+    }
+    Ok((took, Percentiles::of(&latency)))
+}
+
+/// `--catch-up`: on a new group of three, stops a follower, puts `keys` keys without it,
+/// restarts it and times it until it has applied the leader's revision, which it must have
+/// reached by installing a snapshot.
+fn measure_catch_up(dir: &Path, keys: u64) -> Result<CatchUpResult, Failure> {
+    let group_dir = dir.join("catch-up");
+    fs::create_dir(&group_dir).context(|| format!("create {}", group_dir.display()))?;
+    eprintln!("  catch-up: {CATCH_UP_MEMBERS} members, {keys} keys written with one follower down ...");
+    let mut group = Group::start(&group_dir, CATCH_UP_MEMBERS)?;
+    let leader_id = group.leader()?.member_id();
+    let behind = group
+        .ids
+        .iter()
+        .copied()
+        .find(|id| *id != leader_id)
+        .ok_or_else(|| Failure("the group has no follower".to_string()))?;
+    group.stop(behind)?;
+
+    let leader = group.leader()?;
+    let leader_id = leader.member_id();
+    let (write, write_latency) = write_keys(leader, keys)?;
+    let (state_bytes, file_bytes) = (leader.size_in_use(), leader.size());
+    eprintln!(
+        "  catch-up: {keys} keys put in {:.2} s; restarting member {behind} ...",
+        write.as_secs_f64()
+    );
+
+    let started = Instant::now();
+    group.open(behind)?;
+    let reopen = started.elapsed();
+    let find = |id: u64| {
+        group
+            .engines
+            .iter()
+            .find(|e| e.member_id() == id)
+            .ok_or_else(|| Failure(format!("member {id} is not running")))
+    };
+    let (leader, follower) = (find(leader_id)?, find(behind)?);
+    let deadline = started + CATCH_UP_PATIENCE;
+    loop {
+        let (have, want) = (follower.current_revision(), leader.current_revision());
+        if have == want {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(Failure(format!(
+                "member {behind} did not catch up within {} s: at revision {have}, the leader at {want}",
+                CATCH_UP_PATIENCE.as_secs()
+            )));
+        }
+        thread::sleep(CATCH_UP_POLL);
+    }
+    let catch_up = started.elapsed();
+    let snapshots_installed = follower.snapshots_installed();
+    if snapshots_installed < 1 {
+        return Err(Failure(format!(
+            "member {behind} caught up from the leader's log, not by a snapshot: {keys} keys were not \
+             enough for the leader to release the entries it missed"
+        )));
+    }
+
+    group.close()?;
+    fs::remove_dir_all(&group_dir).context(|| format!("remove {}", group_dir.display()))?;
+    Ok(CatchUpResult {
+        keys,
+        write,
+        write_latency,
+        catch_up,
+        reopen,
+        state_bytes,
+        file_bytes,
+        snapshots_installed,
+    })
+}
+
 /// Everything measured, ready to print.
 #[derive(Debug)]
 struct Report {
     raw: RawResult,
     runs: Vec<GroupResult>,
+    catch_up: Option<CatchUpResult>,
 }
 
 /// A multi-member result over the group of one with the same proposers.
@@ -461,6 +730,35 @@ impl Report {
                 m.insert(format!("{k}_over_{one}_p999"), ratio_json(v.p999));
             }
         }
+        if let Some(c) = &self.catch_up {
+            m.insert("catch_up_keys".into(), Value::from(c.keys));
+            m.insert(
+                "catch_up_write_s".into(),
+                Value::from(rounded(c.write.as_secs_f64(), 3)),
+            );
+            m.insert(
+                "catch_up_write_keys_per_sec".into(),
+                Value::from(rounded(c.keys_per_sec(), 2)),
+            );
+            m.insert("catch_up_write_p50_us".into(), Value::from(c.write_latency.p50));
+            m.insert("catch_up_write_p99_us".into(), Value::from(c.write_latency.p99));
+            m.insert("catch_up_state_bytes".into(), Value::from(c.state_bytes));
+            m.insert("catch_up_data_file_bytes".into(), Value::from(c.file_bytes));
+            m.insert("catch_up_s".into(), Value::from(rounded(c.catch_up.as_secs_f64(), 3)));
+            m.insert(
+                "catch_up_reopen_s".into(),
+                Value::from(rounded(c.reopen.as_secs_f64(), 3)),
+            );
+            m.insert(
+                "catch_up_mib_per_sec".into(),
+                c.mib_per_sec().map_or(Value::Null, |v| Value::from(rounded(v, 2))),
+            );
+            m.insert("catch_up_over_write".into(), ratio_json(c.over_write()));
+            m.insert(
+                "catch_up_snapshots_installed".into(),
+                Value::from(c.snapshots_installed),
+            );
+        }
         Value::Object(m)
     }
 
@@ -511,5 +809,48 @@ impl Report {
         }
         println!("(right of |: the result over the 1-member result with as many proposers, same run)");
         println!("(p50/fsync: the p50 as a multiple of the raw pwrite+fdatasync p50)");
+        if let Some(c) = &self.catch_up {
+            println!();
+            println!(
+                "catch-up by snapshot, {CATCH_UP_MEMBERS} members, one follower down while {CATCH_UP_PROPOSERS} \
+                 proposers put {} keys",
+                c.keys
+            );
+            println!(
+                "{:>9} {:>8} {:>8} {:>8} {:>8} | {:>9} {:>10} {:>7} {:>8} {:>11}",
+                "keys",
+                "write s",
+                "keys/s",
+                "p50 us",
+                "p99 us",
+                "state MiB",
+                "catch-up s",
+                "MiB/s",
+                "reopen s",
+                "catch/write"
+            );
+            println!(
+                "{:>9} {:>8.2} {:>8.0} {:>8} {:>8} | {:>9.1} {:>10.2} {:>7} {:>8.2} {:>11}",
+                c.keys,
+                c.write.as_secs_f64(),
+                c.keys_per_sec(),
+                us_cell(c.write_latency.p50),
+                us_cell(c.write_latency.p99),
+                c.state_bytes as f64 / MIB,
+                c.catch_up.as_secs_f64(),
+                c.mib_per_sec().map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
+                c.reopen.as_secs_f64(),
+                times_cell(c.over_write()),
+            );
+            println!(
+                "(catch-up s: from reopening the follower until it applied the leader's revision, reopen s \
+                 included; {} snapshot(s) installed)",
+                c.snapshots_installed
+            );
+            println!(
+                "(state MiB: the leader's history in use, in {:.1} MiB of data files; MiB/s: state over catch-up s)",
+                c.file_bytes as f64 / MIB
+            );
+        }
     }
 }
