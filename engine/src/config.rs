@@ -9,8 +9,11 @@ use crate::error::{Error, Result};
 /// Configuration of an [`crate::Engine`].
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The write-ahead log's configuration; its segments live in `<dir>/wal`.
+    /// The write-ahead log's configuration.
     pub wal: cairn_wal::Config,
+    /// Where the WAL's segments live (etcd's `--wal-dir`, for a dedicated disk). Default
+    /// `None`: `<dir>/wal`.
+    pub wal_dir: Option<std::path::PathBuf>,
     /// A checkpoint is written after this many applied log entries (and on close), and the
     /// log before it released; 0 checkpoints only on close. Default 10,000 (etcd's
     /// `--snapshot-count` default).
@@ -90,6 +93,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             wal: cairn_wal::Config::default(),
+            wal_dir: None,
             checkpoint_entries: 10_000,
             snapshot_catch_up_entries: 5_000,
             member_id: 1,

@@ -45,7 +45,7 @@ use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{HashKv, Store, StoreMeta};
 use crate::request::{Alarm, Request, Response};
 use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
-use crate::watch::hub::{WatchHub, WatchRequest, WatchResponse};
+use crate::watch::hub::{Wake, WatchHub, WatchRequest, WatchResponse};
 
 /// A response with the store's revision after the request (etcd's `header.revision`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +64,45 @@ pub struct Members {
     pub voters: Vec<u64>,
     /// Members that receive the log without voting.
     pub learners: Vec<u64>,
+}
+
+/// What [`Engine::inspect_snapshot`] found in a snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The revision it was taken at.
+    pub revision: i64,
+    /// Its compacted revision.
+    pub compact_revision: i64,
+    /// The log index it was taken at.
+    pub applied_index: u64,
+    /// Records of history it holds.
+    pub records: u64,
+    /// Keys that exist at its revision.
+    pub keys: u64,
+    /// Leases it holds.
+    pub leases: u64,
+}
+
+/// What a member knows of Raft at one moment ([`Engine::raft_status`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftStatus {
+    /// The leader it knows of.
+    pub leader: Option<u64>,
+    /// The current term.
+    pub term: u64,
+    /// The last log index it knows committed.
+    pub commit_index: u64,
+    /// The last log index it applied.
+    pub applied_index: u64,
+    /// Whether it is a learner.
+    pub is_learner: bool,
+    /// How many times it has seen a new leader since it was opened.
+    pub leader_changes: u64,
+    /// Proposals made through it and not answered yet.
+    pub proposals_pending: u64,
+    /// Proposals made through it that were dropped before being committed, since it was
+    /// opened.
+    pub proposals_failed: u64,
 }
 
 /// A member of the group, as [`Engine::member_list`] reports it.
@@ -692,6 +731,7 @@ fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
         let batch = match p {
             ToApply::Entries(batch) => batch,
             ToApply::Dropped { id, error } => {
+                status.proposals_failed.fetch_add(1, Ordering::Relaxed);
                 if let Some(w) = waiters.lock().remove(&id) {
                     let _ = w.send(Err(error));
                 }
@@ -1052,7 +1092,8 @@ impl Engine {
         config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         // The WAL locks the directory: nothing below runs in two processes at once.
-        let mut replay = Wal::open(dir.join("wal"), config.wal.clone())?;
+        let wal_dir = config.wal_dir.clone().unwrap_or_else(|| dir.join("wal"));
+        let mut replay = Wal::open(wal_dir, config.wal.clone())?;
         let checkpoint = checkpoint::read(&dir)?;
         let store = Store::open(
             &dir.join(DATA_DIR),
@@ -1373,6 +1414,28 @@ impl Engine {
         }
     }
 
+    /// What this member knows of Raft now (etcd's `Status` fields).
+    pub fn raft_status(&self) -> RaftStatus {
+        let (applied_index, is_learner) = {
+            let st = self.inner.state.read();
+            (
+                st.applied_index,
+                st.membership.learners.contains(&self.inner.config.member_id),
+            )
+        };
+        let status = &self.inner.status;
+        RaftStatus {
+            leader: self.leader(),
+            term: status.term.load(Ordering::Relaxed),
+            commit_index: self.inner.log.hard_state().commit,
+            applied_index,
+            is_learner,
+            leader_changes: status.leader_changes.load(Ordering::Relaxed),
+            proposals_pending: self.inner.waiters.lock().len() as u64,
+            proposals_failed: status.proposals_failed.load(Ordering::Relaxed),
+        }
+    }
+
     /// This member's ID.
     pub fn member_id(&self) -> u64 {
         self.inner.config.member_id
@@ -1473,6 +1536,12 @@ impl Engine {
         request.apply(&self.inner.state.read().store)
     }
 
+    /// Waits until this member has applied everything committed when it was called: what it
+    /// reads next is linearizable (a ReadIndex round, shared with concurrent reads).
+    pub fn read_barrier(&self) -> Result<()> {
+        self.inner.read_barrier()
+    }
+
     /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
     pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
         if id < 0 {
@@ -1557,6 +1626,13 @@ impl Engine {
     /// replayed from history, then changes follow as they are applied.
     /// An empty key means `"\0"`, as in etcd (with `range_end` `"\0"`: every key).
     pub fn watch(&self, request: &WatchRequest) -> Result<Watch> {
+        self.watch_waking(request, None)
+    }
+
+    /// [`Engine::watch`], calling `wake` after each response is queued for the watcher (for a
+    /// consumer that serves many watchers and waits for any of them, such as a gRPC stream).
+    /// `wake` runs on the engine's threads, under its locks: it must only signal, never block.
+    pub fn watch_waking(&self, request: &WatchRequest, wake: Option<Wake>) -> Result<Watch> {
         let owned;
         let request = if request.key.is_empty() {
             owned = WatchRequest {
@@ -1568,11 +1644,12 @@ impl Engine {
             request
         };
         let st = self.inner.state.read();
-        let (id, rx) = self
-            .inner
-            .hub
-            .lock()
-            .watch(request, st.store.current_revision(), st.store.compacted_revision());
+        let (id, rx) = self.inner.hub.lock().watch(
+            request,
+            st.store.current_revision(),
+            st.store.compacted_revision(),
+            wake,
+        );
         Ok(Watch {
             id,
             rx,
@@ -1611,7 +1688,49 @@ impl Engine {
     /// bounded memory; open it with [`Engine::open`] afterwards. Refuses a damaged snapshot,
     /// and a directory that already holds an engine.
     pub fn restore(snapshot: &mut dyn std::io::Read, dir: impl AsRef<Path>) -> Result<()> {
-        let dir = dir.as_ref();
+        Engine::restore_with(snapshot, dir.as_ref(), None)
+    }
+
+    /// [`Engine::restore`] for the first member of a new cluster made from a snapshot (etcd's
+    /// `snapshot restore`): the state is the snapshot's, but the group is `members` (each
+    /// with its attributes), whatever group took the snapshot. Every member of the new
+    /// cluster is restored from the same snapshot with the same `members`.
+    pub fn restore_as_new_cluster(
+        snapshot: &mut dyn std::io::Read,
+        dir: impl AsRef<Path>,
+        members: &std::collections::BTreeMap<u64, MemberAttributes>,
+    ) -> Result<()> {
+        if members.is_empty() {
+            return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
+        }
+        let membership = Membership {
+            voters: members.keys().copied().collect(),
+            attributes: members.clone(),
+            ..Membership::default()
+        };
+        Engine::restore_with(snapshot, dir.as_ref(), Some(membership))
+    }
+
+    /// Checks a snapshot from end to end and describes it, without restoring it.
+    pub fn inspect_snapshot(snapshot: &mut dyn std::io::Read) -> Result<SnapshotInfo> {
+        let mut alive: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut records = 0u64;
+        let meta = snapshot::read(snapshot, |record| {
+            records += 1;
+            alive.insert(record.key.to_vec(), record.version > 0);
+            Ok(())
+        })?;
+        Ok(SnapshotInfo {
+            revision: meta.current,
+            compact_revision: meta.compacted,
+            applied_index: meta.applied_index,
+            records,
+            keys: alive.values().filter(|a| **a).count() as u64,
+            leases: meta.leases.len() as u64,
+        })
+    }
+
+    fn restore_with(snapshot: &mut dyn std::io::Read, dir: &Path, membership: Option<Membership>) -> Result<()> {
         if checkpoint::in_use(dir) {
             return Err(Error::Snapshot(format!(
                 "{} already holds data; restore into a new directory",
@@ -1633,11 +1752,17 @@ impl Engine {
                 return Err(e);
             }
         };
+        let new_cluster = membership.is_some();
         let c = Checkpoint {
             applied_index: meta.applied_index,
             applied_term: meta.applied_term,
-            membership: meta.membership,
-            recent: meta.recent,
+            membership: membership.unwrap_or(meta.membership),
+            // A new cluster's requests are new: nothing to skip.
+            recent: if new_cluster {
+                RecentRequests::default()
+            } else {
+                meta.recent
+            },
             epoch: 0,
             store: StoreMeta {
                 current: meta.current,
@@ -1735,6 +1860,11 @@ impl Engine {
         self.inner.state.read().alarms.iter().copied().collect()
     }
 
+    /// Raises `alarm` on every member (etcd's `Alarm` ACTIVATE); returns once applied here.
+    pub fn alarm_activate(&self, alarm: Alarm) -> Result<()> {
+        self.inner.propose(Request::Alarm { activate: true, alarm }).map(|_| ())
+    }
+
     /// Disarms an alarm (etcd's `Alarm` deactivate), durably.
     pub fn alarm_disarm(&self, alarm: Alarm) -> Result<()> {
         self.inner
@@ -1746,6 +1876,11 @@ impl Engine {
     /// and [`Engine::defragment`] would return.
     pub fn size(&self) -> u64 {
         self.inner.state.read().store.size()
+    }
+
+    /// Watchers open now.
+    pub fn watcher_count(&self) -> usize {
+        self.inner.hub.lock().len()
     }
 
     /// Keys that exist now (etcd's `keys_total`); kept by the index, not counted.

@@ -9,8 +9,9 @@
 //!   3 end      the number of records, u64 LE
 //! ```
 //!
-//! The meta frame comes first and the end frame last; anything after the end frame, a missing
-//! end frame, a bad checksum or a record out of order is refused. The records are those still
+//! The meta frame comes first and the end frame last; zero bytes may follow it (padding), but
+//! anything else after it, a missing end frame, a bad checksum or a record out of order is
+//! refused. The records are those still
 //! in history at the snapshot's revision, so restoring rebuilds the same state, HashKV
 //! included.
 
@@ -171,15 +172,20 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
                 if body.as_slice() != count.to_le_bytes() {
                     return Err(Error::Snapshot("record count mismatch: damaged".into()));
                 }
-                let mut extra = [0u8; 1];
-                if input
-                    .read(&mut extra)
-                    .map_err(|e| Error::Snapshot(format!("read: {e}")))?
-                    != 0
-                {
-                    return Err(Error::Snapshot("data after the end frame".into()));
+                // Zero bytes may pad the stream (to the 512-byte multiple etcd's snapshot files
+                // have before their hash); anything else is damage.
+                let mut extra = [0u8; 4096];
+                loop {
+                    let n = input
+                        .read(&mut extra)
+                        .map_err(|e| Error::Snapshot(format!("read: {e}")))?;
+                    if n == 0 {
+                        return Ok(meta);
+                    }
+                    if extra.get(..n).is_some_and(|b| b.iter().any(|x| *x != 0)) {
+                        return Err(Error::Snapshot("data after the end frame".into()));
+                    }
                 }
-                return Ok(meta);
             }
             kind => return Err(Error::Snapshot(format!("unknown frame kind {kind}"))),
         }

@@ -96,6 +96,10 @@ pub(crate) struct Status {
     /// The term in which this member, as leader, restarted its leases' clocks: it may expire
     /// leases only while this is the current term.
     pub(crate) leases_term: std::sync::atomic::AtomicU64,
+    /// How many times this member has seen a new leader (etcd's `leader_changes_seen_total`).
+    pub(crate) leader_changes: std::sync::atomic::AtomicU64,
+    /// Proposals dropped before they were committed (etcd's `proposals_failed_total`).
+    pub(crate) proposals_failed: std::sync::atomic::AtomicU64,
     /// Notified when the leader changes.
     changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
 }
@@ -103,7 +107,10 @@ pub(crate) struct Status {
 impl Status {
     fn set_leader(&self, leader: u64) {
         let _guard = self.changed.0.lock();
-        self.leader.store(leader, std::sync::atomic::Ordering::Relaxed);
+        let before = self.leader.swap(leader, std::sync::atomic::Ordering::Relaxed);
+        if leader != 0 && leader != before {
+            self.leader_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.changed.1.notify_all();
     }
 

@@ -107,7 +107,41 @@ struct Watcher {
     progress_notify: bool,
     /// Nothing sent since the last progress tick.
     quiet: bool,
+    out: Outbox,
+}
+
+/// Called after a response is queued for a watcher, so a consumer that serves many watchers
+/// (a gRPC stream) can wait for all of them at once instead of blocking on each.
+pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// Where a watcher's responses go.
+struct Outbox {
     tx: Sender<WatchResponse>,
+    wake: Option<Wake>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("queued", &self.tx.len())
+            .field("wakes", &self.wake.is_some())
+            .finish()
+    }
+}
+
+impl Outbox {
+    fn send(&self, response: WatchResponse) -> Sent {
+        match self.tx.try_send(response) {
+            Ok(()) => {
+                if let Some(wake) = &self.wake {
+                    wake();
+                }
+                Sent::Delivered
+            }
+            Err(TrySendError::Full(_)) => Sent::Full,
+            Err(TrySendError::Disconnected(_)) => Sent::Gone,
+        }
+    }
 }
 
 impl Watcher {
@@ -136,14 +170,6 @@ enum Sent {
     Gone,
 }
 
-fn send(tx: &Sender<WatchResponse>, response: WatchResponse) -> Sent {
-    match tx.try_send(response) {
-        Ok(()) => Sent::Delivered,
-        Err(TrySendError::Full(_)) => Sent::Full,
-        Err(TrySendError::Disconnected(_)) => Sent::Gone,
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct WatchHub {
     watchers: BTreeMap<u64, Watcher>,
@@ -166,15 +192,22 @@ impl WatchHub {
 
     /// Registers a watcher; call with the store locked so no revision slips between. A start
     /// below the compacted revision gets the compacted answer at once and no watcher.
-    pub(crate) fn watch(&mut self, req: &WatchRequest, current: i64, compacted: i64) -> (u64, Receiver<WatchResponse>) {
+    pub(crate) fn watch(
+        &mut self,
+        req: &WatchRequest,
+        current: i64,
+        compacted: i64,
+        wake: Option<Wake>,
+    ) -> (u64, Receiver<WatchResponse>) {
         let (tx, rx) = bounded(self.buffer);
+        let out = Outbox { tx, wake };
         let next_rev = if req.start_revision <= 0 {
             current + 1
         } else {
             req.start_revision
         };
         if next_rev < compacted {
-            let _ = tx.try_send(WatchResponse::Compacted {
+            let _ = out.send(WatchResponse::Compacted {
                 compact_revision: compacted,
             });
             return (0, rx);
@@ -192,7 +225,7 @@ impl WatchHub {
                 no_delete: req.no_delete,
                 progress_notify: req.progress_notify,
                 quiet: true,
-                tx,
+                out,
             },
         );
         (id, rx)
@@ -213,7 +246,7 @@ impl WatchHub {
                 w.next_rev = revision + 1;
                 return true;
             }
-            match send(&w.tx, WatchResponse::Events { events: mine, revision }) {
+            match w.out.send(WatchResponse::Events { events: mine, revision }) {
                 Sent::Delivered => {
                     w.next_rev = revision + 1;
                     w.quiet = false;
@@ -241,7 +274,7 @@ impl WatchHub {
                 let news = WatchResponse::Compacted {
                     compact_revision: compacted,
                 };
-                if !matches!(send(&w.tx, news), Sent::Full) {
+                if !matches!(w.out.send(news), Sent::Full) {
                     gone.push(*id);
                 }
                 continue;
@@ -265,13 +298,10 @@ impl WatchHub {
             let mine = w.shape(&events);
             let has_events = !mine.is_empty();
             let delivered = mine.is_empty() || {
-                match send(
-                    &w.tx,
-                    WatchResponse::Events {
-                        events: mine,
-                        revision: seen,
-                    },
-                ) {
+                match w.out.send(WatchResponse::Events {
+                    events: mine,
+                    revision: seen,
+                }) {
                     Sent::Delivered => true,
                     Sent::Full => false,
                     Sent::Gone => {
@@ -304,7 +334,7 @@ impl WatchHub {
     pub(crate) fn caught_up(&self, id: u64, current: i64) -> bool {
         self.watchers
             .get(&id)
-            .is_none_or(|w| w.synced && w.next_rev > current && w.tx.is_empty())
+            .is_none_or(|w| w.synced && w.next_rev > current && w.out.tx.is_empty())
     }
 
     /// The periodic progress tick: each synced watcher that asked for progress notifications
@@ -313,10 +343,14 @@ impl WatchHub {
     pub(crate) fn progress(&mut self, current: i64) {
         for w in self.watchers.values_mut().filter(|w| w.progress_notify) {
             if w.quiet && w.synced && w.next_rev > current {
-                let _ = send(&w.tx, WatchResponse::Progress { revision: current });
+                let _ = w.out.send(WatchResponse::Progress { revision: current });
             }
             w.quiet = true;
         }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.watchers.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -1,0 +1,175 @@
+//! The Cluster service: MemberAdd, MemberRemove, MemberUpdate, MemberList and MemberPromote.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::errors::Refusal;
+use crate::ids;
+use crate::node::Node;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::cluster_server::Cluster;
+
+/// The Cluster service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct ClusterService {
+    node: Arc<Node>,
+    /// `--initial-cluster-token`, which new members' IDs are derived from.
+    token: String,
+}
+
+impl ClusterService {
+    pub fn new(node: Arc<Node>, token: String) -> ClusterService {
+        ClusterService { node, token }
+    }
+
+    fn members(&self) -> Vec<pb::Member> {
+        self.node
+            .engine
+            .member_list()
+            .into_iter()
+            .map(convert::member)
+            .collect()
+    }
+}
+
+/// Whether `url` is a URL etcd would accept for a peer: `http` or `https`, a host and a port.
+pub fn valid_peer_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https" | "unix" | "unixs"));
+    let path_ok = matches!(uri.path(), "" | "/");
+    scheme_ok && path_ok && uri.host().is_some_and(|h| !h.is_empty()) && uri.port_u16().is_some()
+}
+
+fn check_urls(urls: &[String]) -> Result<(), Status> {
+    if urls.is_empty() || !urls.iter().all(|u| valid_peer_url(u)) {
+        return Err(Refusal::InvalidMemberUrls.into());
+    }
+    Ok(())
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        request: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        let r = request.into_inner();
+        check_urls(&r.peer_ur_ls)?;
+        let taken = self
+            .node
+            .engine
+            .member_list()
+            .iter()
+            .any(|m| m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)));
+        if taken {
+            return Err(Refusal::PeerUrlsExist.into());
+        }
+        let id = ids::member_id(&r.peer_ur_ls, &self.token, Some(now_secs()));
+        let (urls, learner) = (r.peer_ur_ls.clone(), r.is_learner);
+        self.node
+            .blocking(move |e| {
+                if learner {
+                    e.member_add_learner(id, urls)
+                } else {
+                    e.member_add(id, urls)
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::MemberAddResponse {
+            header: Some(self.node.current_header()),
+            member: Some(pb::Member {
+                id,
+                peer_ur_ls: r.peer_ur_ls,
+                is_learner: r.is_learner,
+                ..pb::Member::default()
+            }),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<pb::MemberRemoveRequest>,
+    ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        let id = request.into_inner().id;
+        self.node.blocking(move |e| e.member_remove(id)).await?;
+        Ok(Response::new(pb::MemberRemoveResponse {
+            header: Some(self.node.current_header()),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<pb::MemberUpdateRequest>,
+    ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        let r = request.into_inner();
+        check_urls(&r.peer_ur_ls)?;
+        let taken = self
+            .node
+            .engine
+            .member_list()
+            .iter()
+            .any(|m| m.id != r.id && m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)));
+        if taken {
+            return Err(Refusal::PeerUrlsExist.into());
+        }
+        self.node.blocking(move |e| e.member_update(r.id, r.peer_ur_ls)).await?;
+        Ok(Response::new(pb::MemberUpdateResponse {
+            header: Some(self.node.current_header()),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_list(
+        &self,
+        request: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
+        if request.into_inner().linearizable {
+            // Everything committed before the request is applied here first.
+            self.node.blocking(|e| e.read_barrier()).await?;
+        }
+        Ok(Response::new(pb::MemberListResponse {
+            header: Some(self.node.current_header()),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<pb::MemberPromoteRequest>,
+    ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        let id = request.into_inner().id;
+        self.node.blocking(move |e| e.member_promote(id)).await?;
+        Ok(Response::new(pb::MemberPromoteResponse {
+            header: Some(self.node.current_header()),
+            members: self.members(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_are_checked_as_etcd_does() {
+        assert!(valid_peer_url("http://127.0.0.1:2380"));
+        assert!(valid_peer_url("https://node-1.example:12380"));
+        assert!(!valid_peer_url("127.0.0.1:2380"), "no scheme");
+        assert!(!valid_peer_url("http://127.0.0.1"), "no port");
+        assert!(!valid_peer_url("ftp://127.0.0.1:2380"));
+        assert!(!valid_peer_url("http://127.0.0.1:2380/path"));
+        assert!(!valid_peer_url(""));
+    }
+}

@@ -1,0 +1,189 @@
+//! The KV service: Range, RangeStream, Put, DeleteRange, Txn and Compact.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use prost::Message as _;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::errors::{IntoStatus, Refusal};
+use crate::node::Node;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::kv_server::Kv;
+
+/// Keys per RangeStream chunk.
+const STREAM_CHUNK: i64 = 1000;
+
+/// The KV service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct KvService {
+    node: Arc<Node>,
+}
+
+impl KvService {
+    pub fn new(node: Arc<Node>) -> KvService {
+        KvService { node }
+    }
+}
+
+type RangeStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let request = convert::range_request(request.into_inner())?;
+        let answer = self.node.blocking(move |e| e.range(&request)).await?;
+        let header = self.node.header(answer.revision);
+        Ok(Response::new(convert::range_response(answer, header)))
+    }
+
+    type RangeStreamStream = RangeStream;
+
+    async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
+        let request = convert::range_request(request.into_inner())?;
+        let by_key = request.sort_target == cairn_engine::SortTarget::Key
+            && request.sort_order != cairn_engine::SortOrder::Descend;
+        if !by_key {
+            return Err(Refusal::StreamSort.into());
+        }
+        let filtered = [
+            request.min_mod_revision,
+            request.max_mod_revision,
+            request.min_create_revision,
+            request.max_create_revision,
+        ]
+        .iter()
+        .any(|r| *r != 0);
+        if filtered {
+            return Err(Refusal::StreamFilters.into());
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || stream_range(&node, request, &tx));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let request = request.into_inner();
+        self.node.admit_write(request.encoded_len())?;
+        let pending = self.node.engine.put_async(convert::put_request(request)).or_status()?;
+        let applied = pending.await.or_status()?;
+        let header = self.node.header(applied.revision);
+        Ok(Response::new(convert::put_response(applied.response, header)))
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let request = request.into_inner();
+        self.node.admit_write(request.encoded_len())?;
+        let pending = self
+            .node
+            .engine
+            .delete_range_async(convert::delete_request(request))
+            .or_status()?;
+        let applied = pending.await.or_status()?;
+        let header = self.node.header(applied.revision);
+        Ok(Response::new(convert::delete_response(applied.response, header)))
+    }
+
+    async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let request = request.into_inner();
+        self.node.admit_write(request.encoded_len())?;
+        let pending = self.node.engine.txn_async(convert::txn_request(request)?).or_status()?;
+        let applied = pending.await.or_status()?;
+        let header = self.node.header(applied.revision);
+        Ok(Response::new(convert::txn_response(applied.response, header)))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
+        let request = request.into_inner();
+        let applied = self
+            .node
+            .blocking(move |e| {
+                let applied = e.compact(request.revision)?;
+                if request.physical {
+                    e.wait_compacted()?;
+                }
+                Ok(applied)
+            })
+            .await?;
+        Ok(Response::new(pb::CompactionResponse {
+            header: Some(self.node.header(applied.revision)),
+        }))
+    }
+}
+
+/// Streams a range in chunks of keys at one revision (the first chunk's): every chunk carries
+/// its keys; the last also carries the header, the count and `more`, so merging every chunk
+/// gives the answer of one Range.
+fn stream_range(
+    node: &Node,
+    request: cairn_engine::RangeRequest,
+    tx: &tokio::sync::mpsc::Sender<Result<pb::RangeStreamResponse, Status>>,
+) {
+    let send = |r: Result<pb::RangeResponse, Status>| {
+        let message = r.map(|range| pb::RangeStreamResponse {
+            range_response: Some(range),
+        });
+        tx.blocking_send(message).is_ok()
+    };
+    let limit = request.limit;
+    let mut chunk = cairn_engine::RangeRequest {
+        limit: if limit > 0 {
+            limit.min(STREAM_CHUNK)
+        } else {
+            STREAM_CHUNK
+        },
+        sort_order: cairn_engine::SortOrder::None,
+        ..request.clone()
+    };
+    let mut sent = 0i64;
+    let mut count = None;
+    loop {
+        let answer = match node.engine.range(&chunk) {
+            Ok(answer) => answer,
+            Err(e) => {
+                send(Err(crate::errors::status(&e)));
+                return;
+            }
+        };
+        let total = *count.get_or_insert(answer.count);
+        sent += answer.kvs.len() as i64;
+        let next = answer.kvs.last().map(|kv| {
+            let mut k = kv.key.to_vec();
+            k.push(0);
+            k
+        });
+        let reached_limit = limit > 0 && sent >= limit;
+        let last = !answer.more || reached_limit || next.is_none();
+        let mut message = pb::RangeResponse {
+            kvs: answer.kvs.into_iter().map(convert::kv).collect(),
+            ..pb::RangeResponse::default()
+        };
+        if last {
+            message.header = Some(node.header(answer.revision));
+            message.count = total;
+            message.more = answer.more || (reached_limit && sent < total);
+            send(Ok(message));
+            return;
+        }
+        if !send(Ok(message)) {
+            return;
+        }
+        // The next chunk reads the same revision, locally: the first chunk's read was the
+        // linearizable one.
+        chunk.revision = answer.revision;
+        chunk.serializable = true;
+        chunk.key = next.unwrap_or_default();
+        if limit > 0 {
+            chunk.limit = (limit - sent).min(STREAM_CHUNK);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The Lease service: Grant, Revoke, the KeepAlive stream, TimeToLive and Leases.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::async_stream;
+use crate::node::Node;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::lease_server::Lease;
+
+/// The Lease service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct LeaseService {
+    node: Arc<Node>,
+}
+
+impl LeaseService {
+    pub fn new(node: Arc<Node>) -> LeaseService {
+        LeaseService { node }
+    }
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    async fn lease_grant(
+        &self,
+        request: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let r = request.into_inner();
+        self.node.admit_write(0)?;
+        let applied = self.node.blocking(move |e| e.lease_grant(r.id, r.ttl)).await?;
+        Ok(Response::new(pb::LeaseGrantResponse {
+            header: Some(self.node.header(applied.revision)),
+            id: applied.response.id,
+            ttl: applied.response.ttl,
+            error: String::new(),
+        }))
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let id = request.into_inner().id;
+        let applied = self.node.blocking(move |e| e.lease_revoke(id)).await?;
+        Ok(Response::new(pb::LeaseRevokeResponse {
+            header: Some(self.node.header(applied.revision)),
+        }))
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<KeepAliveStream>, Status> {
+        let mut requests = request.into_inner();
+        let node = self.node.clone();
+        let answers = async_stream(move |tx| async move {
+            while let Some(next) = requests.next().await {
+                let id = match next {
+                    Ok(r) => r.id,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                // An unknown lease answers TTL 0, as etcd does.
+                let ttl = match node.blocking(move |e| e.lease_keep_alive(id)).await {
+                    Ok(ttl) => ttl,
+                    Err(s) if s.message() == "etcdserver: requested lease not found" => 0,
+                    Err(s) => {
+                        let _ = tx.send(Err(s)).await;
+                        return;
+                    }
+                };
+                let answer = pb::LeaseKeepAliveResponse {
+                    header: Some(node.current_header()),
+                    id,
+                    ttl,
+                };
+                if tx.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(answers))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let r = request.into_inner();
+        let status = self.node.engine.lease_time_to_live(r.id, r.keys);
+        Ok(Response::new(pb::LeaseTimeToLiveResponse {
+            header: Some(self.node.current_header()),
+            id: r.id,
+            ttl: status.ttl,
+            granted_ttl: status.granted_ttl,
+            keys: status.keys,
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        let leases = self
+            .node
+            .engine
+            .leases()
+            .into_iter()
+            .map(|id| pb::LeaseStatus { id })
+            .collect();
+        Ok(Response::new(pb::LeaseLeasesResponse {
+            header: Some(self.node.current_header()),
+            leases,
+        }))
+    }
+}

@@ -1,0 +1,263 @@
+//! The Maintenance service: Alarm, Status, Defragment, Hash, HashKV, Snapshot and MoveLeader.
+
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cairn_engine::Alarm;
+use sha2::{Digest, Sha256};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::node::{Node, API_VERSION};
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::maintenance_server::Maintenance;
+
+/// Bytes per Snapshot response.
+const SNAPSHOT_CHUNK: usize = 64 << 10;
+
+/// The Maintenance service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct MaintenanceService {
+    node: Arc<Node>,
+}
+
+impl MaintenanceService {
+    pub fn new(node: Arc<Node>) -> MaintenanceService {
+        MaintenanceService { node }
+    }
+}
+
+fn alarm_type(alarm: Alarm) -> pb::AlarmType {
+    match alarm {
+        Alarm::NoSpace => pb::AlarmType::Nospace,
+        Alarm::Corrupt => pb::AlarmType::Corrupt,
+    }
+}
+
+/// etcd's text for an alarm in `Status.errors`.
+fn alarm_error(member: u64, alarm: Alarm) -> String {
+    let name = match alarm {
+        Alarm::NoSpace => "NOSPACE",
+        Alarm::Corrupt => "CORRUPT",
+    };
+    format!("memberID:{member} alarm:{name} ")
+}
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
+        use pb::alarm_request::AlarmAction;
+        let r = request.into_inner();
+        let alarm = match pb::AlarmType::try_from(r.alarm) {
+            Ok(pb::AlarmType::Nospace) => Some(Alarm::NoSpace),
+            Ok(pb::AlarmType::Corrupt) => Some(Alarm::Corrupt),
+            _ => None,
+        };
+        let member = self.node.member_id;
+        let report = |alarms: Vec<Alarm>| -> Vec<pb::AlarmMember> {
+            alarms
+                .into_iter()
+                .map(|a| pb::AlarmMember {
+                    member_id: member,
+                    alarm: alarm_type(a) as i32,
+                })
+                .collect()
+        };
+        let alarms = match (AlarmAction::try_from(r.action), alarm) {
+            (Ok(AlarmAction::Get), _) => report(self.node.engine.alarms()),
+            (Ok(AlarmAction::Activate), Some(a)) => {
+                self.node.blocking(move |e| e.alarm_activate(a)).await?;
+                report(vec![a])
+            }
+            (Ok(AlarmAction::Deactivate), Some(a)) => {
+                let raised = self.node.engine.alarms().contains(&a);
+                self.node.blocking(move |e| e.alarm_disarm(a)).await?;
+                report(if raised { vec![a] } else { Vec::new() })
+            }
+            // Activating or deactivating "no alarm" changes nothing.
+            (Ok(_), None) => Vec::new(),
+            (Err(_), _) => return Err(Status::invalid_argument("etcdserver: unknown alarm action")),
+        };
+        Ok(Response::new(pb::AlarmResponse {
+            header: Some(self.node.current_header()),
+            alarms,
+        }))
+    }
+
+    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let e = &self.node.engine;
+        let raft = e.raft_status();
+        let errors = e
+            .alarms()
+            .into_iter()
+            .map(|a| alarm_error(self.node.member_id, a))
+            .collect();
+        Ok(Response::new(pb::StatusResponse {
+            header: Some(self.node.current_header()),
+            version: API_VERSION.to_string(),
+            db_size: i64::try_from(e.size()).unwrap_or(i64::MAX),
+            leader: raft.leader.unwrap_or(0),
+            raft_index: raft.commit_index,
+            raft_term: raft.term,
+            raft_applied_index: raft.applied_index,
+            errors,
+            db_size_in_use: i64::try_from(e.size_in_use()).unwrap_or(i64::MAX),
+            is_learner: raft.is_learner,
+            storage_version: API_VERSION.to_string(),
+            db_size_quota: i64::try_from(self.node.limits.quota_backend_bytes).unwrap_or(i64::MAX),
+            downgrade_info: Some(pb::DowngradeInfo::default()),
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        self.node.blocking(|e| e.defragment()).await?;
+        Ok(Response::new(pb::DefragmentResponse {
+            header: Some(self.node.current_header()),
+        }))
+    }
+
+    async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        // etcd hashes its whole backend file; cairn hashes the history kept (what HashKV at the
+        // current revision covers), which members agree on just the same.
+        let hash = self.node.blocking(|e| e.hash_kv(0)).await?;
+        Ok(Response::new(pb::HashResponse {
+            header: Some(self.node.header(hash.hash_revision)),
+            hash: hash.hash,
+        }))
+    }
+
+    async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        let revision = request.into_inner().revision;
+        let hash = self.node.blocking(move |e| e.hash_kv(revision)).await?;
+        Ok(Response::new(pb::HashKvResponse {
+            header: Some(self.node.current_header()),
+            hash: hash.hash,
+            compact_revision: hash.compact_revision,
+            hash_revision: hash.hash_revision,
+        }))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || {
+            let header = node.current_header();
+            let estimate = node.engine.size_in_use();
+            let mut out = SnapshotSender::new(tx.clone(), header, estimate);
+            let written = node.engine.snapshot(&mut out);
+            let finished = written.and_then(|_| out.finish());
+            if let Err(e) = finished {
+                let _ = tx.blocking_send(Err(crate::errors::status(&e)));
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn move_leader(
+        &self,
+        request: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        let target = request.into_inner().target_id;
+        self.node.blocking(move |e| e.move_leader(target)).await?;
+        Ok(Response::new(pb::MoveLeaderResponse {
+            header: Some(self.node.current_header()),
+        }))
+    }
+
+    async fn downgrade(
+        &self,
+        _request: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(Status::unimplemented(
+            "cairn does not downgrade: there is one storage version",
+        ))
+    }
+}
+
+/// Turns the engine's snapshot stream into Snapshot responses, as etcd sends them: the data,
+/// zero padding to a multiple of 512 bytes, then the SHA-256 of everything before it (so the
+/// total size is 32 more than a multiple of 512, which etcd's tools check for).
+struct SnapshotSender {
+    tx: tokio::sync::mpsc::Sender<Result<pb::SnapshotResponse, Status>>,
+    header: Option<pb::ResponseHeader>,
+    buffer: Vec<u8>,
+    hash: Sha256,
+    written: u64,
+    /// What the snapshot is expected to take, for `remaining_bytes` (its size is known only at
+    /// the end).
+    estimate: u64,
+}
+
+impl SnapshotSender {
+    fn new(
+        tx: tokio::sync::mpsc::Sender<Result<pb::SnapshotResponse, Status>>,
+        header: pb::ResponseHeader,
+        estimate: u64,
+    ) -> SnapshotSender {
+        SnapshotSender {
+            tx,
+            header: Some(header),
+            buffer: Vec::with_capacity(SNAPSHOT_CHUNK),
+            hash: Sha256::new(),
+            written: 0,
+            estimate,
+        }
+    }
+
+    fn send(&mut self, blob: Vec<u8>, remaining: u64) -> std::io::Result<()> {
+        let message = pb::SnapshotResponse {
+            header: self.header.take(),
+            remaining_bytes: remaining,
+            blob: blob.into(),
+            version: API_VERSION.to_string(),
+        };
+        self.tx
+            .blocking_send(Ok(message))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))
+    }
+
+    fn send_buffer(&mut self) -> std::io::Result<()> {
+        let blob = std::mem::replace(&mut self.buffer, Vec::with_capacity(SNAPSHOT_CHUNK));
+        self.written += blob.len() as u64;
+        // Never 0 before the last response.
+        let remaining = self.estimate.saturating_sub(self.written).max(1);
+        self.send(blob, remaining)
+    }
+
+    /// Pads, appends the hash and sends the last response.
+    fn finish(mut self) -> cairn_engine::Result<()> {
+        let size = self.written + self.buffer.len() as u64;
+        let padding = (512 - size % 512) % 512;
+        let zeros = vec![0u8; usize::try_from(padding).unwrap_or(0)];
+        self.hash.update(&zeros);
+        self.buffer.extend_from_slice(&zeros);
+        let digest = std::mem::take(&mut self.hash).finalize();
+        self.buffer.extend_from_slice(&digest);
+        let blob = std::mem::take(&mut self.buffer);
+        self.send(blob, 0)
+            .map_err(|e| cairn_engine::Error::Snapshot(e.to_string()))
+    }
+}
+
+impl Write for SnapshotSender {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.hash.update(data);
+        self.buffer.extend_from_slice(data);
+        if self.buffer.len() >= SNAPSHOT_CHUNK {
+            self.send_buffer()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

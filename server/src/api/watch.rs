@@ -1,0 +1,293 @@
+//! The Watch service: one bidirectional stream multiplexes many watchers, as etcd's does.
+//!
+//! Each stream is one task. It creates and cancels watchers as the client asks, and waits for
+//! either the client's next request or a wake-up from the engine (a watcher has responses
+//! queued); then it drains every watcher's queue into the stream. A client slower than the
+//! writes fills its watchers' bounded queues in the engine, which then stop being fed and
+//! catch up from history later: writers never wait for a watcher.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cairn_engine::{Watch, WatchResponse as EngineResponse};
+use tokio::sync::Notify;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::convert;
+use crate::node::Node;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::watch_server::Watch as WatchApi;
+
+/// The reason a watch on an empty range is refused (etcd's text).
+const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
+/// The reason a watch ID already in use on the stream is refused.
+const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// The reason a watcher that fell behind a compaction is cancelled.
+const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+/// How often a waiting progress request looks again at whether every watcher caught up.
+const PROGRESS_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+/// The watch ID of a response to a progress request (etcd's `InvalidWatchID`).
+const PROGRESS_ID: i64 = -1;
+/// Largest events response when the client asked for fragments (etcd's default
+/// `--max-request-bytes` plus its gRPC overhead allowance).
+const FRAGMENT_BYTES: usize = (1536 << 10) + (512 << 10);
+
+/// The Watch service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct WatchService {
+    node: Arc<Node>,
+}
+
+impl WatchService {
+    pub fn new(node: Arc<Node>) -> WatchService {
+        WatchService { node }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WatchApi for WatchService {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+        let requests = request.into_inner();
+        let node = self.node.clone();
+        let stream = super::async_stream(move |tx| async move {
+            let mut s = StreamState {
+                node,
+                tx,
+                watchers: BTreeMap::new(),
+                next_id: 0,
+                wake: Arc::new(Notify::new()),
+                progress_wanted: false,
+            };
+            s.run(requests).await;
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// One watcher of a stream.
+struct Watcher {
+    watch: Watch,
+    fragment: bool,
+}
+
+/// One client stream.
+struct StreamState {
+    node: Arc<Node>,
+    tx: tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    watchers: BTreeMap<i64, Watcher>,
+    /// The next watch ID the server picks (etcd starts at 0).
+    next_id: i64,
+    /// Signalled by the engine when any watcher of this stream has responses queued.
+    wake: Arc<Notify>,
+    /// A progress request waits until every watcher has caught up.
+    progress_wanted: bool,
+}
+
+impl StreamState {
+    async fn run(&mut self, mut requests: Streaming<pb::WatchRequest>) {
+        loop {
+            let wake = self.wake.clone();
+            tokio::select! {
+                next = requests.next() => match next {
+                    Some(Ok(request)) => {
+                        if !self.handle(request).await {
+                            return;
+                        }
+                    }
+                    // The client closed the stream, or it broke: the watchers go with it.
+                    Some(Err(_)) | None => return,
+                },
+                () = wake.notified() => {}
+                // A progress request waits for watchers that catch up without sending anything.
+                () = tokio::time::sleep(PROGRESS_RECHECK), if self.progress_wanted => {}
+            }
+            if !self.drain().await {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, response: pb::WatchResponse) -> bool {
+        self.tx.send(Ok(response)).await.is_ok()
+    }
+
+    fn header(&self, revision: i64) -> Option<pb::ResponseHeader> {
+        Some(self.node.header(revision))
+    }
+
+    /// Handles one client request; false once the client is gone.
+    async fn handle(&mut self, request: pb::WatchRequest) -> bool {
+        use pb::watch_request::RequestUnion;
+        match request.request_union {
+            Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
+            Some(RequestUnion::CancelRequest(cancel)) => {
+                if self.watchers.remove(&cancel.watch_id).is_none() {
+                    return true; // unknown: etcd says nothing
+                }
+                let response = pb::WatchResponse {
+                    header: self.header(self.node.engine.current_revision()),
+                    watch_id: cancel.watch_id,
+                    canceled: true,
+                    ..pb::WatchResponse::default()
+                };
+                self.send(response).await
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                self.progress_wanted = true;
+                true
+            }
+            None => true,
+        }
+    }
+
+    async fn create(&mut self, create: pb::WatchCreateRequest) -> bool {
+        use pb::watch_create_request::FilterType;
+        let id = if create.watch_id != 0 {
+            create.watch_id
+        } else {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id
+        };
+        let current = self.node.engine.current_revision();
+        let refuse = |reason: &str| pb::WatchResponse {
+            header: Some(self.node.header(current)),
+            watch_id: id,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..pb::WatchResponse::default()
+        };
+        if self.watchers.contains_key(&id) {
+            let response = refuse(DUPLICATE_ID);
+            return self.send(response).await;
+        }
+        // etcd: an empty range end is the key alone, "\0" every key from it on; an end at or
+        // before the key is an empty range.
+        let all_from = create.range_end.as_ref() == [0];
+        if !create.range_end.is_empty() && !all_from && create.key >= create.range_end {
+            let response = refuse(EMPTY_RANGE);
+            return self.send(response).await;
+        }
+        let filters: Vec<FilterType> = create
+            .filters
+            .iter()
+            .filter_map(|f| FilterType::try_from(*f).ok())
+            .collect();
+        let request = cairn_engine::WatchRequest {
+            key: create.key.to_vec(),
+            range_end: create.range_end.to_vec(),
+            start_revision: create.start_revision,
+            prev_kv: create.prev_kv,
+            no_put: filters.contains(&FilterType::Noput),
+            no_delete: filters.contains(&FilterType::Nodelete),
+            progress_notify: create.progress_notify,
+        };
+        let wake = self.wake.clone();
+        let watch = match self
+            .node
+            .engine
+            .watch_waking(&request, Some(Arc::new(move || wake.notify_one())))
+        {
+            Ok(watch) => watch,
+            Err(e) => {
+                let _ = self.tx.send(Err(crate::errors::status(&e))).await;
+                return false;
+            }
+        };
+        if create.watch_id == 0 {
+            self.next_id += 1;
+        }
+        self.watchers.insert(
+            id,
+            Watcher {
+                watch,
+                fragment: create.fragment,
+            },
+        );
+        let created = pb::WatchResponse {
+            header: Some(self.node.header(current)),
+            watch_id: id,
+            created: true,
+            ..pb::WatchResponse::default()
+        };
+        self.send(created).await
+    }
+
+    /// Sends what every watcher has queued, then answers a waiting progress request if every
+    /// watcher has caught up; false once the client is gone.
+    async fn drain(&mut self) -> bool {
+        let mut out = Vec::new();
+        let mut cancelled = Vec::new();
+        for (id, w) in &self.watchers {
+            while let Some(response) = w.watch.try_recv() {
+                match response {
+                    EngineResponse::Events { events, revision } => {
+                        let header = Some(self.node.header(revision));
+                        let events: Vec<_> = events.into_iter().collect();
+                        let parts = if w.fragment {
+                            cairn_engine::fragment_events(events, FRAGMENT_BYTES)
+                        } else {
+                            vec![events]
+                        };
+                        let count = parts.len();
+                        for (i, part) in parts.into_iter().enumerate() {
+                            out.push(pb::WatchResponse {
+                                header,
+                                watch_id: *id,
+                                fragment: i + 1 < count,
+                                events: part.into_iter().map(convert::event).collect(),
+                                ..pb::WatchResponse::default()
+                            });
+                        }
+                    }
+                    EngineResponse::Progress { revision } => out.push(pb::WatchResponse {
+                        header: Some(self.node.header(revision)),
+                        watch_id: *id,
+                        ..pb::WatchResponse::default()
+                    }),
+                    EngineResponse::Compacted { compact_revision } => {
+                        out.push(pb::WatchResponse {
+                            header: Some(self.node.header(self.node.engine.current_revision())),
+                            watch_id: *id,
+                            canceled: true,
+                            compact_revision,
+                            cancel_reason: COMPACTED.to_string(),
+                            ..pb::WatchResponse::default()
+                        });
+                        cancelled.push(*id);
+                        break;
+                    }
+                }
+            }
+        }
+        for id in cancelled {
+            self.watchers.remove(&id);
+        }
+        for response in out {
+            if !self.send(response).await {
+                return false;
+            }
+        }
+        if self.progress_wanted {
+            let watches: Vec<&Watch> = self.watchers.values().map(|w| &w.watch).collect();
+            if let Some(revision) = self.node.engine.watch_progress(&watches) {
+                self.progress_wanted = false;
+                let response = pb::WatchResponse {
+                    header: Some(self.node.header(revision)),
+                    watch_id: PROGRESS_ID,
+                    ..pb::WatchResponse::default()
+                };
+                return self.send(response).await;
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,16 @@
+//! cairn's etcd-compatible server: a thin tonic layer over the embedded engine
+//! ([`cairn_engine`]), HTTP health and metrics, and the `cairn` binary's configuration.
+
+pub mod api;
+pub mod compactor;
+pub mod convert;
+pub mod errors;
+pub mod flags;
+pub mod http;
+pub mod ids;
+pub mod metrics;
+pub mod node;
+pub mod pb;
+pub mod peer;
+pub mod server;
+pub mod snapshot_tool;

@@ -1,0 +1,81 @@
+//! What every gRPC service shares: the engine, this member's identity, the request limits,
+//! and the one way to run engine calls that block.
+
+use std::sync::Arc;
+
+use cairn_engine::Engine;
+use tonic::Status;
+
+use crate::errors::{IntoStatus, Refusal};
+use crate::pb::etcdserverpb::ResponseHeader;
+
+/// The etcd API version cairn implements fully (what `Status.version` reports; clients such as
+/// kube-apiserver parse it to decide what they may use).
+pub const API_VERSION: &str = "3.6.0";
+
+/// How far the applied index may lag behind the committed one before writes are refused with
+/// "too many requests" (etcd's `maxGapBetweenApplyAndCommitIndex`).
+const MAX_APPLY_LAG: u64 = 5000;
+
+/// The request limits etcd's flags set.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `--max-request-bytes`: the largest encoded write request accepted.
+    pub max_request_bytes: usize,
+    /// `--quota-backend-bytes`, as `Status.dbSizeQuota` reports it.
+    pub quota_backend_bytes: u64,
+}
+
+/// A running member, as the services see it.
+#[derive(Debug)]
+pub struct Node {
+    /// The engine (shared with the peer transport and the HTTP endpoints).
+    pub engine: Arc<Engine>,
+    /// The cluster's ID, in every response header (learned from the cluster by a joining
+    /// member).
+    pub cluster: Arc<crate::peer::ClusterId>,
+    /// This member's ID (its Raft ID).
+    pub member_id: u64,
+    pub limits: Limits,
+}
+
+impl Node {
+    /// The header of a response at `revision`.
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster.get(),
+            member_id: self.member_id,
+            revision,
+            raft_term: self.engine.raft_status().term,
+        }
+    }
+
+    /// The header of a response that reads no revision: the current one.
+    pub fn current_header(&self) -> ResponseHeader {
+        self.header(self.engine.current_revision())
+    }
+
+    /// Runs `f`, which may block (a ReadIndex round, a proposal, a defragmentation), on the
+    /// blocking pool, and maps its error to etcd's status.
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Engine) -> cairn_engine::Result<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || f(&node.engine).or_status())
+            .await
+            .map_err(|e| Status::internal(format!("etcdserver: {e}")))?
+    }
+
+    /// etcd's checks before a write is proposed: its size, and whether applying keeps up.
+    pub fn admit_write(&self, encoded_len: usize) -> Result<(), Status> {
+        if encoded_len > self.limits.max_request_bytes {
+            return Err(Refusal::RequestTooLarge.into());
+        }
+        let raft = self.engine.raft_status();
+        if raft.commit_index.saturating_sub(raft.applied_index) > MAX_APPLY_LAG {
+            return Err(Refusal::TooManyRequests.into());
+        }
+        Ok(())
+    }
+}

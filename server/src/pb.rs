@@ -1,0 +1,31 @@
+//! The wire types and gRPC services generated from `server/proto` (etcd's v3 API, and cairn's
+//! peer transport).
+
+#![allow(
+    missing_docs,
+    clippy::all,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing
+)]
+#![allow(unused_qualifications, rust_2018_idioms, missing_debug_implementations)]
+
+/// etcd's `mvccpb`: KeyValue and Event.
+pub mod mvccpb {
+    tonic::include_proto!("mvccpb");
+}
+
+/// etcd's `authpb`.
+pub mod authpb {
+    tonic::include_proto!("authpb");
+}
+
+/// etcd's `etcdserverpb`: the v3 API's messages and services.
+pub mod etcdserverpb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+/// cairn's peer transport.
+pub mod peer {
+    tonic::include_proto!("cairnpeer");
+}

@@ -1,0 +1,401 @@
+//! The peer transport over gRPC (cairn's own `cairnpeer.Peer` service on the peer URLs): Raft
+//! messages as opaque bytes on one long-lived client stream per peer, and snapshots streamed in
+//! chunks on a call of their own.
+//!
+//! Sending never blocks the node thread: each peer has a bounded queue drained by a task that
+//! keeps a stream open, reconnecting with a pause after a failure; when the queue is full,
+//! messages are dropped (Raft sends again). A message from another cluster is refused. A member
+//! joining an existing cluster learns the cluster's ID from the first message it receives.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_engine::{Engine, Inbox, Transport};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::pb::peer as pb;
+use crate::pb::peer::peer_client::PeerClient;
+use crate::pb::peer::peer_server::{Peer, PeerServer};
+
+/// Messages queued for one peer before new ones are dropped.
+const QUEUE: usize = 4096;
+/// Pause before reconnecting to a peer that failed.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+/// Bytes per snapshot chunk.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+/// The file a member keeps its cluster's ID in, beside the engine's files.
+const CLUSTER_ID_FILE: &str = "cluster_id";
+
+/// The cluster's ID, once known: 0 until a joining member hears from its cluster.
+#[derive(Debug, Default)]
+pub struct ClusterId(AtomicU64);
+
+impl ClusterId {
+    /// A cluster ID; 0 when not known yet.
+    pub fn new(id: u64) -> ClusterId {
+        ClusterId(AtomicU64::new(id))
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Whether a message stamped `id` belongs here; an unknown ID is learned from it.
+    fn admit(&self, id: u64, dir: &Path) -> bool {
+        match self.0.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {
+                tracing::info!(cluster = format_args!("{id:x}"), "joined the cluster");
+                if let Err(e) = store_cluster_id(dir, id) {
+                    tracing::warn!(error = %e, "cannot record the cluster's ID");
+                }
+                true
+            }
+            Err(known) => known == id,
+        }
+    }
+}
+
+/// Reads the cluster ID recorded in `dir`, if any.
+pub fn load_cluster_id(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(CLUSTER_ID_FILE)).ok()?;
+    u64::from_str_radix(text.trim(), 16).ok()
+}
+
+/// Records the cluster ID in `dir` (written once, when a member first knows it).
+pub fn store_cluster_id(dir: &Path, id: u64) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{CLUSTER_ID_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{id:x}\n"))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, dir.join(CLUSTER_ID_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Where received messages go: the engine's inbox, once it is open.
+pub type InboxSlot = Arc<RwLock<Option<Inbox>>>;
+
+struct Shared {
+    me: u64,
+    cluster: Arc<ClusterId>,
+    runtime: tokio::runtime::Handle,
+    /// Peer URLs known from the flags, for members the log has not told of yet.
+    initial: HashMap<u64, Vec<String>>,
+    /// The engine, for members' current peer URLs.
+    engine: RwLock<Weak<Engine>>,
+    links: Mutex<HashMap<u64, mpsc::Sender<Bytes>>>,
+    inbox: InboxSlot,
+}
+
+impl Shared {
+    fn peer_urls(&self, id: u64) -> Vec<String> {
+        let from_log = self
+            .engine
+            .read()
+            .upgrade()
+            .and_then(|e| e.member_list().into_iter().find(|m| m.id == id).map(|m| m.peer_urls));
+        match from_log {
+            Some(urls) if !urls.is_empty() => urls,
+            _ => self.initial.get(&id).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The queue to member `to`, starting its sender task the first time.
+    fn link(self: &Arc<Self>, to: u64) -> mpsc::Sender<Bytes> {
+        let mut links = self.links.lock();
+        if let Some(tx) = links.get(&to).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        links.insert(to, tx.clone());
+        let shared = Arc::downgrade(self);
+        self.runtime.spawn(send_loop(shared, to, rx));
+        tx
+    }
+}
+
+/// A member's peer transport: what it sends with, and where what it receives goes.
+#[derive(Clone)]
+pub struct PeerNetwork {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PeerNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerNetwork")
+            .field("me", &self.shared.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerNetwork {
+    /// The transport of member `me` of the cluster `cluster`; call within a tokio runtime.
+    pub fn new(me: u64, cluster: Arc<ClusterId>, initial: &[(u64, Vec<String>)]) -> PeerNetwork {
+        PeerNetwork {
+            shared: Arc::new(Shared {
+                me,
+                cluster,
+                runtime: tokio::runtime::Handle::current(),
+                initial: initial.iter().cloned().collect(),
+                engine: RwLock::new(Weak::new()),
+                links: Mutex::new(HashMap::new()),
+                inbox: Arc::new(RwLock::new(None)),
+            }),
+        }
+    }
+
+    /// What the engine sends with.
+    pub fn transport(&self) -> Arc<dyn Transport> {
+        Arc::new(GrpcTransport {
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Where the peer service delivers messages.
+    pub fn inbox_slot(&self) -> InboxSlot {
+        self.shared.inbox.clone()
+    }
+
+    /// Connects the open engine: messages are delivered to it from now on.
+    pub fn attach(&self, engine: &Arc<Engine>, inbox: Inbox) {
+        *self.shared.engine.write() = Arc::downgrade(engine);
+        *self.shared.inbox.write() = Some(inbox);
+    }
+
+    /// Disconnects the engine (it is closing): messages to it are dropped, and the senders
+    /// stop.
+    pub fn detach(&self) {
+        *self.shared.inbox.write() = None;
+        self.shared.links.lock().clear();
+    }
+}
+
+struct GrpcTransport {
+    shared: Arc<Shared>,
+}
+
+impl Transport for GrpcTransport {
+    fn send(&self, to: u64, message: Bytes) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.shared.link(to).try_send(message) {
+            tracing::debug!(to = format_args!("{to:x}"), "peer queue full: dropping a raft message");
+        }
+    }
+
+    fn send_snapshot(&self, to: u64, message: Bytes, data: &mut dyn Read) -> std::io::Result<()> {
+        let urls = self.shared.peer_urls(to);
+        let url = urls
+            .first()
+            .ok_or_else(|| std::io::Error::other(format!("no peer URL known for member {to:x}")))?
+            .clone();
+        let (tx, rx) = mpsc::channel::<pb::SnapshotChunk>(4);
+        let call = self.shared.runtime.spawn(async move {
+            let mut client = PeerClient::connect(url)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX);
+            client
+                .snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .map(|_| ())
+                .map_err(|s| std::io::Error::other(s.message().to_string()))
+        });
+        let cluster_id = self.shared.cluster.get();
+        let mut first = Some(message);
+        let mut buf = vec![0u8; SNAPSHOT_CHUNK];
+        loop {
+            let n = read_full(data, &mut buf)?;
+            let chunk = pb::SnapshotChunk {
+                cluster_id,
+                message: first.take().unwrap_or_default(),
+                data: Bytes::copy_from_slice(buf.get(..n).unwrap_or_default()),
+            };
+            if n > 0 && tx.blocking_send(chunk).is_err() {
+                break; // the call ended early: its result says why
+            }
+            if n < buf.len() {
+                break;
+            }
+        }
+        drop(tx);
+        self.shared
+            .runtime
+            .block_on(call)
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+    }
+}
+
+/// Reads until `buf` is full or the input ends; returns how much was read.
+fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(buf.get_mut(filled..).unwrap_or_default()) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Drains member `to`'s queue into a stream to it, reconnecting after failures, until the
+/// network is gone or the queue is dropped.
+async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>) {
+    loop {
+        let (url, cluster_id) = match shared.upgrade() {
+            Some(s) => (s.peer_urls(to).first().cloned(), s.cluster.get()),
+            None => return,
+        };
+        let Some(url) = url else {
+            tracing::debug!(to = format_args!("{to:x}"), "no peer URL yet");
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            // Drop what queued meanwhile: Raft sends again.
+            while rx.try_recv().is_ok() {}
+            continue;
+        };
+        let client = match PeerClient::connect(url.clone()).await {
+            Ok(c) => c.max_encoding_message_size(usize::MAX),
+            Err(e) => {
+                tracing::debug!(to = format_args!("{to:x}"), %url, error = %e, "cannot reach peer");
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+                while rx.try_recv().is_ok() {}
+                continue;
+            }
+        };
+        let (call_tx, call_rx) = mpsc::channel::<pb::RaftMessage>(64);
+        let mut client = client;
+        let call = tokio::spawn(async move { client.send(tokio_stream::wrappers::ReceiverStream::new(call_rx)).await });
+        loop {
+            let Some(message) = rx.recv().await else {
+                return; // detached
+            };
+            let cluster_id = if cluster_id == 0 {
+                shared.upgrade().map_or(0, |s| s.cluster.get())
+            } else {
+                cluster_id
+            };
+            if call_tx.send(pb::RaftMessage { cluster_id, message }).await.is_err() {
+                break;
+            }
+        }
+        if let Ok(Err(status)) = call.await {
+            tracing::debug!(to = format_args!("{to:x}"), error = %status.message(), "peer stream ended");
+        }
+        tokio::time::sleep(RECONNECT_PAUSE).await;
+    }
+}
+
+/// The peer service: delivers what peers send to the engine.
+struct PeerService {
+    inbox: InboxSlot,
+    cluster: Arc<ClusterId>,
+    dir: PathBuf,
+}
+
+fn foreign() -> Status {
+    Status::failed_precondition("etcdserver: request cluster ID mismatch")
+}
+
+/// The reading end of a snapshot stream, for the engine's blocking install.
+struct ChunkReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.current.len());
+        let part = self.current.split_to(n);
+        if let Some(dst) = out.get_mut(..n) {
+            dst.copy_from_slice(&part);
+        }
+        Ok(n)
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn send(&self, request: Request<Streaming<pb::RaftMessage>>) -> Result<Response<pb::Done>, Status> {
+        let mut stream = request.into_inner();
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            if !self.cluster.admit(m.cluster_id, &self.dir) {
+                return Err(foreign());
+            }
+            // Not open yet (or closing): dropped, as a crashed member would.
+            let inbox = self.inbox.read().clone();
+            if let Some(inbox) = inbox {
+                if inbox.deliver(&m.message).is_err() {
+                    return Err(Status::unavailable("etcdserver: server stopped"));
+                }
+            }
+        }
+        Ok(Response::new(pb::Done {}))
+    }
+
+    async fn snapshot(&self, request: Request<Streaming<pb::SnapshotChunk>>) -> Result<Response<pb::Done>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("an empty snapshot stream"))??;
+        if !self.cluster.admit(first.cluster_id, &self.dir) {
+            return Err(foreign());
+        }
+        let inbox = self
+            .inbox
+            .read()
+            .clone()
+            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
+        let (tx, rx) = mpsc::channel(4);
+        let message = first.message.clone();
+        let install = tokio::task::spawn_blocking(move || {
+            let mut reader = ChunkReader {
+                rx,
+                current: Bytes::new(),
+            };
+            inbox.deliver_snapshot(&message, &mut reader)
+        });
+        let mut next = Some(first.data);
+        loop {
+            if let Some(data) = next.take() {
+                if tx.send(data).await.is_err() {
+                    break; // the install stopped reading: its result says why
+                }
+            }
+            match stream.next().await {
+                Some(Ok(chunk)) => next = Some(chunk.data),
+                Some(Err(status)) => return Err(status),
+                None => break,
+            }
+        }
+        drop(tx);
+        install
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| crate::errors::status(&e))?;
+        Ok(Response::new(pb::Done {}))
+    }
+}
+
+/// The peer listener's routes.
+pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>, dir: PathBuf) -> axum::Router {
+    let service = PeerServer::new(PeerService { inbox, cluster, dir })
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    tonic::service::Routes::new(service).into_axum_router()
+}

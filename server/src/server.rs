@@ -1,0 +1,382 @@
+//! Running a member: the engine opened from the flags, the gRPC services and HTTP endpoints on
+//! every client URL, the peer transport on every peer URL, auto-compaction, and a graceful stop
+//! on SIGTERM or SIGINT (in-flight requests finish, then the engine checkpoints and closes).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_engine::{Config, Engine, MemberAttributes};
+use tonic::service::Routes;
+
+use crate::api;
+use crate::flags::{self, BadFlag, ClusterState, CompactionMode, Flags};
+use crate::metrics::Metrics;
+use crate::node::{Limits, Node};
+use crate::pb::etcdserverpb as pb;
+use crate::peer::PeerNetwork;
+
+/// Bytes a gRPC message may exceed `--max-request-bytes` by before the transport refuses it
+/// (etcd's allowance for gRPC framing): up to it, the server answers etcd's "request is too
+/// large" itself.
+const GRPC_OVERHEAD: usize = 512 << 10;
+
+/// Why a member could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Flag(#[from] BadFlag),
+    #[error("cannot open data dir {dir}: {source}")]
+    Open { dir: PathBuf, source: cairn_engine::Error },
+    #[error("cannot listen on {url}: {source}")]
+    Listen { url: String, source: std::io::Error },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Everything the flags decide, checked.
+struct Plan {
+    dir: PathBuf,
+    config: Config,
+    member_id: u64,
+    cluster_id: u64,
+    client_urls: Vec<String>,
+    advertise_client_urls: Vec<String>,
+    peer_urls: Vec<String>,
+    /// Peer URLs of the initial members, by ID (where to reach them before the log says).
+    initial_peers: Vec<(u64, Vec<String>)>,
+    limits: Limits,
+}
+
+fn plan(f: &Flags) -> Result<Plan, ServeError> {
+    f.check_timing()?;
+    let client_urls = flags::url_list("listen-client-urls", &f.listen_client_urls)?;
+    let advertise_client_urls = flags::url_list("advertise-client-urls", &f.advertise_client_urls)?;
+    let peer_urls = flags::url_list("listen-peer-urls", &f.listen_peer_urls)?;
+    let advertise_peer_urls = flags::url_list("initial-advertise-peer-urls", &f.initial_advertise_peer_urls)?;
+    let cluster = match &f.initial_cluster {
+        Some(c) => c.clone(),
+        None => format!("{}={}", f.name, advertise_peer_urls.join(&format!(",{}=", f.name))),
+    };
+    let members = flags::initial_cluster(&cluster, &f.initial_cluster_token)?;
+    let me = members.iter().find(|m| m.name == f.name).ok_or_else(|| BadFlag {
+        flag: "initial-cluster",
+        reason: format!("has no member named {:?} (--name)", f.name),
+    })?;
+    let mut mine = me.peer_urls.clone();
+    let mut advertised = advertise_peer_urls.clone();
+    mine.sort();
+    advertised.sort();
+    if mine != advertised {
+        return Err(BadFlag {
+            flag: "initial-advertise-peer-urls",
+            reason: format!(
+                "{advertised:?} differs from --initial-cluster's {mine:?} for {}",
+                f.name
+            ),
+        }
+        .into());
+    }
+    let retention_ok = match f.auto_compaction_mode {
+        CompactionMode::Periodic => flags::retention_period(&f.auto_compaction_retention).map(|_| ()),
+        CompactionMode::Revision => f
+            .auto_compaction_retention
+            .trim()
+            .parse::<u64>()
+            .map(|_| ())
+            .map_err(|_| BadFlag {
+                flag: "auto-compaction-retention",
+                reason: format!("{:?} is not a revision count", f.auto_compaction_retention),
+            }),
+    };
+    retention_ok?;
+    let max_request_bytes = usize::try_from(f.max_request_bytes).map_err(|_| BadFlag {
+        flag: "max-request-bytes",
+        reason: "too large".into(),
+    })?;
+    let quota = match f.quota_backend_bytes {
+        q if q <= 0 => 2u64 << 30,
+        q => q.unsigned_abs(),
+    };
+    let tick = Duration::from_millis(f.heartbeat_interval);
+    let election_ticks = usize::try_from(f.election_timeout / f.heartbeat_interval).unwrap_or(10);
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    let initial_attributes = members
+        .iter()
+        .map(|m| {
+            let attributes = MemberAttributes {
+                name: m.name.clone(),
+                ..MemberAttributes::with_peer_urls(m.peer_urls.clone())
+            };
+            (m.id, attributes)
+        })
+        .collect();
+    let dir = f.data_dir();
+    let config = Config {
+        member_id: me.id,
+        initial_members: ids.clone(),
+        initial_attributes,
+        join_existing: f.initial_cluster_state == ClusterState::Existing,
+        wal_dir: f.wal_dir.clone(),
+        checkpoint_entries: f.snapshot_count,
+        raft_tick: tick,
+        election_ticks,
+        heartbeat_ticks: 1,
+        max_txn_ops: usize::try_from(f.max_txn_ops).unwrap_or(usize::MAX),
+        quota_backend_bytes: quota,
+        // etcd's minimum lease TTL: 1.5 election timeouts, in whole seconds, rounded up.
+        min_lease_ttl: i64::try_from((f.election_timeout * 3).div_ceil(2000))
+            .unwrap_or(2)
+            .max(1),
+        request_timeout: Duration::from_millis(5000 + 2 * f.election_timeout),
+        ..Config::default()
+    };
+    Ok(Plan {
+        dir,
+        config,
+        member_id: me.id,
+        cluster_id: crate::ids::cluster_id(&ids),
+        client_urls,
+        advertise_client_urls,
+        peer_urls,
+        initial_peers: members.iter().map(|m| (m.id, m.peer_urls.clone())).collect(),
+        limits: Limits {
+            max_request_bytes,
+            quota_backend_bytes: quota,
+        },
+    })
+}
+
+/// `host:port` of a URL the flags accepted.
+fn socket_of(url: &str) -> Result<(String, u16), ServeError> {
+    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| ServeError::Other(format!("{url}: {e}")))?;
+    let host = uri.host().unwrap_or("127.0.0.1").trim_matches(['[', ']']).to_string();
+    let port = uri
+        .port_u16()
+        .ok_or_else(|| ServeError::Other(format!("{url} has no port")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(ServeError::Other(format!(
+            "{url}: only http:// URLs are served so far (TLS is not implemented)"
+        )));
+    }
+    Ok((host, port))
+}
+
+async fn bind(url: &str) -> Result<tokio::net::TcpListener, ServeError> {
+    let (host, port) = socket_of(url)?;
+    tokio::net::TcpListener::bind((host.as_str(), port))
+        .await
+        .map_err(|source| ServeError::Listen {
+            url: url.to_string(),
+            source,
+        })
+}
+
+/// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints, as one router.
+fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum::Router {
+    use pb::auth_server::AuthServer;
+    use pb::cluster_server::ClusterServer;
+    use pb::kv_server::KvServer;
+    use pb::lease_server::LeaseServer;
+    use pb::maintenance_server::MaintenanceServer;
+    use pb::watch_server::WatchServer;
+    let limit = node.limits.max_request_bytes.saturating_add(GRPC_OVERHEAD);
+    let leader_check = {
+        let node = node.clone();
+        move |request: tonic::Request<()>| {
+            let wants_leader = request
+                .metadata()
+                .get("hasleader")
+                .is_some_and(|v| v.as_bytes() == b"true");
+            if wants_leader && node.engine.leader().is_none() {
+                return Err(crate::errors::Refusal::NoLeader.into());
+            }
+            Ok(request)
+        }
+    };
+    macro_rules! service {
+        ($server:ident, $svc:expr) => {
+            tonic::service::interceptor::InterceptedService::new(
+                $server::new($svc)
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(usize::MAX),
+                leader_check.clone(),
+            )
+        };
+    }
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    drop(health_reporter);
+    let routes = Routes::new(health)
+        .add_service(service!(KvServer, api::kv::KvService::new(node.clone())))
+        .add_service(service!(WatchServer, api::watch::WatchService::new(node.clone())))
+        .add_service(service!(LeaseServer, api::lease::LeaseService::new(node.clone())))
+        .add_service(service!(
+            ClusterServer,
+            api::cluster::ClusterService::new(node.clone(), token)
+        ))
+        .add_service(service!(
+            MaintenanceServer,
+            api::maintenance::MaintenanceService::new(node.clone())
+        ))
+        .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())));
+    routes.into_axum_router().merge(crate::http::router(node, metrics))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+/// Runs a member until SIGTERM or SIGINT.
+pub async fn serve(f: Flags) -> Result<(), ServeError> {
+    let plan = plan(&f)?;
+    let member_dir = plan.dir.join("member");
+    // The cluster's ID is fixed when it is bootstrapped; a joining member learns it.
+    let cluster_id = match crate::peer::load_cluster_id(&member_dir) {
+        Some(id) => id,
+        None if plan.config.join_existing => 0,
+        None => {
+            crate::peer::store_cluster_id(&member_dir, plan.cluster_id)
+                .map_err(|e| ServeError::Other(format!("cannot write to {}: {e}", member_dir.display())))?;
+            plan.cluster_id
+        }
+    };
+    let cluster = Arc::new(crate::peer::ClusterId::new(cluster_id));
+    let peers = PeerNetwork::new(plan.member_id, cluster.clone(), &plan.initial_peers);
+    // Bind first: a port in use is reported before anything is opened.
+    let mut client_listeners = Vec::new();
+    for url in &plan.client_urls {
+        client_listeners.push(bind(url).await?);
+    }
+    let mut peer_listeners = Vec::new();
+    for url in &plan.peer_urls {
+        peer_listeners.push(bind(url).await?);
+    }
+    // A new member of an existing cluster starts hearing from the leader only once its peer
+    // listener is up: serve peers before opening the engine, which waits to catch up.
+    let inbox = peers.inbox_slot();
+    for listener in peer_listeners {
+        let router = crate::peer::router(inbox.clone(), cluster.clone(), member_dir.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "the peer listener failed");
+            }
+        });
+    }
+    let engine = {
+        let (dir, config, transport) = (member_dir.clone(), plan.config.clone(), peers.transport());
+        tokio::task::spawn_blocking(move || Engine::open_member(&dir, config, transport))
+            .await
+            .map_err(|e| ServeError::Other(e.to_string()))?
+            .map_err(|source| ServeError::Open {
+                dir: plan.dir.clone(),
+                source,
+            })?
+    };
+    let engine = Arc::new(engine);
+    let engine_inbox = engine.inbox().map_err(|e| ServeError::Other(e.to_string()))?;
+    peers.attach(&engine, engine_inbox);
+    let node = Arc::new(Node {
+        engine: engine.clone(),
+        cluster: cluster.clone(),
+        member_id: plan.member_id,
+        limits: plan.limits,
+    });
+    let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
+    let background = [
+        tokio::spawn(publish(
+            node.clone(),
+            f.name.clone(),
+            plan.advertise_client_urls.clone(),
+        )),
+        tokio::spawn(crate::compactor::run(
+            node.clone(),
+            f.auto_compaction_mode,
+            f.auto_compaction_retention.clone(),
+        )),
+    ];
+    let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());
+    tracing::info!(
+        name = %f.name,
+        member = format_args!("{:x}", plan.member_id),
+        cluster = format_args!("{:x}", cluster.get()),
+        clients = ?plan.client_urls,
+        data_dir = %plan.dir.display(),
+        "serving"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = Vec::new();
+    for listener in client_listeners {
+        let mut stop = stop_rx.clone();
+        let router = router.clone();
+        servers.push(tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    stop_signal().await;
+    tracing::info!("stopping: finishing requests in flight");
+    let _ = stop_tx.send(true);
+    for s in servers {
+        if let Ok(Err(e)) = s.await {
+            tracing::warn!(error = %e, "a client listener stopped with an error");
+        }
+    }
+    for task in background {
+        task.abort();
+        let _ = task.await;
+    }
+    drop(router);
+    peers.detach();
+    drop(node);
+    let closed = tokio::task::spawn_blocking(move || match Arc::try_unwrap(engine) {
+        Ok(engine) => engine.close(),
+        // Something still holds it (a stream that outlived its listener): its drop closes it.
+        Err(_) => Ok(()),
+    })
+    .await
+    .map_err(|e| ServeError::Other(e.to_string()))?;
+    closed.map_err(|e| ServeError::Other(format!("closing the engine: {e}")))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Records this member's name and client URLs in the cluster once it can (etcd's publish),
+/// retrying until it is applied.
+async fn publish(node: Arc<Node>, name: String, client_urls: Vec<String>) {
+    loop {
+        let already = node
+            .engine
+            .member_list()
+            .into_iter()
+            .any(|m| m.id == node.member_id && m.name == name && m.client_urls == client_urls);
+        if already {
+            return;
+        }
+        let (n, urls) = (name.clone(), client_urls.clone());
+        match node.blocking(move |e| e.member_publish(n, urls)).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::debug!(error = %e.message(), "publishing this member's attributes; will retry");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
