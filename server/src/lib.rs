@@ -6,6 +6,7 @@ pub mod compactor;
 pub mod convert;
 pub mod errors;
 pub mod flags;
+pub mod forward;
 pub mod http;
 pub mod ids;
 pub mod metrics;

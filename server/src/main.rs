@@ -7,10 +7,9 @@ use cairn_server::flags::{Cli, Command, LogLevel, SnapshotCommand};
 use clap::Parser;
 
 fn init_logging(level: LogLevel) {
-    // raft-rs logs every election step at info: only its warnings, unless debugging.
     let default = match level {
         LogLevel::Debug => "debug",
-        LogLevel::Info => "info,slog=warn",
+        LogLevel::Info => "info",
         LogLevel::Warn => "warn",
         LogLevel::Error | LogLevel::Panic | LogLevel::Fatal => "error",
     };

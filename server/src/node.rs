@@ -37,6 +37,8 @@ pub struct Node {
     /// This member's ID (its Raft ID).
     pub member_id: u64,
     pub limits: Limits,
+    /// Where leader-only requests go from a follower.
+    pub forward: crate::forward::Forwarder,
 }
 
 impl Node {

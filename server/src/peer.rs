@@ -5,11 +5,11 @@
 //! Sending never blocks the node thread: each peer has a bounded queue drained by a task that
 //! keeps a stream open, reconnecting with a pause after a failure; when the queue is full,
 //! messages are dropped (Raft sends again). A message from another cluster is refused. A member
-//! joining an existing cluster learns the cluster's ID from the first message it receives.
+//! joining an existing cluster asks its peers for its ID and the cluster's ([`discover`]).
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -33,13 +33,14 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// The file a member keeps its cluster's ID in, beside the engine's files.
 const CLUSTER_ID_FILE: &str = "cluster_id";
+/// The file a member that joined an existing cluster keeps its own ID in.
+const MEMBER_ID_FILE: &str = "member_id";
 
-/// The cluster's ID, once known: 0 until a joining member hears from its cluster.
+/// The cluster's ID: fixed when the cluster is bootstrapped, learned by a member that joins.
 #[derive(Debug, Default)]
 pub struct ClusterId(AtomicU64);
 
 impl ClusterId {
-    /// A cluster ID; 0 when not known yet.
     pub fn new(id: u64) -> ClusterId {
         ClusterId(AtomicU64::new(id))
     }
@@ -48,18 +49,9 @@ impl ClusterId {
         self.0.load(Ordering::Relaxed)
     }
 
-    /// Whether a message stamped `id` belongs here; an unknown ID is learned from it.
-    fn admit(&self, id: u64, dir: &Path) -> bool {
-        match self.0.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => {
-                tracing::info!(cluster = format_args!("{id:x}"), "joined the cluster");
-                if let Err(e) = store_cluster_id(dir, id) {
-                    tracing::warn!(error = %e, "cannot record the cluster's ID");
-                }
-                true
-            }
-            Err(known) => known == id,
-        }
+    /// Whether a message stamped `id` belongs to this cluster.
+    fn admit(&self, id: u64) -> bool {
+        self.get() == id
     }
 }
 
@@ -71,16 +63,28 @@ pub fn load_cluster_id(dir: &Path) -> Option<u64> {
 
 /// Records the cluster ID in `dir` (written once, when a member first knows it).
 pub fn store_cluster_id(dir: &Path, id: u64) -> std::io::Result<()> {
+    write_durably(dir, CLUSTER_ID_FILE, &format!("{id:x}\n"))
+}
+
+/// Writes `name` in `dir` whole or not at all, and durably.
+fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{CLUSTER_ID_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{id:x}\n"))?;
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, text)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, dir.join(CLUSTER_ID_FILE))?;
+    std::fs::rename(&tmp, dir.join(name))?;
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Where received messages go: the engine's inbox, once it is open.
-pub type InboxSlot = Arc<RwLock<Option<Inbox>>>;
+/// The open engine, as the peer service reaches it.
+#[derive(Clone, Debug)]
+pub struct Attached {
+    inbox: Inbox,
+    engine: Weak<Engine>,
+}
+
+/// Where received messages go: the engine, once it is open.
+pub type InboxSlot = Arc<RwLock<Option<Attached>>>;
 
 struct Shared {
     me: u64,
@@ -166,7 +170,10 @@ impl PeerNetwork {
     /// Connects the open engine: messages are delivered to it from now on.
     pub fn attach(&self, engine: &Arc<Engine>, inbox: Inbox) {
         *self.shared.engine.write() = Arc::downgrade(engine);
-        *self.shared.inbox.write() = Some(inbox);
+        *self.shared.inbox.write() = Some(Attached {
+            inbox,
+            engine: Arc::downgrade(engine),
+        });
     }
 
     /// Disconnects the engine (it is closing): messages to it are dropped, and the senders
@@ -297,7 +304,6 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
 struct PeerService {
     inbox: InboxSlot,
     cluster: Arc<ClusterId>,
-    dir: PathBuf,
 }
 
 fn foreign() -> Status {
@@ -333,13 +339,13 @@ impl Peer for PeerService {
         let mut stream = request.into_inner();
         while let Some(m) = stream.next().await {
             let m = m?;
-            if !self.cluster.admit(m.cluster_id, &self.dir) {
+            if !self.cluster.admit(m.cluster_id) {
                 return Err(foreign());
             }
             // Not open yet (or closing): dropped, as a crashed member would.
-            let inbox = self.inbox.read().clone();
-            if let Some(inbox) = inbox {
-                if inbox.deliver(&m.message).is_err() {
+            let attached = self.inbox.read().clone();
+            if let Some(a) = attached {
+                if a.inbox.deliver(&m.message).is_err() {
                     return Err(Status::unavailable("etcdserver: server stopped"));
                 }
             }
@@ -353,14 +359,15 @@ impl Peer for PeerService {
             .next()
             .await
             .ok_or_else(|| Status::invalid_argument("an empty snapshot stream"))??;
-        if !self.cluster.admit(first.cluster_id, &self.dir) {
+        if !self.cluster.admit(first.cluster_id) {
             return Err(foreign());
         }
         let inbox = self
             .inbox
             .read()
             .clone()
-            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
+            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?
+            .inbox;
         let (tx, rx) = mpsc::channel(4);
         let message = first.message.clone();
         let install = tokio::task::spawn_blocking(move || {
@@ -390,11 +397,82 @@ impl Peer for PeerService {
             .map_err(|e| crate::errors::status(&e))?;
         Ok(Response::new(pb::Done {}))
     }
+
+    async fn members(&self, _request: Request<pb::MembersRequest>) -> Result<Response<pb::MembersResponse>, Status> {
+        let engine = self
+            .inbox
+            .read()
+            .as_ref()
+            .and_then(|a| a.engine.upgrade())
+            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
+        let members = engine
+            .member_list()
+            .into_iter()
+            .map(|m| pb::PeerMember {
+                id: m.id,
+                peer_urls: m.peer_urls,
+            })
+            .collect();
+        Ok(Response::new(pb::MembersResponse {
+            cluster_id: self.cluster.get(),
+            members,
+        }))
+    }
+}
+
+/// Asks the members at `peers` who the member at `my_peer_urls` is: its ID (given by `member
+/// add`) and the cluster's. Tries each peer in turn until `patience` runs out.
+pub async fn discover(peers: &[String], my_peer_urls: &[String], patience: Duration) -> Result<(u64, u64), String> {
+    let mut mine = my_peer_urls.to_vec();
+    mine.sort();
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut last_error = String::from("no peer to ask");
+    loop {
+        for url in peers {
+            let answer = match PeerClient::connect(url.clone()).await {
+                Ok(mut client) => client
+                    .members(pb::MembersRequest {})
+                    .await
+                    .map_err(|s| s.message().to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match answer {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    let found = r.members.iter().find(|m| {
+                        let mut theirs = m.peer_urls.clone();
+                        theirs.sort();
+                        theirs == mine
+                    });
+                    match found {
+                        Some(m) if r.cluster_id != 0 => return Ok((m.id, r.cluster_id)),
+                        _ => last_error = format!("{url} knows no member at {mine:?}: add it with `member add` first"),
+                    }
+                }
+                Err(e) => last_error = format!("{url}: {e}"),
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(last_error);
+        }
+        tokio::time::sleep(RECONNECT_PAUSE * 5).await;
+    }
+}
+
+/// Reads the member ID recorded in `dir` (a member that joined an existing cluster).
+pub fn load_member_id(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(MEMBER_ID_FILE)).ok()?;
+    u64::from_str_radix(text.trim(), 16).ok()
+}
+
+/// Records this member's ID in `dir`.
+pub fn store_member_id(dir: &Path, id: u64) -> std::io::Result<()> {
+    write_durably(dir, MEMBER_ID_FILE, &format!("{id:x}\n"))
 }
 
 /// The peer listener's routes.
-pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>, dir: PathBuf) -> axum::Router {
-    let service = PeerServer::new(PeerService { inbox, cluster, dir })
+pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>) -> axum::Router {
+    let service = PeerServer::new(PeerService { inbox, cluster })
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     tonic::service::Routes::new(service).into_axum_router()

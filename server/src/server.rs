@@ -20,6 +20,8 @@ use crate::peer::PeerNetwork;
 /// (etcd's allowance for gRPC framing): up to it, the server answers etcd's "request is too
 /// large" itself.
 const GRPC_OVERHEAD: usize = 512 << 10;
+/// How long a member joining an existing cluster keeps asking its peers who it is.
+const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Why a member could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -243,20 +245,17 @@ async fn stop_signal() {
 
 /// Runs a member until SIGTERM or SIGINT.
 pub async fn serve(f: Flags) -> Result<(), ServeError> {
-    let plan = plan(&f)?;
+    let mut plan = plan(&f)?;
     let member_dir = plan.dir.join("member");
-    // The cluster's ID is fixed when it is bootstrapped; a joining member learns it.
-    let cluster_id = match crate::peer::load_cluster_id(&member_dir) {
-        Some(id) => id,
-        None if plan.config.join_existing => 0,
-        None => {
-            crate::peer::store_cluster_id(&member_dir, plan.cluster_id)
-                .map_err(|e| ServeError::Other(format!("cannot write to {}: {e}", member_dir.display())))?;
-            plan.cluster_id
-        }
-    };
+    let (member_id, cluster_id) = identity(&plan, &member_dir).await?;
+    plan.config.member_id = member_id;
+    if plan.config.join_existing {
+        // It learns the members, and everything else, from the cluster's log.
+        plan.config.initial_members.clear();
+        plan.config.initial_attributes.clear();
+    }
     let cluster = Arc::new(crate::peer::ClusterId::new(cluster_id));
-    let peers = PeerNetwork::new(plan.member_id, cluster.clone(), &plan.initial_peers);
+    let peers = PeerNetwork::new(member_id, cluster.clone(), &plan.initial_peers);
     // Bind first: a port in use is reported before anything is opened.
     let mut client_listeners = Vec::new();
     for url in &plan.client_urls {
@@ -270,7 +269,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     // listener is up: serve peers before opening the engine, which waits to catch up.
     let inbox = peers.inbox_slot();
     for listener in peer_listeners {
-        let router = crate::peer::router(inbox.clone(), cluster.clone(), member_dir.clone());
+        let router = crate::peer::router(inbox.clone(), cluster.clone());
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router).await {
                 tracing::error!(error = %e, "the peer listener failed");
@@ -293,8 +292,9 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let node = Arc::new(Node {
         engine: engine.clone(),
         cluster: cluster.clone(),
-        member_id: plan.member_id,
+        member_id,
         limits: plan.limits,
+        forward: Default::default(),
     });
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
     let background = [
@@ -312,7 +312,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());
     tracing::info!(
         name = %f.name,
-        member = format_args!("{:x}", plan.member_id),
+        member = format_args!("{member_id:x}"),
         cluster = format_args!("{:x}", cluster.get()),
         clients = ?plan.client_urls,
         data_dir = %plan.dir.display(),
@@ -356,6 +356,43 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     closed.map_err(|e| ServeError::Other(format!("closing the engine: {e}")))?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// This member's ID and its cluster's: recorded in `member_dir` once known; derived from the
+/// flags for a new cluster's member; asked of the peers by a member joining an existing one.
+async fn identity(plan: &Plan, member_dir: &std::path::Path) -> Result<(u64, u64), ServeError> {
+    use crate::peer::{discover, load_cluster_id, load_member_id, store_cluster_id, store_member_id};
+    let write_error = |e: std::io::Error| ServeError::Other(format!("cannot write to {}: {e}", member_dir.display()));
+    if let Some(cluster) = load_cluster_id(member_dir) {
+        return Ok((load_member_id(member_dir).unwrap_or(plan.member_id), cluster));
+    }
+    if !plan.config.join_existing {
+        store_cluster_id(member_dir, plan.cluster_id).map_err(write_error)?;
+        return Ok((plan.member_id, plan.cluster_id));
+    }
+    let others: Vec<String> = plan
+        .initial_peers
+        .iter()
+        .filter(|(id, _)| *id != plan.member_id)
+        .flat_map(|(_, urls)| urls.iter().cloned())
+        .collect();
+    let mine = plan
+        .initial_peers
+        .iter()
+        .find(|(id, _)| *id == plan.member_id)
+        .map(|(_, urls)| urls.clone())
+        .unwrap_or_default();
+    let (member, cluster) = discover(&others, &mine, JOIN_PATIENCE)
+        .await
+        .map_err(|e| ServeError::Other(format!("cannot join the existing cluster: {e}")))?;
+    tracing::info!(
+        member = format_args!("{member:x}"),
+        cluster = format_args!("{cluster:x}"),
+        "joining the existing cluster"
+    );
+    store_member_id(member_dir, member).map_err(write_error)?;
+    store_cluster_id(member_dir, cluster).map_err(write_error)?;
+    Ok((member, cluster))
 }
 
 /// Records this member's name and client URLs in the cluster once it can (etcd's publish),

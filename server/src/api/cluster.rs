@@ -6,9 +6,11 @@ use tonic::{Request, Response, Status};
 
 use crate::convert;
 use crate::errors::Refusal;
+use crate::forward::Route;
 use crate::ids;
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::cluster_client::ClusterClient;
 use crate::pb::etcdserverpb::cluster_server::Cluster;
 
 /// The Cluster service over a [`Node`].
@@ -64,6 +66,9 @@ impl Cluster for ClusterService {
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
         let r = request.into_inner();
+        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+            return ClusterClient::new(channel).member_add(r).await;
+        }
         check_urls(&r.peer_ur_ls)?;
         let taken = self
             .node
@@ -101,7 +106,11 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
-        let id = request.into_inner().id;
+        let r = request.into_inner();
+        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+            return ClusterClient::new(channel).member_remove(r).await;
+        }
+        let id = r.id;
         self.node.blocking(move |e| e.member_remove(id)).await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header: Some(self.node.current_header()),
@@ -149,7 +158,11 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
-        let id = request.into_inner().id;
+        let r = request.into_inner();
+        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+            return ClusterClient::new(channel).member_promote(r).await;
+        }
+        let id = r.id;
         self.node.blocking(move |e| e.member_promote(id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header: Some(self.node.current_header()),

@@ -7,8 +7,10 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::async_stream;
+use crate::forward::Route;
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::lease_client::LeaseClient;
 use crate::pb::etcdserverpb::lease_server::Lease;
 
 /// The Lease service over a [`Node`].
@@ -71,7 +73,7 @@ impl Lease for LeaseService {
                     }
                 };
                 // An unknown lease answers TTL 0, as etcd does.
-                let ttl = match node.blocking(move |e| e.lease_keep_alive(id)).await {
+                let ttl = match keep_alive(&node, id).await {
                     Ok(ttl) => ttl,
                     Err(s) if s.message() == "etcdserver: requested lease not found" => 0,
                     Err(s) => {
@@ -97,6 +99,10 @@ impl Lease for LeaseService {
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let r = request.into_inner();
+        // Only the leader's clocks count (a follower's restart on every election).
+        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+            return LeaseClient::new(channel).lease_time_to_live(r).await;
+        }
         let status = self.node.engine.lease_time_to_live(r.id, r.keys);
         Ok(Response::new(pb::LeaseTimeToLiveResponse {
             header: Some(self.node.current_header()),
@@ -122,5 +128,20 @@ impl Lease for LeaseService {
             header: Some(self.node.current_header()),
             leases,
         }))
+    }
+}
+
+/// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
+async fn keep_alive(node: &Arc<Node>, id: i64) -> Result<i64, Status> {
+    match node.forward.route(node)? {
+        Route::Here => node.blocking(move |e| e.lease_keep_alive(id)).await,
+        Route::Leader(channel) => {
+            let request = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
+            let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
+            match answers.next().await {
+                Some(answer) => Ok(answer?.ttl),
+                None => Err(crate::errors::status(&cairn_engine::Error::LeaderChanged)),
+            }
+        }
     }
 }

@@ -1,0 +1,51 @@
+//! Requests only the leader can serve (membership changes, lease keep-alives and TTLs), sent
+//! on by a follower to the leader's client URL, as etcd's followers do.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
+
+use crate::node::Node;
+
+/// Channels to leaders, by member ID (kept: a leader is asked again and again).
+#[derive(Debug, Default)]
+pub struct Forwarder {
+    channels: Mutex<HashMap<u64, Channel>>,
+}
+
+/// Where a request goes: served here, or sent on to the leader over `Channel`.
+#[derive(Debug)]
+pub enum Route {
+    Here,
+    Leader(Channel),
+}
+
+impl Forwarder {
+    /// Whether `node` serves a leader-only request itself, or where to send it.
+    pub fn route(&self, node: &Node) -> Result<Route, Status> {
+        let Some(leader) = node.engine.leader() else {
+            return Err(crate::errors::status(&cairn_engine::Error::NoLeader));
+        };
+        if leader == node.member_id {
+            return Ok(Route::Here);
+        }
+        if let Some(channel) = self.channels.lock().get(&leader) {
+            return Ok(Route::Leader(channel.clone()));
+        }
+        let url = node
+            .engine
+            .member_list()
+            .into_iter()
+            .find(|m| m.id == leader)
+            .and_then(|m| m.client_urls.into_iter().next())
+            // The leader has not published its client URLs yet.
+            .ok_or_else(|| crate::errors::status(&cairn_engine::Error::NoLeader))?;
+        let channel = Endpoint::from_shared(url)
+            .map_err(|e| Status::internal(format!("etcdserver: the leader's client URL: {e}")))?
+            .connect_lazy();
+        self.channels.lock().insert(leader, channel.clone());
+        Ok(Route::Leader(channel))
+    }
+}
