@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check of cairn, as CI does (.ci/run calls exactly this):
 # formatting, clippy, the whole workspace's tests, and a short run of every fuzz target.
-# It installs what it needs (cargo-fuzz) and nothing else; run it from anywhere.
+# It installs what it needs (Debian's etcd-client and etcd-server for the end-to-end and
+# differential tests, cargo-fuzz) and nothing else; run it from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,19 @@ step "toolchain"
 cargo --version
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+step "test dependencies: etcdctl and etcd 3.4 (Debian's etcd-client and etcd-server)"
+if ! command -v etcdctl >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then
+    sudo_cmd=""
+    if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends etcd-client etcd-server >/dev/null
+fi
+# Debian starts etcd-server as a service on 2379; the tests run their own on free ports, but a
+# stray member there would confuse anyone running cairn by hand afterwards.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop etcd >/dev/null 2>&1 || true; fi
+etcdctl version | head -1
+etcd --version | head -1
 
 step "cargo fmt --check"
 cargo fmt --all --check

@@ -320,6 +320,8 @@ struct Checkpointing {
     newest: Mutex<(u64, u64)>,
     /// Log entries kept before a checkpoint (`Config::snapshot_catch_up_entries`).
     catch_up: u64,
+    /// How long writing each checkpoint took, in microseconds.
+    latency_us: Mutex<hdrhistogram::Histogram<u64>>,
 }
 
 /// Syncs the data files a checkpoint names, writes it, and releases the log it covers.
@@ -328,9 +330,12 @@ fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpo
     if c.order < *newest {
         return Ok(());
     }
+    let started = std::time::Instant::now();
     FileMaker::sync_files(&dir.join(DATA_DIR), &c.layout)?;
     checkpoint::write_bytes(dir, &c.bytes)?;
     *newest = c.order;
+    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let _ = checkpointing.latency_us.lock().record(took.max(1));
     // The last entries before the checkpoint stay, for followers that are behind.
     wal.release_before(LogIndex(
         c.applied.saturating_add(1).saturating_sub(checkpointing.catch_up),
@@ -1172,6 +1177,7 @@ impl Engine {
         let checkpointing = Arc::new(Checkpointing {
             newest: Mutex::new((state.read().applied_index, state.read().epoch)),
             catch_up: config.snapshot_catch_up_entries,
+            latency_us: Mutex::new(cairn_wal::latency_histogram()),
         });
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let waiters: Arc<Waiters> = Arc::default();
@@ -1878,6 +1884,17 @@ impl Engine {
         self.inner.state.read().store.size()
     }
 
+    /// The WAL's counters and latency histograms (fsyncs, group-commit batches), for metrics.
+    pub fn wal_stats(&self) -> Result<cairn_wal::StatsSnapshot> {
+        Ok(self.inner.wal()?.stats())
+    }
+
+    /// How long checkpoints took to write (data files synced, checkpoint file written and
+    /// synced), in microseconds: etcd's backend commit, for metrics.
+    pub fn checkpoint_latency_us(&self) -> hdrhistogram::Histogram<u64> {
+        self.inner.checkpointing.latency_us.lock().clone()
+    }
+
     /// Watchers open now.
     pub fn watcher_count(&self) -> usize {
         self.inner.hub.lock().len()
@@ -1988,6 +2005,7 @@ mod tests {
         let checkpointing = Checkpointing {
             newest: Mutex::new((0, 0)),
             catch_up: 5000,
+            latency_us: Mutex::new(cairn_wal::latency_histogram()),
         };
         write_and_release(dir.path(), &at(10), &wal, &checkpointing).unwrap();
         write_and_release(dir.path(), &at(5), &wal, &checkpointing).unwrap();

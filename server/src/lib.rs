@@ -15,3 +15,4 @@ pub mod pb;
 pub mod peer;
 pub mod server;
 pub mod snapshot_tool;
+pub mod validate;

@@ -17,11 +17,11 @@ pub const API_VERSION: &str = "3.6.0";
 /// "too many requests" (etcd's `maxGapBetweenApplyAndCommitIndex`).
 const MAX_APPLY_LAG: u64 = 5000;
 
-/// The request limits etcd's flags set.
+/// The limits etcd's flags set.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// `--max-request-bytes`: the largest encoded write request accepted.
-    pub max_request_bytes: usize,
+    /// What a request may hold.
+    pub request: crate::validate::Limits,
     /// `--quota-backend-bytes`, as `Status.dbSizeQuota` reports it.
     pub quota_backend_bytes: u64,
 }
@@ -69,11 +69,9 @@ impl Node {
             .map_err(|e| Status::internal(format!("etcdserver: {e}")))?
     }
 
-    /// etcd's checks before a write is proposed: its size, and whether applying keeps up.
-    pub fn admit_write(&self, encoded_len: usize) -> Result<(), Status> {
-        if encoded_len > self.limits.max_request_bytes {
-            return Err(Refusal::RequestTooLarge.into());
-        }
+    /// etcd's check before a write is proposed (after [`crate::validate`]): whether applying
+    /// keeps up with committing.
+    pub fn admit_write(&self) -> Result<(), Status> {
         let raft = self.engine.raft_status();
         if raft.commit_index.saturating_sub(raft.applied_index) > MAX_APPLY_LAG {
             return Err(Refusal::TooManyRequests.into());

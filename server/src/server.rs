@@ -143,7 +143,10 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         peer_urls,
         initial_peers: members.iter().map(|m| (m.id, m.peer_urls.clone())).collect(),
         limits: Limits {
-            max_request_bytes,
+            request: crate::validate::Limits {
+                max_request_bytes,
+                max_txn_ops: usize::try_from(f.max_txn_ops).unwrap_or(usize::MAX),
+            },
             quota_backend_bytes: quota,
         },
     })
@@ -182,7 +185,7 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
     use pb::lease_server::LeaseServer;
     use pb::maintenance_server::MaintenanceServer;
     use pb::watch_server::WatchServer;
-    let limit = node.limits.max_request_bytes.saturating_add(GRPC_OVERHEAD);
+    let limit = node.limits.request.max_request_bytes.saturating_add(GRPC_OVERHEAD);
     let leader_check = {
         let node = node.clone();
         move |request: tonic::Request<()>| {

@@ -35,6 +35,6 @@ pub use fs::{DirLock, FileSystem, StdFs, WalFile};
 pub use recovery::{repair, repair_with, RepairReport, Replay};
 pub use segment::{parse_segment_name, segment_name, SegmentHeader, HEADER_LEN as SEGMENT_HEADER_LEN};
 pub use sim::{SimFs, SyncGate, SECTOR};
-pub use stats::StatsSnapshot;
+pub use stats::{latency_histogram, StatsSnapshot};
 pub use types::{Appended, Durability, LogIndex, Record, SegmentSeq};
 pub use wal::{Ticket, TicketFuture, Wal};

@@ -40,8 +40,10 @@ pub struct StatsSnapshot {
     pub batch_records: Histogram<u64>,
 }
 
+/// An empty histogram of latencies in microseconds (or counts) from 1 up to an hour, with 3
+/// significant digits: the shape of every histogram the log keeps.
 #[allow(clippy::expect_used)] // constant, valid bounds: this cannot fail at run time
-fn histogram() -> Histogram<u64> {
+pub fn latency_histogram() -> Histogram<u64> {
     // 3 significant digits from 1 up to an hour in microseconds (or as many records).
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
 }
@@ -54,8 +56,8 @@ impl Default for Stats {
             writes: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             histograms: Mutex::new(Histograms {
-                fsync_us: histogram(),
-                batch_records: histogram(),
+                fsync_us: latency_histogram(),
+                batch_records: latency_histogram(),
             }),
         }
     }

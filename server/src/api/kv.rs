@@ -3,15 +3,14 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use prost::Message as _;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::convert;
 use crate::errors::{IntoStatus, Refusal};
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::kv_server::Kv;
+use crate::{convert, validate};
 
 /// Keys per RangeStream chunk.
 const STREAM_CHUNK: i64 = 1000;
@@ -33,7 +32,7 @@ type RangeStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Sta
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
-        let request = convert::range_request(request.into_inner())?;
+        let request = validate::range(request.into_inner())?;
         let answer = self.node.blocking(move |e| e.range(&request)).await?;
         let header = self.node.header(answer.revision);
         Ok(Response::new(convert::range_response(answer, header)))
@@ -42,7 +41,7 @@ impl Kv for KvService {
     type RangeStreamStream = RangeStream;
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
-        let request = convert::range_request(request.into_inner())?;
+        let request = validate::range(request.into_inner())?;
         let by_key = request.sort_target == cairn_engine::SortTarget::Key
             && request.sort_order != cairn_engine::SortOrder::Descend;
         if !by_key {
@@ -66,9 +65,9 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
-        let request = request.into_inner();
-        self.node.admit_write(request.encoded_len())?;
-        let pending = self.node.engine.put_async(convert::put_request(request)).or_status()?;
+        let request = validate::put(request.into_inner(), &self.node.limits.request)?;
+        self.node.admit_write()?;
+        let pending = self.node.engine.put_async(request).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::put_response(applied.response, header)))
@@ -78,22 +77,18 @@ impl Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
-        let request = request.into_inner();
-        self.node.admit_write(request.encoded_len())?;
-        let pending = self
-            .node
-            .engine
-            .delete_range_async(convert::delete_request(request))
-            .or_status()?;
+        let request = validate::delete_range(request.into_inner(), &self.node.limits.request)?;
+        self.node.admit_write()?;
+        let pending = self.node.engine.delete_range_async(request).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::delete_response(applied.response, header)))
     }
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
-        let request = request.into_inner();
-        self.node.admit_write(request.encoded_len())?;
-        let pending = self.node.engine.txn_async(convert::txn_request(request)?).or_status()?;
+        let request = validate::txn(request.into_inner(), &self.node.limits.request)?;
+        self.node.admit_write()?;
+        let pending = self.node.engine.txn_async(request).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::txn_response(applied.response, header)))

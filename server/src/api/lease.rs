@@ -34,7 +34,7 @@ impl Lease for LeaseService {
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let r = request.into_inner();
-        self.node.admit_write(0)?;
+        self.node.admit_write()?;
         let applied = self.node.blocking(move |e| e.lease_grant(r.id, r.ttl)).await?;
         Ok(Response::new(pb::LeaseGrantResponse {
             header: Some(self.node.header(applied.revision)),
