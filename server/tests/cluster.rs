@@ -1,0 +1,260 @@
+//! A three-process cairn cluster on loopback, bootstrapped with `--initial-cluster`, driven with
+//! the real etcdctl: writes through any member; the leader killed with SIGKILL while writes go
+//! on, then restarted to catch up; and a fourth member added as a learner with
+//! `etcdctl member add --learner`, started with `--initial-cluster-state existing`, promoted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(60);
+const ETCDCTL: &str = "/usr/bin/etcdctl";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One member's process.
+struct Member {
+    name: String,
+    dir: PathBuf,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn new(root: &Path, name: &str) -> Member {
+        Member {
+            name: name.to_string(),
+            dir: root.join(name),
+            client: free_port(),
+            peer: free_port(),
+            child: None,
+        }
+    }
+
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer)
+    }
+
+    fn start(&mut self, initial_cluster: &str, state: &str) {
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.with_extension("log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--listen-client-urls", &self.client_url()])
+            .args(["--advertise-client-urls", &self.client_url()])
+            .args(["--listen-peer-urls", &self.peer_url()])
+            .args(["--initial-advertise-peer-urls", &self.peer_url()])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// `GET path` on the client port: the status code and body, or `None` if unreachable.
+    fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.client)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        Some((code, body))
+    }
+
+    /// Waits until the member reports itself healthy: it has a leader and serves a
+    /// linearizable read.
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some((200, body)) = self.http_get("/health") {
+                if body.contains(r#""health":"true""#) {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "{} never became healthy", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn etcdctl(endpoints: &[&Member], args: &[&str]) -> Output {
+    assert!(
+        Path::new(ETCDCTL).exists(),
+        "{ETCDCTL} is missing: run tests/run-all.sh, which installs Debian's etcd-client"
+    );
+    // host:port, not a URL: etcdctl 3.4's per-endpoint commands (endpoint status, ...) send a
+    // URL endpoint as the HTTP/2 :authority, which cairn's HTTP/2 server refuses as malformed
+    // (etcd's Go server tolerates it). See docs/compatibility.md.
+    let endpoints: Vec<String> = endpoints.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect();
+    Command::new(ETCDCTL)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .args(["--command-timeout=3s", "--dial-timeout=2s"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "etcdctl failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Retries an etcdctl command until it succeeds (the cluster may be electing a leader).
+fn eventually(endpoints: &[&Member], args: &[&str]) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let output = etcdctl(endpoints, args);
+        if output.status.success() {
+            return String::from_utf8(output.stdout).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcdctl {args:?} kept failing: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value of `key` read serializably from `member` (its own applied state).
+fn local_value(member: &Member, key: &str) -> Option<String> {
+    let out = ok(etcdctl(&[member], &["get", key, "--consistency=s", "--print-value-only"]));
+    let value = out.trim_end_matches('\n');
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+/// Waits until `member` has applied `key = value`.
+fn wait_value(member: &Member, key: &str, value: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while local_value(member, key).as_deref() != Some(value) {
+        assert!(Instant::now() < deadline, "{} never applied {key}={value}", member.name);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The leader's member ID, in hex, as `endpoint status` reports it from `member`.
+fn leader_of(member: &Member) -> String {
+    let out = eventually(&[member], &["endpoint", "status", "-w", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    format!("{:x}", status[0]["Status"]["leader"].as_u64().unwrap())
+}
+
+fn member_id(member: &Member) -> String {
+    let out = ok(etcdctl(&[member], &["endpoint", "status", "-w", "json"]));
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    format!("{:x}", status[0]["Status"]["header"]["member_id"].as_u64().unwrap())
+}
+
+#[test]
+fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
+    let root = tempfile::tempdir().unwrap();
+    let mut members: Vec<Member> = ["m1", "m2", "m3"].iter().map(|n| Member::new(root.path(), n)).collect();
+    let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
+    let initial = initial.join(",");
+    for m in &mut members {
+        m.start(&initial, "new");
+    }
+    for m in &members {
+        m.wait_healthy();
+    }
+
+    // Writes through any member reach every member.
+    for (i, m) in members.iter().enumerate() {
+        ok(etcdctl(&[m], &["put", &format!("k{i}"), &format!("v{i}")]));
+    }
+    for m in &members {
+        for i in 0..3 {
+            wait_value(m, &format!("k{i}"), &format!("v{i}"));
+        }
+    }
+    let list = ok(etcdctl(&[&members[0]], &["member", "list"]));
+    assert_eq!(list.lines().count(), 3, "{list}");
+    assert!(list.lines().all(|l| l.contains(", started, m")), "{list}");
+
+    // SIGKILL the leader: the other two elect a new one and take writes.
+    let leader = leader_of(&members[0]);
+    let killed = members.iter().position(|m| member_id(m) == leader).unwrap();
+    members[killed].kill();
+    let rest: Vec<&Member> = members.iter().enumerate().filter(|(i, _)| *i != killed).map(|(_, m)| m).collect();
+    eventually(&rest, &["put", "after-kill", "x"]);
+    let new_leader = leader_of(rest[0]);
+    assert_ne!(new_leader, leader);
+    // It restarts from its own data and catches up.
+    members[killed].start(&initial, "new");
+    members[killed].wait_healthy();
+    wait_value(&members[killed], "after-kill", "x");
+
+    // A fourth member joins as a learner, catches up, and is promoted.
+    let mut fourth = Member::new(root.path(), "m4");
+    let added = ok(etcdctl(
+        &[&members[0]],
+        &["member", "add", "m4", "--learner", &format!("--peer-urls={}", fourth.peer_url())],
+    ));
+    assert!(added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""), "{added}");
+    let joined = format!("{initial},m4={}", fourth.peer_url());
+    fourth.start(&joined, "existing");
+    wait_value(&fourth, "after-kill", "x");
+    let list = ok(etcdctl(&[&members[1]], &["member", "list", "-w", "json"]));
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let learner = list["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["peerURLs"][0] == fourth.peer_url())
+        .unwrap()
+        .clone();
+    assert_eq!(learner["isLearner"], true);
+    let id = format!("{:x}", learner["ID"].as_u64().unwrap());
+    // Promotion waits until the leader has seen the learner catch up.
+    let promoted = eventually(&[&members[2]], &["member", "promote", &id]);
+    assert!(promoted.contains("promoted"), "{promoted}");
+    ok(etcdctl(&[&fourth], &["put", "through-m4", "y"]));
+    for m in members.iter().chain(std::iter::once(&fourth)) {
+        wait_value(m, "through-m4", "y");
+    }
+    let list = ok(etcdctl(&[&fourth], &["member", "list"]));
+    assert_eq!(list.lines().count(), 4, "{list}");
+    assert!(!list.contains("true"), "nobody is a learner any more: {list}");
+}
