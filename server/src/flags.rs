@@ -138,6 +138,10 @@ pub struct Flags {
     /// Applied entries between checkpoints (etcd's snapshots).
     #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 10_000)]
     pub snapshot_count: u64,
+    /// Entries a leader keeps before its latest snapshot for followers that are behind; one
+    /// further behind is sent a snapshot.
+    #[arg(long, env = "ETCD_EXPERIMENTAL_SNAPSHOT_CATCHUP_ENTRIES", default_value_t = 5000)]
+    pub experimental_snapshot_catchup_entries: u64,
     /// Time between a leader's heartbeats, in milliseconds.
     #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
     pub heartbeat_interval: u64,

@@ -24,6 +24,7 @@ pub struct Metrics {
     leases: IntGauge,
     current_revision: IntGauge,
     compact_revision: IntGauge,
+    snapshots_installed: IntGauge,
     /// gRPC requests refused before reaching the engine (too large, too many).
     pub refused: IntCounter,
 }
@@ -81,6 +82,11 @@ impl Metrics {
             leases: gauge(&r, "etcd_debugging_lease_total", "Leases that exist now.")?,
             current_revision: gauge(&r, "etcd_debugging_mvcc_current_revision", "The current revision.")?,
             compact_revision: gauge(&r, "etcd_debugging_mvcc_compact_revision", "The compacted revision.")?,
+            snapshots_installed: gauge(
+                &r,
+                "etcd_network_snapshot_receive_success",
+                "Snapshots received from the leader and installed since this member started.",
+            )?,
             refused,
             registry: r,
         })
@@ -108,6 +114,7 @@ impl Metrics {
         Self::set(&self.leases, e.leases().len() as u64);
         self.current_revision.set(e.current_revision());
         self.compact_revision.set(e.compacted_revision());
+        Self::set(&self.snapshots_installed, e.snapshots_installed());
         let mut families = self.registry.gather();
         if let Ok(wal) = e.wal_stats() {
             families.push(histogram_family(

@@ -121,6 +121,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         join_existing: f.initial_cluster_state == ClusterState::Existing,
         wal_dir: f.wal_dir.clone(),
         checkpoint_entries: f.snapshot_count,
+        snapshot_catch_up_entries: f.experimental_snapshot_catchup_entries,
         raft_tick: tick,
         election_ticks,
         heartbeat_ticks: 1,

@@ -65,6 +65,14 @@ impl Member {
             .args(["--initial-cluster", initial_cluster])
             .args(["--initial-cluster-state", state])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            // Frequent snapshots and a short catch-up margin: a member that was down while
+            // the others wrote a little is sent a snapshot over the peer transport.
+            .args([
+                "--snapshot-count",
+                "20",
+                "--experimental-snapshot-catchup-entries",
+                "10",
+            ])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -84,7 +92,11 @@ impl Member {
     fn http_get(&self, path: &str) -> Option<(u16, String)> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.client)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
         let code = response.split_whitespace().nth(1)?.parse().ok()?;
@@ -160,7 +172,10 @@ fn eventually(endpoints: &[&Member], args: &[&str]) -> String {
 
 /// The value of `key` read serializably from `member` (its own applied state).
 fn local_value(member: &Member, key: &str) -> Option<String> {
-    let out = ok(etcdctl(&[member], &["get", key, "--consistency=s", "--print-value-only"]));
+    let out = ok(etcdctl(
+        &[member],
+        &["get", key, "--consistency=s", "--print-value-only"],
+    ));
     let value = out.trim_end_matches('\n');
     (!value.is_empty()).then(|| value.to_string())
 }
@@ -217,20 +232,54 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let leader = leader_of(&members[0]);
     let killed = members.iter().position(|m| member_id(m) == leader).unwrap();
     members[killed].kill();
-    let rest: Vec<&Member> = members.iter().enumerate().filter(|(i, _)| *i != killed).map(|(_, m)| m).collect();
+    let rest: Vec<&Member> = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != killed)
+        .map(|(_, m)| m)
+        .collect();
     eventually(&rest, &["put", "after-kill", "x"]);
     let new_leader = leader_of(rest[0]);
     assert_ne!(new_leader, leader);
-    // It restarts from its own data and catches up.
+    for i in 0..60 {
+        ok(etcdctl(&rest, &["put", &format!("while-down-{i}"), "y"]));
+    }
+    // It restarts from its own data and catches up, by a snapshot streamed over the peer
+    // transport: the others' logs no longer hold what it missed.
     members[killed].start(&initial, "new");
     members[killed].wait_healthy();
     wait_value(&members[killed], "after-kill", "x");
+    wait_value(&members[killed], "while-down-59", "y");
+    let hashes: Vec<String> = members
+        .iter()
+        .map(|m| {
+            let rev = ok(etcdctl(&[m], &["get", "k0", "-w", "json", "--consistency=s"]));
+            let rev: serde_json::Value = serde_json::from_str(&rev).unwrap();
+            let rev = rev["header"]["revision"].as_i64().unwrap().to_string();
+            let out = ok(etcdctl(&[m], &["endpoint", "hashkv", "--rev", &rev, "-w", "json"]));
+            let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+            format!("{rev}:{}", out[0]["HashKV"]["hash"])
+        })
+        .collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0]), "members differ: {hashes:?}");
+    let metrics = members[killed].http_get("/metrics").unwrap().1;
+    assert!(metrics.contains("etcd_server_has_leader 1"), "{metrics}");
+    assert!(
+        metrics.contains("etcd_network_snapshot_receive_success 1"),
+        "it caught up by a snapshot: {metrics}"
+    );
 
     // A fourth member joins as a learner, catches up, and is promoted.
     let mut fourth = Member::new(root.path(), "m4");
     let added = ok(etcdctl(
         &[&members[0]],
-        &["member", "add", "m4", "--learner", &format!("--peer-urls={}", fourth.peer_url())],
+        &[
+            "member",
+            "add",
+            "m4",
+            "--learner",
+            &format!("--peer-urls={}", fourth.peer_url()),
+        ],
     ));
     assert!(added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""), "{added}");
     let joined = format!("{initial},m4={}", fourth.peer_url());
