@@ -20,6 +20,8 @@ use crate::peer::PeerNetwork;
 /// (etcd's allowance for gRPC framing): up to it, the server answers etcd's "request is too
 /// large" itself.
 const GRPC_OVERHEAD: usize = 512 << 10;
+/// How long requests in flight may take to finish once a stop is asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// How long a member joining an existing cluster keeps asking its peers who it is.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -338,9 +340,17 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     stop_signal().await;
     tracing::info!("stopping: finishing requests in flight");
     let _ = stop_tx.send(true);
-    for s in servers {
-        if let Ok(Err(e)) = s.await {
-            tracing::warn!(error = %e, "a client listener stopped with an error");
+    // Requests in flight finish; streams that would outlive the grace period (a watch never
+    // ends by itself) are cut when it is over.
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    for mut s in servers {
+        match tokio::time::timeout_at(deadline, &mut s).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a client listener stopped with an error"),
+            Ok(_) => {}
+            Err(_) => {
+                tracing::info!("closing the streams still open");
+                s.abort();
+            }
         }
     }
     for task in background {
