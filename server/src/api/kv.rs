@@ -33,8 +33,11 @@ type RangeStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Sta
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let request = validate::range(request.into_inner())?;
+        let at_past_revision = request.revision > 0;
         let answer = self.node.blocking(move |e| e.range(&request)).await?;
-        let header = self.node.header(answer.revision);
+        let header = self
+            .node
+            .header(header_revision(&self.node, answer.revision, at_past_revision));
         Ok(Response::new(convert::range_response(answer, header)))
     }
 
@@ -115,6 +118,16 @@ impl Kv for KvService {
     }
 }
 
+/// The revision a range answer's header carries: etcd's is the store's current revision, also
+/// for a read at a past revision (the revision a read at the current one was served at).
+fn header_revision(node: &Node, served_at: i64, at_past_revision: bool) -> i64 {
+    if at_past_revision {
+        node.engine.current_revision().max(served_at)
+    } else {
+        served_at
+    }
+}
+
 /// Streams a range in chunks of keys at one revision (the first chunk's): every chunk carries
 /// its keys; the last also carries the header, the count and `more`, so merging every chunk
 /// gives the answer of one Range.
@@ -163,7 +176,7 @@ fn stream_range(
             ..pb::RangeResponse::default()
         };
         if last {
-            message.header = Some(node.header(answer.revision));
+            message.header = Some(node.header(header_revision(node, answer.revision, request.revision > 0)));
             message.count = total;
             message.more = answer.more || (reached_limit && sent < total);
             send(Ok(message));
