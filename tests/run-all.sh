@@ -29,12 +29,18 @@ etcd --version | head -1
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
+(cd tests/etcd-client && cargo fmt --check)
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
+cargo build -p cairn-server --bin cairn --locked
+(cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
+    CAIRN_BIN="$PWD/../../target/debug/cairn" cargo test --locked)
 
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"
 FUZZ_SECONDS="$FUZZ_SECONDS" fuzz/smoke.sh

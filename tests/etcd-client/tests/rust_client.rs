@@ -22,6 +22,21 @@ use etcd_client::{
 use sha2::{Digest, Sha256};
 use tonic::Code;
 
+/// The `cairn` binary: `$CAIRN_BIN`, or the main workspace's debug build (tests/run-all.sh
+/// builds it before running these tests).
+fn cairn_bin() -> std::path::PathBuf {
+    let path = std::env::var_os("CAIRN_BIN").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/cairn"),
+        std::path::PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "no cairn binary at {}: build it (cargo build -p cairn-server) or set CAIRN_BIN",
+        path.display()
+    );
+    path
+}
+
 /// How long anything may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -57,7 +72,7 @@ impl Member {
         let client_url = format!("http://127.0.0.1:{}", free_port());
         let peer_url = format!("http://127.0.0.1:{}", free_port());
         let log = std::fs::File::create(dir.path().join("cairn.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let child = Command::new(cairn_bin())
             .args(["--name", name])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
