@@ -663,6 +663,7 @@ impl NodeThread {
                 context = attributes.encode();
                 (ConfChangeType::AddLearnerNode, m)
             }
+            MemberChange::Promote(m) if !is_voter(m) && !is_learner(m) => return Err(Error::MemberNotFound),
             MemberChange::Promote(m) if !is_learner(m) => return Err(Error::MemberNotLearner),
             MemberChange::Promote(m) => {
                 let leader = raft.raft_log.last_index();

@@ -564,6 +564,13 @@ impl Store {
     /// A hash of the history still kept, up to `revision` (0 for the current one): members that
     /// applied the same log, and compacted at the same revision, agree on it, across restarts.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        // etcd refuses the compacted revision itself too (reads accept it).
+        if revision > 0 && self.compacted > 0 && revision <= self.compacted {
+            return Err(Error::Compacted {
+                requested: revision,
+                compacted: self.compacted,
+            });
+        }
         let at = self.read_revision(revision)?;
         let mut h = crc32fast::Hasher::new();
         for (rev, loc) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
@@ -995,8 +1002,9 @@ mod tests {
         assert!(matches!(x.hash_kv(6), Err(Error::FutureRevision { .. })));
         cx.compact(4).unwrap();
         cz.compact(4).unwrap();
-        assert_eq!(cx.hash_kv(4).unwrap(), cz.hash_kv(4).unwrap());
-        assert_eq!(cx.hash_kv(4).unwrap().compact_revision, 4);
+        assert_eq!(cx.hash_kv(0).unwrap().compact_revision, 4);
+        // Like etcd, HashKV refuses the compacted revision itself (a read accepts it).
+        assert!(matches!(cx.hash_kv(4), Err(Error::Compacted { .. })));
         assert!(matches!(cx.hash_kv(3), Err(Error::Compacted { .. })));
     }
 }

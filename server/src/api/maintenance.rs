@@ -138,7 +138,12 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(pb::HashKvResponse {
             header: Some(self.node.current_header()),
             hash: hash.hash,
-            compact_revision: hash.compact_revision,
+            // etcd reports -1 for a store never compacted.
+            compact_revision: if hash.compact_revision == 0 {
+                -1
+            } else {
+                hash.compact_revision
+            },
             hash_revision: hash.hash_revision,
         }))
     }
