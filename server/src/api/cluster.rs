@@ -34,6 +34,29 @@ impl ClusterService {
             .map(convert::member)
             .collect()
     }
+
+    /// Whether a member other than `except` already has one of `urls` (etcd refuses that).
+    fn urls_taken(&self, urls: &[String], except: Option<u64>) -> Result<(), Status> {
+        let taken = self
+            .node
+            .engine
+            .member_list()
+            .iter()
+            .any(|m| Some(m.id) != except && m.peer_urls.iter().any(|u| urls.contains(u)));
+        if taken {
+            return Err(Refusal::PeerUrlsExist.into());
+        }
+        Ok(())
+    }
+
+    /// Applies a membership change here; the header and members every answer carries.
+    async fn apply_change(
+        &self,
+        change: impl FnOnce(&cairn_engine::Engine) -> cairn_engine::Result<()> + Send + 'static,
+    ) -> Result<(Option<pb::ResponseHeader>, Vec<pb::Member>), Status> {
+        self.node.blocking(change).await?;
+        Ok((Some(self.node.current_header()), self.members()))
+    }
 }
 
 /// Whether `url` is a URL etcd would accept for a peer: `http` or `https`, a host and a port.
@@ -70,15 +93,7 @@ impl Cluster for ClusterService {
             return ClusterClient::new(channel).member_add(r).await;
         }
         check_urls(&r.peer_ur_ls)?;
-        let taken = self
-            .node
-            .engine
-            .member_list()
-            .iter()
-            .any(|m| m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)));
-        if taken {
-            return Err(Refusal::PeerUrlsExist.into());
-        }
+        self.urls_taken(&r.peer_ur_ls, None)?;
         let id = ids::member_id(&r.peer_ur_ls, &self.token, Some(now_secs()));
         let (urls, learner) = (r.peer_ur_ls.clone(), r.is_learner);
         self.node
@@ -110,12 +125,8 @@ impl Cluster for ClusterService {
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
             return ClusterClient::new(channel).member_remove(r).await;
         }
-        let id = r.id;
-        self.node.blocking(move |e| e.member_remove(id)).await?;
-        Ok(Response::new(pb::MemberRemoveResponse {
-            header: Some(self.node.current_header()),
-            members: self.members(),
-        }))
+        let (header, members) = self.apply_change(move |e| e.member_remove(r.id)).await?;
+        Ok(Response::new(pb::MemberRemoveResponse { header, members }))
     }
 
     async fn member_update(
@@ -124,20 +135,9 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
         let r = request.into_inner();
         check_urls(&r.peer_ur_ls)?;
-        let taken = self
-            .node
-            .engine
-            .member_list()
-            .iter()
-            .any(|m| m.id != r.id && m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)));
-        if taken {
-            return Err(Refusal::PeerUrlsExist.into());
-        }
-        self.node.blocking(move |e| e.member_update(r.id, r.peer_ur_ls)).await?;
-        Ok(Response::new(pb::MemberUpdateResponse {
-            header: Some(self.node.current_header()),
-            members: self.members(),
-        }))
+        self.urls_taken(&r.peer_ur_ls, Some(r.id))?;
+        let (header, members) = self.apply_change(move |e| e.member_update(r.id, r.peer_ur_ls)).await?;
+        Ok(Response::new(pb::MemberUpdateResponse { header, members }))
     }
 
     async fn member_list(
@@ -162,12 +162,8 @@ impl Cluster for ClusterService {
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
             return ClusterClient::new(channel).member_promote(r).await;
         }
-        let id = r.id;
-        self.node.blocking(move |e| e.member_promote(id)).await?;
-        Ok(Response::new(pb::MemberPromoteResponse {
-            header: Some(self.node.current_header()),
-            members: self.members(),
-        }))
+        let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
+        Ok(Response::new(pb::MemberPromoteResponse { header, members }))
     }
 }
 
