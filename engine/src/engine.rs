@@ -1550,9 +1550,6 @@ impl Engine {
 
     /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
     pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
-        if id < 0 {
-            return Err(Error::LeaseNotFound);
-        }
         self.inner.check_quota(crate::mvcc::store::record_size(0, 0))?;
         let ttl = self.inner.state.read().lessor.effective_ttl(ttl);
         let id = if id != 0 {

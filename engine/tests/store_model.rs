@@ -494,9 +494,10 @@ fn etcd_range(model: &Model, req: &RangeRequest) -> Result<RangeResponse, Error>
             && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
             && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
     });
-    // sortRangeResults: no order with a target other than the key is ascending. etcd's sort
-    // is not stable, so its ties have no order; cairn orders them by key, in the same
-    // direction.
+    // sortRangeResults: no order with a target other than the key is ascending. etcd sorts
+    // with a reversed comparison for DESCEND; its sort is not stable, so ties have no order in
+    // general, but for the few keys of one answer (an insertion sort) they keep the key order
+    // they came in, ascending, which is what cairn does always.
     let order = match (req.sort_order, req.sort_target) {
         (SortOrder::None, SortTarget::Key) => SortOrder::None,
         (SortOrder::None, _) => SortOrder::Ascend,
@@ -511,11 +512,13 @@ fn etcd_range(model: &Model, req: &RangeRequest) -> Result<RangeResponse, Error>
                 SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
                 SortTarget::Value => a.value.cmp(&b.value),
             };
-            by_target.then_with(|| a.key.cmp(&b.key))
+            let directed = if order == SortOrder::Descend {
+                by_target.reverse()
+            } else {
+                by_target
+            };
+            directed.then_with(|| a.key.cmp(&b.key))
         });
-        if order == SortOrder::Descend {
-            kvs.reverse();
-        }
     }
     // asembleRangeResponse: cut to `limit`, then empty the values for keys_only.
     let mut more = false;

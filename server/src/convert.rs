@@ -171,31 +171,63 @@ pub fn txn_request(t: pb::TxnRequest) -> Result<engine::TxnRequest, Refusal> {
     })
 }
 
-/// A txn answer. The answers of its operations carry only the revision in their headers, as
-/// etcd's do.
+/// Whether a txn's executed operations wrote anything (every write of a txn shares one
+/// revision).
+fn wrote(responses: &[engine::ResponseOp]) -> bool {
+    responses.iter().any(|r| match r {
+        engine::ResponseOp::Put(_) => true,
+        engine::ResponseOp::DeleteRange(d) => d.deleted > 0,
+        engine::ResponseOp::Range(_) => false,
+        engine::ResponseOp::Txn(t) => wrote(&t.responses),
+    })
+}
+
+/// A txn answer with `header` (at the txn's revision). The answers of its operations carry
+/// only a revision in their headers, as etcd's do: the revision before the txn until the txn
+/// has written something, the txn's revision from then on; a nested txn's own header is empty.
 pub fn txn_response(t: engine::TxnResponse, header: pb::ResponseHeader) -> pb::TxnResponse {
-    use pb::response_op::Response as R;
-    let inner = pb::ResponseHeader {
-        revision: header.revision,
-        ..pb::ResponseHeader::default()
+    let before = if wrote(&t.responses) {
+        header.revision - 1
+    } else {
+        header.revision
     };
-    let responses = t
-        .responses
-        .into_iter()
-        .map(|r| pb::ResponseOp {
-            response: Some(match r {
-                engine::ResponseOp::Range(r) => R::ResponseRange(range_response(r, inner)),
-                engine::ResponseOp::Put(p) => R::ResponsePut(put_response(p, inner)),
-                engine::ResponseOp::DeleteRange(d) => R::ResponseDeleteRange(delete_response(d, inner)),
-                engine::ResponseOp::Txn(t) => R::ResponseTxn(txn_response(t, inner)),
-            }),
-        })
-        .collect();
+    let mut changed = false;
     pb::TxnResponse {
         header: Some(header),
         succeeded: t.succeeded,
-        responses,
+        responses: op_responses(t.responses, before, &mut changed),
     }
+}
+
+fn op_responses(responses: Vec<engine::ResponseOp>, before: i64, changed: &mut bool) -> Vec<pb::ResponseOp> {
+    use pb::response_op::Response as R;
+    let at = |revision: i64| pb::ResponseHeader {
+        revision,
+        ..pb::ResponseHeader::default()
+    };
+    let mut out = Vec::with_capacity(responses.len());
+    for r in responses {
+        let response = match r {
+            engine::ResponseOp::Range(r) => R::ResponseRange(range_response(r, at(before + i64::from(*changed)))),
+            engine::ResponseOp::Put(p) => {
+                *changed = true;
+                R::ResponsePut(put_response(p, at(before + 1)))
+            }
+            engine::ResponseOp::DeleteRange(d) => {
+                *changed |= d.deleted > 0;
+                R::ResponseDeleteRange(delete_response(d, at(before + i64::from(*changed))))
+            }
+            engine::ResponseOp::Txn(t) => R::ResponseTxn(pb::TxnResponse {
+                header: Some(pb::ResponseHeader::default()),
+                succeeded: t.succeeded,
+                responses: op_responses(t.responses, before, changed),
+            }),
+        };
+        out.push(pb::ResponseOp {
+            response: Some(response),
+        });
+    }
+    out
 }
 
 /// A member as the wire's.

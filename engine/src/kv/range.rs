@@ -23,8 +23,8 @@ pub enum SortOrder {
     Descend,
 }
 
-/// The field a range answer is sorted by (etcd's `RangeRequest.SortTarget`); ties are ordered
-/// by key, in the same direction.
+/// The field a range answer is sorted by (etcd's `RangeRequest.SortTarget`); ties stay in
+/// ascending key order, whatever the direction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SortTarget {
     /// The key, bytewise.
@@ -173,15 +173,16 @@ impl RangeRequest {
         }
         let order = self.sort_order();
         if order != SortOrder::None && !(order == SortOrder::Ascend && self.sort_target == SortTarget::Key) {
+            // A stable sort of key-ordered results: ties stay in key order, ascending, in
+            // either direction (etcd sorts with a reversed comparison, not a reversed list).
+            let descend = order == SortOrder::Descend;
+            let directed = |o: std::cmp::Ordering| if descend { o.reverse() } else { o };
             match self.sort_target {
-                SortTarget::Key => kvs.sort_by(|a, b| a.key.cmp(&b.key)),
-                SortTarget::Version => kvs.sort_by_key(|kv| kv.version),
-                SortTarget::Create => kvs.sort_by_key(|kv| kv.create_revision),
-                SortTarget::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
-                SortTarget::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
-            }
-            if order == SortOrder::Descend {
-                kvs.reverse();
+                SortTarget::Key => kvs.sort_by(|a, b| directed(a.key.cmp(&b.key))),
+                SortTarget::Version => kvs.sort_by(|a, b| directed(a.version.cmp(&b.version))),
+                SortTarget::Create => kvs.sort_by(|a, b| directed(a.create_revision.cmp(&b.create_revision))),
+                SortTarget::Mod => kvs.sort_by(|a, b| directed(a.mod_revision.cmp(&b.mod_revision))),
+                SortTarget::Value => kvs.sort_by(|a, b| directed(a.value.cmp(&b.value))),
             }
         }
         let limit = usize::try_from(self.limit).unwrap_or(0);

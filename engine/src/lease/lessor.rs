@@ -50,7 +50,7 @@ pub(crate) struct LeaseRecord {
 pub struct LeaseStatus {
     /// The lease asked about.
     pub id: i64,
-    /// Seconds left, rounded up; -1 for a lease that does not exist.
+    /// Whole seconds left, rounded down as etcd does; -1 for a lease that does not exist.
     pub ttl: i64,
     /// The TTL granted, in seconds, after raising to the minimum; 0 for a lease that does not
     /// exist.
@@ -103,8 +103,9 @@ impl Lessor {
 
     /// Applies a grant of exactly `ttl` (see [`Lessor::effective_ttl`]); returns it.
     pub(crate) fn grant(&mut self, id: i64, ttl: i64) -> Result<i64> {
-        if id <= 0 {
-            return Err(Error::Internal(format!("lease id {id} must be positive")));
+        // Any ID but 0 (no lease): etcd grants negative ones too.
+        if id == 0 {
+            return Err(Error::Internal("a lease grant with ID 0 reached the lessor".into()));
         }
         if ttl > MAX_LEASE_TTL {
             return Err(Error::LeaseTtlTooLarge);
@@ -252,8 +253,9 @@ impl Lessor {
                 keys: Vec::new(),
             };
         };
+        // Whole seconds left, rounded down, as etcd reports them.
         let left = l.expiry.saturating_sub(self.clock.now());
-        let ttl = i64::try_from(left.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
+        let ttl = i64::try_from(left.as_secs()).unwrap_or(i64::MAX);
         LeaseStatus {
             id,
             ttl,

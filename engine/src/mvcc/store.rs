@@ -398,13 +398,15 @@ impl Store {
     /// Reads the keys of `range` as of `opts.revision`.
     pub fn range(&self, key: &[u8], range_end: &[u8], opts: ReadOptions) -> Result<RangeResult> {
         let at = self.read_revision(opts.revision)?;
-        self.range_at(&KeyRange::new(key, range_end), at, opts)
+        self.range_at(&KeyRange::new(key, range_end), at, opts, true)
     }
 
-    fn range_at(&self, range: &KeyRange, at: i64, opts: ReadOptions) -> Result<RangeResult> {
+    /// A range at revision `at`. `settled`: the index holds nothing after the current
+    /// revision (no write request is under way), so its live-key count is the count now.
+    fn range_at(&self, range: &KeyRange, at: i64, opts: ReadOptions, settled: bool) -> Result<RangeResult> {
         let limit = if opts.count_only { 1 } else { opts.limit };
         // Every key now: the index keeps the count, so only `limit` keys are walked.
-        let found = if at == self.current && range.is_everything() {
+        let found = if settled && at == self.current && range.is_everything() {
             let mut found = self.index.range(range, at, limit, true);
             found.count = self.index.live();
             found
@@ -830,7 +832,9 @@ impl WriteTxn<'_> {
         } else {
             self.store.read_revision(opts.revision)?
         };
-        self.store.range_at(&KeyRange::new(key, range_end), at, opts)
+        // Once this request has written, the index's live count includes its writes.
+        self.store
+            .range_at(&KeyRange::new(key, range_end), at, opts, self.sub == 0)
     }
 
     /// Finishes the request; returns the store's revision after it.

@@ -24,11 +24,10 @@ use crate::pb::etcdserverpb::watch_server::Watch as WatchApi;
 const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
 /// The reason a watch ID already in use on the stream is refused.
 const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
-/// The reason a watcher that fell behind a compaction is cancelled.
-const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 /// How often a waiting progress request looks again at whether every watcher caught up.
 const PROGRESS_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
-/// The watch ID of a response to a progress request (etcd's `InvalidWatchID`).
+/// The watch ID of a response to a progress request, and of a refused duplicate (etcd's
+/// `InvalidWatchID`).
 const PROGRESS_ID: i64 = -1;
 /// Largest events response when the client asked for fragments (etcd's default
 /// `--max-request-bytes` plus its gRPC overhead allowance).
@@ -166,7 +165,11 @@ impl StreamState {
             ..pb::WatchResponse::default()
         };
         if self.watchers.contains_key(&id) {
-            let response = refuse(DUPLICATE_ID);
+            // etcd answers a duplicate with the invalid watch ID, not the one asked for.
+            let response = pb::WatchResponse {
+                watch_id: PROGRESS_ID,
+                ..refuse(DUPLICATE_ID)
+            };
             return self.send(response).await;
         }
         // etcd: an empty range end is the key alone, "\0" every key from it on; an end at or
@@ -254,12 +257,13 @@ impl StreamState {
                         ..pb::WatchResponse::default()
                     }),
                     EngineResponse::Compacted { compact_revision } => {
+                        // As etcd: no revision in the header and no reason (clients read the
+                        // compact revision).
                         out.push(pb::WatchResponse {
-                            header: Some(self.node.header(self.node.engine.current_revision())),
+                            header: Some(self.node.header(0)),
                             watch_id: *id,
                             canceled: true,
                             compact_revision,
-                            cancel_reason: COMPACTED.to_string(),
                             ..pb::WatchResponse::default()
                         });
                         cancelled.push(*id);
