@@ -1420,6 +1420,11 @@ impl Engine {
         }
     }
 
+    /// The current Raft term, as this member knows it (cheap: one atomic read).
+    pub fn term(&self) -> u64 {
+        self.inner.status.term.load(Ordering::Relaxed)
+    }
+
     /// What this member knows of Raft now (etcd's `Status` fields).
     pub fn raft_status(&self) -> RaftStatus {
         let (applied_index, is_learner) = {

@@ -48,7 +48,7 @@ impl Node {
             cluster_id: self.cluster.get(),
             member_id: self.member_id,
             revision,
-            raft_term: self.engine.raft_status().term,
+            raft_term: self.engine.term(),
         }
     }
 

@@ -34,7 +34,13 @@ impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let request = validate::range(request.into_inner())?;
         let at_past_revision = request.revision > 0;
-        let answer = self.node.blocking(move |e| e.range(&request)).await?;
+        // A serializable read never waits for Raft: it only takes the state's read lock, so it
+        // runs right here; a linearizable one may wait for a ReadIndex round.
+        let answer = if request.serializable {
+            self.node.engine.range(&request).or_status()?
+        } else {
+            self.node.blocking(move |e| e.range(&request)).await?
+        };
         let header = self
             .node
             .header(header_revision(&self.node, answer.revision, at_past_revision));
