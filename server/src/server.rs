@@ -170,6 +170,19 @@ fn socket_of(url: &str) -> Result<(String, u16), ServeError> {
     Ok((host, port))
 }
 
+/// The listener with Nagle's algorithm off on every connection it accepts: small responses
+/// (most gRPC answers) go out at once instead of waiting up to 40 ms for the client's ACK.
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    })
+}
+
 async fn bind(url: &str) -> Result<tokio::net::TcpListener, ServeError> {
     let (host, port) = socket_of(url)?;
     tokio::net::TcpListener::bind((host.as_str(), port))
@@ -277,7 +290,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     for listener in peer_listeners {
         let router = crate::peer::router(inbox.clone(), cluster.clone());
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
+            if let Err(e) = axum::serve(no_delay(listener), router).await {
                 tracing::error!(error = %e, "the peer listener failed");
             }
         });
@@ -330,7 +343,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         let mut stop = stop_rx.clone();
         let router = router.clone();
         servers.push(tokio::spawn(async move {
-            axum::serve(listener, router)
+            axum::serve(no_delay(listener), router)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
