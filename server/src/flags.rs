@@ -214,6 +214,20 @@ pub struct InitialMember {
     pub id: u64,
 }
 
+/// The attributes (name and peer URLs) each initial member starts with, by ID.
+pub fn initial_attributes(members: &[InitialMember]) -> BTreeMap<u64, cairn_engine::MemberAttributes> {
+    members
+        .iter()
+        .map(|m| {
+            let attributes = cairn_engine::MemberAttributes {
+                name: m.name.clone(),
+                ..cairn_engine::MemberAttributes::with_peer_urls(m.peer_urls.clone())
+            };
+            (m.id, attributes)
+        })
+        .collect()
+}
+
 /// Parses `--initial-cluster` (`name=url,name=url,…`; a name may repeat for several URLs).
 pub fn initial_cluster(value: &str, token: &str) -> Result<Vec<InitialMember>, BadFlag> {
     let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_engine::{Config, Engine, MemberAttributes};
+use cairn_engine::{Config, Engine};
 use tonic::service::Routes;
 
 use crate::api;
@@ -105,16 +105,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
     let tick = Duration::from_millis(f.heartbeat_interval);
     let election_ticks = usize::try_from(f.election_timeout / f.heartbeat_interval).unwrap_or(10);
     let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
-    let initial_attributes = members
-        .iter()
-        .map(|m| {
-            let attributes = MemberAttributes {
-                name: m.name.clone(),
-                ..MemberAttributes::with_peer_urls(m.peer_urls.clone())
-            };
-            (m.id, attributes)
-        })
-        .collect();
+    let initial_attributes = flags::initial_attributes(&members);
     let dir = f.data_dir();
     let config = Config {
         member_id: me.id,

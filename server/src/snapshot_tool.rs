@@ -2,12 +2,11 @@
 //! `etcdctl snapshot save` writes from a cairn member (the engine's snapshot, zero padding to a
 //! multiple of 512 bytes, and the SHA-256 of both).
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use cairn_engine::{Engine, MemberAttributes};
+use cairn_engine::Engine;
 use sha2::{Digest, Sha256};
 
 use crate::flags::{self, RestoreArgs, StatusArgs};
@@ -88,16 +87,7 @@ pub fn restore(args: &RestoreArgs) -> Result<(), ToolError> {
             args.name
         )));
     }
-    let attributes: BTreeMap<u64, MemberAttributes> = members
-        .iter()
-        .map(|m| {
-            let a = MemberAttributes {
-                name: m.name.clone(),
-                ..MemberAttributes::with_peer_urls(m.peer_urls.clone())
-            };
-            (m.id, a)
-        })
-        .collect();
+    let attributes = flags::initial_attributes(&members);
     let data_dir = args
         .data_dir
         .clone()

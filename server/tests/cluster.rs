@@ -170,6 +170,20 @@ fn eventually(endpoints: &[&Member], args: &[&str]) -> String {
     }
 }
 
+/// Runs an etcdctl command that is not idempotent, again while it fails before anything was
+/// proposed: while the group has no leader (a busy machine can make it hold an election).
+fn retry_unproposed(endpoints: &[&Member], args: &[&str]) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let output = etcdctl(endpoints, args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() || !stderr.contains("etcdserver: no leader") || Instant::now() > deadline {
+            return ok(output);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The value of `key` read serializably from `member` (its own applied state).
 fn local_value(member: &Member, key: &str) -> Option<String> {
     let out = ok(etcdctl(
@@ -242,7 +256,7 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let new_leader = leader_of(rest[0]);
     assert_ne!(new_leader, leader);
     for i in 0..60 {
-        ok(etcdctl(&rest, &["put", &format!("while-down-{i}"), "y"]));
+        eventually(&rest, &["put", &format!("while-down-{i}"), "y"]);
     }
     // It restarts from its own data and catches up, by a snapshot streamed over the peer
     // transport: the others' logs no longer hold what it missed.
@@ -271,16 +285,8 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
 
     // A fourth member joins as a learner, catches up, and is promoted.
     let mut fourth = Member::new(root.path(), "m4");
-    let added = ok(etcdctl(
-        &[&members[0]],
-        &[
-            "member",
-            "add",
-            "m4",
-            "--learner",
-            &format!("--peer-urls={}", fourth.peer_url()),
-        ],
-    ));
+    let peer_urls = format!("--peer-urls={}", fourth.peer_url());
+    let added = retry_unproposed(&[&members[0]], &["member", "add", "m4", "--learner", &peer_urls]);
     assert!(added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""), "{added}");
     let joined = format!("{initial},m4={}", fourth.peer_url());
     fourth.start(&joined, "existing");
@@ -299,7 +305,7 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     // Promotion waits until the leader has seen the learner catch up.
     let promoted = eventually(&[&members[2]], &["member", "promote", &id]);
     assert!(promoted.contains("promoted"), "{promoted}");
-    ok(etcdctl(&[&fourth], &["put", "through-m4", "y"]));
+    eventually(&[&fourth], &["put", "through-m4", "y"]);
     for m in members.iter().chain(std::iter::once(&fourth)) {
         wait_value(m, "through-m4", "y");
     }
