@@ -231,7 +231,24 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
             api::maintenance::MaintenanceService::new(node.clone())
         ))
         .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())));
-    routes.into_axum_router().merge(crate::http::router(node, metrics))
+    routes
+        .into_axum_router()
+        .merge(crate::http::router(node, metrics))
+        .fallback(unknown_path)
+}
+
+/// An unknown path: a gRPC call to a method cairn does not have is `Unimplemented` (clients
+/// such as kube-apiserver fall back on that code); any other request is 404, as with etcd.
+async fn unknown_path(request: axum::extract::Request) -> axum::response::Response {
+    let grpc = request
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        tonic::Status::unimplemented("unknown service or method").into_http()
+    } else {
+        axum::response::IntoResponse::into_response(axum::http::StatusCode::NOT_FOUND)
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -804,6 +804,11 @@ fn refused_requests_leave_the_member_serving() {
     );
     assert!(m.is_running());
     assert_eq!(m.get("/health"), (200, r#"{"health":"true","reason":""}"#.to_string()));
+    assert_eq!(
+        m.get("/no-such-path").0,
+        404,
+        "an unknown path is not found, as with etcd"
+    );
     assert_eq!(m.ok(&["put", "after", "ok"]), "OK\n");
 }
 
