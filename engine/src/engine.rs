@@ -1420,6 +1420,13 @@ impl Engine {
         }
     }
 
+    /// How many committed log entries this member has not applied yet (etcd refuses writes
+    /// while this is large). Cheap enough for every request: no state lock.
+    pub fn apply_lag(&self) -> u64 {
+        let committed = self.inner.log.hard_state().commit;
+        committed.saturating_sub(*self.inner.applied.index.lock())
+    }
+
     /// The current Raft term, as this member knows it (cheap: one atomic read).
     pub fn term(&self) -> u64 {
         self.inner.status.term.load(Ordering::Relaxed)

@@ -72,8 +72,7 @@ impl Node {
     /// etcd's check before a write is proposed (after [`crate::validate`]): whether applying
     /// keeps up with committing.
     pub fn admit_write(&self) -> Result<(), Status> {
-        let raft = self.engine.raft_status();
-        if raft.commit_index.saturating_sub(raft.applied_index) > MAX_APPLY_LAG {
+        if self.engine.apply_lag() > MAX_APPLY_LAG {
             return Err(Refusal::TooManyRequests.into());
         }
         Ok(())
