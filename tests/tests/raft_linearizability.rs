@@ -170,10 +170,6 @@ impl Cluster {
             request_timeout: Duration::from_secs(1),
             lease_check_interval: None,
             data_file_size: 1 << 20,
-            // Checkpoints often and a short catch-up margin: a member that was down or cut
-            // off for a while is sent a snapshot, so installs happen under faults too.
-            checkpoint_entries: 50,
-            snapshot_catch_up_entries: 20,
             ..Config::default()
         }
     }
