@@ -1,0 +1,146 @@
+//! Checkpoints: the state encoded under its lock (a small record: the applied index, the data
+//! files' layout, the leases), then written without it, data files synced first. One is
+//! written at a time and an older one never replaces a newer one; the log before it is
+//! released once it is durable. A crash while one is written leaves the previous one (see
+//! [`crate::checkpoint`]).
+
+use std::path::Path;
+
+use cairn_wal::{LogIndex, Wal};
+use parking_lot::Mutex;
+
+use super::{Engine, State};
+use crate::backend::{FileLen, FileMaker, DATA_DIR};
+use crate::checkpoint::{self, Checkpoint};
+use crate::error::Result;
+
+/// A checkpoint encoded under the state lock, to write without it.
+pub(super) struct Encoded {
+    bytes: Vec<u8>,
+    order: (u64, u64),
+    pub(super) applied: u64,
+    /// Data files to sync first.
+    layout: Vec<FileLen>,
+}
+
+impl State {
+    pub(super) fn checkpoint(&mut self) -> Result<Encoded> {
+        self.store.flush()?;
+        let c = Checkpoint {
+            applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            membership: self.membership.clone(),
+            recent: self.recent.clone(),
+            epoch: self.epoch,
+            store: self.store.meta(),
+            leases: self.lessor.records(),
+            alarms: self.alarms.iter().copied().collect(),
+        };
+        Ok(Encoded {
+            bytes: checkpoint::encode(&c)?,
+            order: c.order(),
+            applied: c.applied_index,
+            layout: c.store.layout,
+        })
+    }
+}
+
+/// How checkpoints are written.
+pub(super) struct Checkpointing {
+    /// The order ([`Checkpoint::order`]) of the newest checkpoint written. Held while one is
+    /// written, so two never write the same temporary file at once, and an older one never
+    /// replaces a newer one (the log it needs may be released already, its data files
+    /// deleted).
+    pub(super) newest: Mutex<(u64, u64)>,
+    /// Log entries kept before a checkpoint (`Config::snapshot_catch_up_entries`).
+    pub(super) catch_up: u64,
+    /// How long writing each checkpoint took, in microseconds.
+    pub(super) latency_us: Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+/// Syncs the data files a checkpoint names, writes it, and releases the log it covers.
+pub(super) fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointing: &Checkpointing) -> Result<()> {
+    let mut newest = checkpointing.newest.lock();
+    if c.order < *newest {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    FileMaker::sync_files(&dir.join(DATA_DIR), &c.layout)?;
+    checkpoint::write_bytes(dir, &c.bytes)?;
+    *newest = c.order;
+    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let _ = checkpointing.latency_us.lock().record(took.max(1));
+    // The last entries before the checkpoint stay, for followers that are behind.
+    wal.release_before(LogIndex(
+        c.applied.saturating_add(1).saturating_sub(checkpointing.catch_up),
+    ))?;
+    Ok(())
+}
+
+/// Writes a checkpoint of `state` and releases the log it covers.
+pub(super) fn checkpoint_and_release(
+    dir: &Path,
+    state: &mut State,
+    wal: &Wal,
+    checkpointing: &Checkpointing,
+) -> Result<()> {
+    write_and_release(dir, &state.checkpoint()?, wal, checkpointing)
+}
+
+impl Engine {
+    /// Writes a checkpoint now and releases the log before it (also done every
+    /// `Config::checkpoint_entries` entries and on close).
+    pub fn checkpoint(&self) -> Result<()> {
+        let wal = self.inner.wal()?;
+        let encoded = self.inner.state.write().checkpoint()?;
+        write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::consensus::{Membership, RecentRequests};
+    use crate::lease::lessor::Lessor;
+    use crate::mvcc::store::Store;
+
+    fn at(applied: u64) -> Encoded {
+        let mut state = State {
+            store: Store::new(),
+            lessor: Lessor::new(1, Arc::new(crate::clock::ManualClock::default())),
+            alarms: Default::default(),
+            applied_index: applied,
+            applied_term: 0,
+            membership: Membership::default(),
+            recent: RecentRequests::default(),
+            epoch: 0,
+            installs: 0,
+        };
+        let mut c = state.checkpoint().unwrap();
+        c.layout.clear();
+        c
+    }
+
+    #[test]
+    fn an_older_checkpoint_never_replaces_a_newer_one() {
+        // The log before the newer one may be released already: going back would lose it.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(DATA_DIR)).unwrap();
+        let wal = Wal::open(dir.path().join("wal"), cairn_wal::Config::default())
+            .unwrap()
+            .finish()
+            .unwrap();
+        let checkpointing = Checkpointing {
+            newest: Mutex::new((0, 0)),
+            catch_up: 5000,
+            latency_us: Mutex::new(cairn_wal::latency_histogram()),
+        };
+        write_and_release(dir.path(), &at(10), &wal, &checkpointing).unwrap();
+        write_and_release(dir.path(), &at(5), &wal, &checkpointing).unwrap();
+        assert_eq!(checkpoint::read(dir.path()).unwrap().unwrap().applied_index, 10);
+        write_and_release(dir.path(), &at(12), &wal, &checkpointing).unwrap();
+        assert_eq!(checkpoint::read(dir.path()).unwrap().unwrap().applied_index, 12);
+    }
+}

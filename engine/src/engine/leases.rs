@@ -1,0 +1,172 @@
+//! etcd's Lease service on the engine: grant, revoke, keep-alive, time-to-live, and expiry,
+//! which the leader alone proposes, a bounded round of revokes at a time, from the lease
+//! checker thread, which also checkpoints remaining TTLs.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
+use super::kv::Applied;
+use super::propose::wait_answer;
+use super::{Engine, Inner};
+use crate::error::{Error, Result};
+use crate::lease::lessor::LeaseStatus;
+use crate::request::{Request, Response};
+
+/// A granted lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The lease's ID: the one asked for, or one the engine chose when asked for 0.
+    pub id: i64,
+    /// Seconds, raised to the minimum TTL.
+    pub ttl: i64,
+}
+
+impl Engine {
+    /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
+    pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
+        self.inner.check_quota(crate::mvcc::store::record_size(0, 0))?;
+        let ttl = self.inner.state.read().lessor.effective_ttl(ttl);
+        let id = if id != 0 {
+            id
+        } else {
+            loop {
+                let candidate = self.inner.next_lease_id.fetch_add(1, Ordering::Relaxed).max(1);
+                if !self.inner.state.read().lessor.exists(candidate) {
+                    break candidate;
+                }
+            }
+        };
+        match self.inner.propose(Request::LeaseGrant { id, ttl })? {
+            (Response::LeaseGrant { id, ttl }, revision) => Ok(Applied {
+                response: LeaseGrant { id, ttl },
+                revision,
+            }),
+            (other, _) => Err(Error::Internal(format!("lease grant answered with {other:?}"))),
+        }
+    }
+
+    /// Revokes a lease, deleting its keys in one revision (etcd's `LeaseRevoke`).
+    pub fn lease_revoke(&self, id: i64) -> Result<Applied<()>> {
+        match self.inner.propose(Request::LeaseRevoke { id })? {
+            (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
+            (other, _) => Err(Error::Internal(format!("lease revoke answered with {other:?}"))),
+        }
+    }
+
+    /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL. Only the
+    /// leader, which expires leases, renews them ([`Error::NotLeader`] elsewhere: send the
+    /// keep-alive to [`Engine::leader`]). A renewal is local, except that a checkpointed
+    /// remaining TTL is cleared through the log, as etcd does, so a restart cannot resume from
+    /// it.
+    pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
+        if self.leader() != Some(self.inner.config.member_id) {
+            return Err(Error::NotLeader);
+        }
+        // Everything committed is applied first (etcd's waitAppliedIndex), so a lease granted
+        // through another member is known here.
+        self.inner.read_barrier()?;
+        let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
+        if stale_checkpoint {
+            self.inner.propose(Request::LeaseCheckpoint {
+                remaining: vec![(id, 0)],
+            })?;
+        }
+        Ok(ttl)
+    }
+
+    /// A lease's remaining and granted TTL, and optionally its keys (etcd's `LeaseTimeToLive`;
+    /// TTL -1 for an unknown lease).
+    pub fn lease_time_to_live(&self, id: i64, keys: bool) -> LeaseStatus {
+        self.inner.state.read().lessor.time_to_live(id, keys)
+    }
+
+    /// Every lease ID (etcd's `LeaseLeases`).
+    pub fn leases(&self) -> Vec<i64> {
+        self.inner.state.read().lessor.leases()
+    }
+
+    /// Revokes one round of expired leases now (at most `Config::lease_revoke_batch` leases,
+    /// holding at most `Config::lease_revoke_keys` keys, but always one); returns how many.
+    /// The lease checker runs rounds periodically unless `Config::lease_check_interval` is
+    /// `None`.
+    pub fn expire_leases(&self) -> usize {
+        self.inner.expire_leases().0
+    }
+
+    /// Records every lease's remaining TTL durably, so that a restart resumes from it. The
+    /// lease checker does this every `Config::lease_checkpoint_interval`.
+    pub fn checkpoint_leases(&self) -> Result<()> {
+        self.inner.checkpoint_leases()
+    }
+}
+
+impl Inner {
+    fn checkpoint_leases(&self) -> Result<()> {
+        let remaining = self.state.read().lessor.remaining();
+        if remaining.is_empty() {
+            return Ok(());
+        }
+        self.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
+    }
+
+    /// One round of revokes (see `Config::lease_revoke_keys`): proposes a revoke for up to a
+    /// batch of expired leases, all at once so their fsyncs are shared, and waits for them.
+    /// Returns how many leases it revoked, and whether more expired ones are waiting.
+    fn expire_leases(&self) -> (usize, bool) {
+        // Only the leader expires leases, by proposing revokes, once it has restarted their
+        // clocks in its term.
+        let leading = self.status.leader.load(Ordering::Relaxed) == self.config.member_id
+            && self.status.leases_term.load(Ordering::Acquire) == self.status.term.load(Ordering::Relaxed);
+        if !leading {
+            return (0, false);
+        }
+        let (expired, more) = self
+            .state
+            .write()
+            .lessor
+            .expired(self.config.lease_revoke_batch, self.config.lease_revoke_keys);
+        let pending: Vec<_> = expired
+            .into_iter()
+            .map(|id| (id, self.submit(Request::LeaseRevoke { id })))
+            .collect();
+        let mut revoked = 0;
+        for (id, answer) in pending {
+            let outcome = answer.and_then(|(rx, timeout)| wait_answer(rx, timeout));
+            match outcome {
+                Ok(_) => revoked += 1,
+                // Revoked meanwhile by a client: nothing to retry.
+                Err(Error::LeaseNotFound) => {}
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "revoking an expired lease failed");
+                    self.state.write().lessor.revoke_failed(id);
+                }
+            }
+        }
+        (revoked, more)
+    }
+}
+
+/// Expires leases every `every`, and checkpoints their remaining TTLs every
+/// `lease_checkpoint_interval`, until told to stop.
+pub(super) fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duration) {
+    let checkpoint_every = inner.config.lease_checkpoint_interval;
+    let clock = inner.config.clock.clone();
+    let mut last_checkpoint = clock.now();
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        // Round after round while expired leases remain; other writes get in between rounds
+        // (they queue with the next round's revokes), and a stop request is seen between them.
+        while let (revoked, true) = inner.expire_leases() {
+            if revoked == 0 || !matches!(stop.try_recv(), Err(TryRecvError::Empty)) {
+                break;
+            }
+        }
+        if checkpoint_every.is_some_and(|period| clock.now().saturating_sub(last_checkpoint) >= period) {
+            last_checkpoint = clock.now();
+            if let Err(e) = inner.checkpoint_leases() {
+                tracing::warn!(error = %e, "lease checkpoint failed");
+            }
+        }
+    }
+}

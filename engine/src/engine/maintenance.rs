@@ -1,0 +1,311 @@
+//! etcd's Maintenance work on the engine: compaction, non-blocking defragmentation, snapshots
+//! (taken in bounded memory while writes go on, restored into a new directory, inspected),
+//! alarms and HashKV.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use parking_lot::RwLock;
+
+use super::checkpointing::write_and_release;
+use super::kv::Applied;
+use super::{Engine, State};
+use crate::backend::{FileMaker, DATA_DIR};
+use crate::checkpoint::{self, Checkpoint};
+use crate::config::Config;
+use crate::consensus::{MemberAttributes, Membership, RecentRequests};
+use crate::error::{Error, Result};
+use crate::mvcc::store::{HashKv, StoreMeta};
+use crate::request::{Alarm, Request, Response};
+use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
+
+/// What [`Engine::inspect_snapshot`] found in a snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The revision it was taken at.
+    pub revision: i64,
+    /// Its compacted revision.
+    pub compact_revision: i64,
+    /// The log index it was taken at.
+    pub applied_index: u64,
+    /// Records of history it holds.
+    pub records: u64,
+    /// Keys that exist at its revision.
+    pub keys: u64,
+    /// Leases it holds.
+    pub leases: u64,
+}
+
+/// What a defragmentation did: the data files' size before and after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defragmented {
+    /// Bytes the data files took when defragmentation began ([`Engine::size`]).
+    pub before: u64,
+    /// Bytes the fresh data files take once switched to.
+    pub after: u64,
+}
+
+/// Records per snapshot frame.
+const SNAPSHOT_CHUNK: usize = 1024;
+/// Records a defragmentation copies, or repoints under one lock hold.
+const DEFRAG_BATCH: usize = 1024;
+
+/// Writes a snapshot of `state` to `out` (see [`Engine::snapshot`]).
+pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write) -> Result<u64> {
+    /// Unpins the store however the snapshot ends.
+    struct Pin<'a>(&'a RwLock<State>);
+    impl Drop for Pin<'_> {
+        fn drop(&mut self) {
+            self.0.write().store.pinned -= 1;
+        }
+    }
+    let (meta, installs) = {
+        let mut st = state.write();
+        st.store.pinned += 1;
+        let meta = SnapshotMeta {
+            applied_index: st.applied_index,
+            applied_term: st.applied_term,
+            membership: st.membership.clone(),
+            recent: st.recent.clone(),
+            current: st.store.current_revision(),
+            compacted: st.store.compacted_revision(),
+            leases: st.lessor.records(),
+            alarms: st.alarms.iter().copied().collect(),
+        };
+        (meta, st.installs)
+    };
+    let _pin = Pin(state);
+    let mut writer = SnapshotWriter::new(out, &meta)?;
+    let mut after = None;
+    loop {
+        let (records, last) = {
+            let st = state.read();
+            if st.installs != installs {
+                return Err(Error::Snapshot(
+                    "a snapshot from the leader replaced the state while this one was taken".into(),
+                ));
+            }
+            st.store
+                .export_chunk(after, meta.current, meta.compacted, SNAPSHOT_CHUNK)?
+        };
+        if last.is_none() {
+            break;
+        }
+        writer.records(&records)?;
+        after = last;
+    }
+    writer.finish()
+}
+
+impl Engine {
+    /// Drops history below `revision` (etcd's `Compact`).
+    pub fn compact(&self, revision: i64) -> Result<Applied<()>> {
+        match self.inner.propose(Request::Compact { revision })? {
+            (Response::Compact, revision) => Ok(Applied { response: (), revision }),
+            (other, _) => Err(Error::Internal(format!("compact answered with {other:?}"))),
+        }
+    }
+
+    /// Waits until the history dropped by compactions so far is gone from the index and the
+    /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Engine::defragment`]
+    /// then returns its space.
+    pub fn wait_compacted(&self) -> Result<()> {
+        let (lock, signal) = &*self.inner.swept;
+        let mut guard = lock.lock();
+        while self.inner.state.read().store.compaction_unfinished() {
+            if self.inner.replica.lock().is_none() {
+                return Err(Error::Closed);
+            }
+            signal.wait_for(&mut guard, std::time::Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot of the complete state (history, leases, alarms, applied index) to
+    /// `out`, as of now; returns its size. Records are copied out a chunk at a time, so memory
+    /// stays bounded and writes go on meanwhile (the compaction sweep waits until it is done).
+    /// [`Engine::restore`] turns a snapshot into a data directory.
+    pub fn snapshot(&self, out: &mut dyn std::io::Write) -> Result<u64> {
+        write_snapshot(&self.inner.state, out)
+    }
+
+    /// Creates the data directory `dir` from a snapshot taken by [`Engine::snapshot`], in
+    /// bounded memory; open it with [`Engine::open`] afterwards. Refuses a damaged snapshot,
+    /// and a directory that already holds an engine.
+    pub fn restore(snapshot: &mut dyn std::io::Read, dir: impl AsRef<Path>) -> Result<()> {
+        Engine::restore_with(snapshot, dir.as_ref(), None)
+    }
+
+    /// [`Engine::restore`] for the first member of a new cluster made from a snapshot (etcd's
+    /// `snapshot restore`): the state is the snapshot's, but the group is `members` (each
+    /// with its attributes), whatever group took the snapshot. Every member of the new
+    /// cluster is restored from the same snapshot with the same `members`.
+    pub fn restore_as_new_cluster(
+        snapshot: &mut dyn std::io::Read,
+        dir: impl AsRef<Path>,
+        members: &std::collections::BTreeMap<u64, MemberAttributes>,
+    ) -> Result<()> {
+        if members.is_empty() {
+            return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
+        }
+        let membership = Membership {
+            voters: members.keys().copied().collect(),
+            attributes: members.clone(),
+            ..Membership::default()
+        };
+        Engine::restore_with(snapshot, dir.as_ref(), Some(membership))
+    }
+
+    /// Checks a snapshot from end to end and describes it, without restoring it.
+    pub fn inspect_snapshot(snapshot: &mut dyn std::io::Read) -> Result<SnapshotInfo> {
+        let mut alive: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut records = 0u64;
+        let meta = snapshot::read(snapshot, |record| {
+            records += 1;
+            alive.insert(record.key.to_vec(), record.version > 0);
+            Ok(())
+        })?;
+        Ok(SnapshotInfo {
+            revision: meta.current,
+            compact_revision: meta.compacted,
+            applied_index: meta.applied_index,
+            records,
+            keys: alive.values().filter(|a| **a).count() as u64,
+            leases: meta.leases.len() as u64,
+        })
+    }
+
+    fn restore_with(snapshot: &mut dyn std::io::Read, dir: &Path, membership: Option<Membership>) -> Result<()> {
+        if checkpoint::in_use(dir) {
+            return Err(Error::Snapshot(format!(
+                "{} already holds data; restore into a new directory",
+                dir.display()
+            )));
+        }
+        let data_dir = dir.join(DATA_DIR);
+        let restored = (|| {
+            let mut backend = crate::backend::Backend::open(&data_dir, Config::default().data_file_size, &[])?;
+            let meta = snapshot::read(snapshot, |record| backend.append(&record).map(|_| ()))?;
+            backend.flush()?;
+            Ok::<_, Error>((meta, backend.layout()))
+        })();
+        let (meta, layout) = match restored {
+            Ok(done) => done,
+            Err(e) => {
+                // Nothing names these files yet: leave no half-restored directory behind.
+                let _ = std::fs::remove_dir_all(&data_dir);
+                return Err(e);
+            }
+        };
+        let new_cluster = membership.is_some();
+        let c = Checkpoint {
+            applied_index: meta.applied_index,
+            applied_term: meta.applied_term,
+            membership: membership.unwrap_or(meta.membership),
+            // A new cluster's requests are new: nothing to skip.
+            recent: if new_cluster {
+                RecentRequests::default()
+            } else {
+                meta.recent
+            },
+            epoch: 0,
+            store: StoreMeta {
+                current: meta.current,
+                compacted: meta.compacted,
+                layout,
+            },
+            leases: meta.leases,
+            alarms: meta.alarms,
+        };
+        FileMaker::sync_files(&data_dir, &c.store.layout)?;
+        checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)
+    }
+
+    /// Rewrites the records still in history into fresh data files and deletes the old ones,
+    /// returning the space compaction freed to the file system (etcd's `Defragment`). Reads
+    /// and writes go on throughout: records are copied without the state lock, and the lock is
+    /// taken only briefly, to point a batch of records at their copies and, at the end, to
+    /// switch files. Crash-safe at every step: the old files are deleted only once a
+    /// checkpoint naming the new ones is durable; until then the old checkpoint still holds.
+    pub fn defragment(&self) -> Result<Defragmented> {
+        let _one = self.inner.defragmenting.lock();
+        let wal = self.inner.wal()?;
+        let state = &self.inner.state;
+        let (defrag, before) = {
+            let mut st = state.write();
+            let before = st.store.size();
+            (st.store.begin_defrag()?, before)
+        };
+        let mut out = None;
+        let mut fresh = Vec::new();
+        let mut after = None;
+        let mut pending: Vec<(crate::Revision, crate::backend::Loc)> = Vec::new();
+        // Makes the filled copies readable, then points their records at them, a batch per
+        // lock hold.
+        let migrate = |files: Vec<(u32, crate::backend::Sealed)>, moved: &[(crate::Revision, crate::backend::Loc)]| {
+            state.write().store.defrag_register(files);
+            for batch in moved.chunks(DEFRAG_BATCH) {
+                state.write().store.defrag_migrate(batch);
+            }
+        };
+        loop {
+            let chunk = state.read().store.defrag_chunk(&defrag, after, DEFRAG_BATCH);
+            let Some((last, _)) = chunk.last() else { break };
+            after = Some(*last);
+            let (moved, filled) = defrag.copy(&chunk, &mut out)?;
+            pending.extend(moved);
+            if !filled.is_empty() {
+                // Records in the file still being filled stay pending until it is sealed.
+                let sealed: Vec<u32> = filled.iter().map(|(id, _)| *id).collect();
+                let (ready, rest): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(_, l)| sealed.contains(&l.file));
+                pending = rest;
+                fresh.extend(sealed);
+                migrate(filled, &ready);
+            }
+        }
+        if let Some(active) = out.take() {
+            let (id, sealed) = defrag.finish(active)?;
+            fresh.push(id);
+            migrate(vec![(id, sealed)], &pending);
+        }
+        let (encoded, old_paths, after_size) = {
+            let mut st = state.write();
+            let old = st.store.defrag_switch(&defrag, &fresh)?;
+            st.epoch += 1;
+            (st.checkpoint()?, old, st.store.size())
+        };
+        write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)?;
+        for path in old_paths {
+            if let Err(e) = crate::backend::delete_gradually(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
+            }
+        }
+        Ok(Defragmented {
+            before,
+            after: after_size,
+        })
+    }
+
+    /// The alarms raised (etcd's `Alarm` list).
+    pub fn alarms(&self) -> Vec<Alarm> {
+        self.inner.state.read().alarms.iter().copied().collect()
+    }
+
+    /// Raises `alarm` on every member (etcd's `Alarm` ACTIVATE); returns once applied here.
+    pub fn alarm_activate(&self, alarm: Alarm) -> Result<()> {
+        self.inner.propose(Request::Alarm { activate: true, alarm }).map(|_| ())
+    }
+
+    /// Disarms an alarm (etcd's `Alarm` deactivate), durably.
+    pub fn alarm_disarm(&self, alarm: Alarm) -> Result<()> {
+        self.inner
+            .propose(Request::Alarm { activate: false, alarm })
+            .map(|_| ())
+    }
+
+    /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
+    /// equal on members that applied the same log, and across restarts.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        self.inner.state.read().store.hash_kv(revision)
+    }
+}

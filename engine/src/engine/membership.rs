@@ -1,0 +1,253 @@
+//! The group this member belongs to: its membership (etcd's Cluster service: list, add,
+//! promote, remove, update, publish), leadership transfer, and the [`Inbox`] other members'
+//! Raft messages and snapshots arrive through.
+
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, Sender};
+
+use super::propose::wait_answer;
+use super::Engine;
+use super::Inner;
+use crate::consensus::node::{Input, MemberChange};
+use crate::consensus::transfer::Staged;
+use crate::consensus::MemberAttributes;
+use crate::error::{Error, Result};
+use crate::lease::lessor::Lessor;
+use crate::request::Request;
+
+/// The members of a group (etcd's `MemberList`, by ID).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    /// Members that vote.
+    pub voters: Vec<u64>,
+    /// Members that receive the log without voting.
+    pub learners: Vec<u64>,
+}
+
+/// A member of the group, as [`Engine::member_list`] reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// Its Raft ID.
+    pub id: u64,
+    /// A learner receives the log but does not vote.
+    pub is_learner: bool,
+    /// See [`MemberAttributes::name`].
+    pub name: String,
+    /// Where its peers reach it.
+    pub peer_urls: Vec<String>,
+    /// Where clients reach it; empty until it publishes them.
+    pub client_urls: Vec<String>,
+}
+
+/// Delivers Raft messages to one member (see [`Engine::inbox`]). It does not keep the
+/// member open.
+#[derive(Clone, Debug)]
+pub struct Inbox {
+    tx: Sender<Input>,
+    inner: std::sync::Weak<Inner>,
+}
+
+impl Inbox {
+    /// Delivers one message; fails once the member is closed. A message that does not decode
+    /// is dropped (with a log line): a peer cannot harm the member with one.
+    pub fn deliver(&self, message: &[u8]) -> Result<()> {
+        use protobuf::Message as _;
+        match raft::eraftpb::Message::parse_from_bytes(message) {
+            Ok(m) => self.tx.send(Input::Step(m)).map_err(|_| Error::Closed),
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping a raft message that does not decode");
+                Ok(())
+            }
+        }
+    }
+
+    /// Delivers a snapshot from the leader (what its [`Transport::send_snapshot`] sent):
+    /// `message` carries its metadata, `data` the state. The state is read into new data
+    /// files, in bounded memory, and installed if raft accepts it. Returns once it is
+    /// installed or turned down (a stale snapshot is turned down with `Ok`); a damaged stream
+    /// is refused with [`Error::Snapshot`] and leaves nothing behind.
+    ///
+    /// [`Transport::send_snapshot`]: crate::Transport::send_snapshot
+    pub fn deliver_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
+        use protobuf::Message as _;
+        let m = raft::eraftpb::Message::parse_from_bytes(message)
+            .map_err(|e| Error::Snapshot(format!("the snapshot's raft message does not decode: {e}")))?;
+        if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
+            return Err(Error::Snapshot(format!(
+                "a {:?} message came with snapshot data",
+                m.get_msg_type()
+            )));
+        }
+        let index = m.get_snapshot().get_metadata().index;
+        let inner = self.inner.upgrade().ok_or(Error::Closed)?;
+        let (maker, applied) = {
+            let st = inner.state.read();
+            (st.store.file_maker(), st.applied_index)
+        };
+        if index <= applied {
+            tracing::info!(index, applied, "turning down a snapshot older than the state");
+            return Ok(());
+        }
+        let lessor = Lessor::new(inner.config.min_lease_ttl, inner.config.clock.clone());
+        drop(inner);
+        let staged = Staged::read(data, maker, lessor)?;
+        if staged.index() < index {
+            return Err(Error::Snapshot(format!(
+                "the snapshot's data is at index {}, its message says {index}",
+                staged.index()
+            )));
+        }
+        let (reply, answer) = bounded(1);
+        self.tx
+            .send(Input::Snapshot {
+                message: m,
+                staged,
+                reply,
+            })
+            .map_err(|_| Error::Closed)?;
+        answer.recv().map_err(|_| Error::Closed)?.map(|_| ())
+    }
+}
+
+impl Engine {
+    /// Hands this member a message from another member of its group (what their
+    /// [`Transport`] sent). Never blocks; a message that does not decode is dropped.
+    ///
+    /// [`Transport`]: crate::Transport
+    pub fn receive(&self, message: &[u8]) -> Result<()> {
+        self.inbox()?.deliver(message)
+    }
+
+    /// Hands this member a snapshot from its leader (what the leader's
+    /// [`Transport::send_snapshot`] sent); see [`Inbox::deliver_snapshot`].
+    ///
+    /// [`Transport::send_snapshot`]: crate::Transport::send_snapshot
+    pub fn receive_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
+        self.inbox()?.deliver_snapshot(message, data)
+    }
+
+    /// A handle that delivers messages to this member without holding the engine (for a
+    /// transport's receiving side).
+    pub fn inbox(&self) -> Result<Inbox> {
+        Ok(Inbox {
+            tx: self.inner.node_tx()?,
+            inner: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// The group's membership, as this member has applied it.
+    pub fn members(&self) -> Members {
+        let st = self.inner.state.read();
+        Members {
+            voters: st.membership.voters.clone(),
+            learners: st.membership.learners.clone(),
+        }
+    }
+
+    /// Every member with its attributes, in ID order (etcd's `MemberList`), as this member
+    /// has applied them.
+    pub fn member_list(&self) -> Vec<Member> {
+        let st = self.inner.state.read();
+        let m = &st.membership;
+        let mut ids: Vec<u64> = m
+            .voters
+            .iter()
+            .chain(&m.voters_outgoing)
+            .chain(&m.learners)
+            .chain(&m.learners_next)
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| {
+                let attributes = m.attributes.get(&id).cloned().unwrap_or_default();
+                Member {
+                    id,
+                    is_learner: m.learners.contains(&id),
+                    name: attributes.name,
+                    peer_urls: attributes.peer_urls,
+                    client_urls: attributes.client_urls,
+                }
+            })
+            .collect()
+    }
+
+    /// Replaces member `id`'s peer URLs (etcd's `MemberUpdate`); returns once applied here.
+    pub fn member_update(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.inner.propose(Request::MemberUpdate { id, peer_urls }).map(|_| ())
+    }
+
+    /// Records this member's name and client URLs in the group (what an etcd member publishes
+    /// when it starts); returns once applied here.
+    pub fn member_publish(&self, name: String, client_urls: Vec<String>) -> Result<()> {
+        let id = self.inner.config.member_id;
+        self.inner
+            .propose(Request::MemberPublish { id, name, client_urls })
+            .map(|_| ())
+    }
+
+    fn change_members(&self, change: MemberChange) -> Result<()> {
+        let (rx, timeout) = self.inner.submit_input(|id| Input::ConfChange { id, change })?;
+        wait_answer(rx, timeout).map(|_| ())
+    }
+
+    /// Adds voter `id`, reached at `peer_urls` (etcd's `MemberAdd`); returns once the change
+    /// is applied here. Call it on the leader. One membership change at a time: a second
+    /// fails with [`Error::ConfChangePending`] until the first is applied.
+    pub fn member_add(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.change_members(MemberChange::AddVoter(id, MemberAttributes::with_peer_urls(peer_urls)))
+    }
+
+    /// Adds learner `id` (etcd's `MemberAdd` with `is_learner`): it receives the log but does
+    /// not vote, until [`Engine::member_promote`].
+    pub fn member_add_learner(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        self.change_members(MemberChange::AddLearner(
+            id,
+            MemberAttributes::with_peer_urls(peer_urls),
+        ))
+    }
+
+    /// Promotes learner `id` to voter (etcd's `MemberPromote`); it must have caught up with
+    /// the leader ([`Error::LearnerNotReady`] otherwise).
+    pub fn member_promote(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::Promote(id))
+    }
+
+    /// Removes member `id` (etcd's `MemberRemove`).
+    pub fn member_remove(&self, id: u64) -> Result<()> {
+        self.change_members(MemberChange::Remove(id))
+    }
+
+    /// Hands leadership to voter `to` (etcd's `MoveLeader`), waiting until this member sees
+    /// it leading or `Config::request_timeout` passes. Call it on the leader.
+    pub fn move_leader(&self, to: u64) -> Result<()> {
+        let config = &self.inner.config;
+        let deadline = std::time::Instant::now() + config.request_timeout;
+        // raft-rs abandons a transfer that has not finished within an election timeout (the
+        // transferee was catching up, a message was lost): ask again until the deadline.
+        let attempt = config.raft_tick * u32::try_from(config.election_ticks * 2).unwrap_or(u32::MAX);
+        loop {
+            let tx = self.inner.node_tx()?;
+            let (reply, answer) = bounded(1);
+            tx.send(Input::TransferLeader { to, reply })
+                .map_err(|_| Error::Closed)?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                // Leadership moved already (to `to`, or on to someone else).
+                Ok(Err(Error::NotLeader)) if self.leader() == Some(to) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(Error::Timeout),
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if self.inner.status.wait_leader(to, attempt.min(left)) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+        }
+    }
+}

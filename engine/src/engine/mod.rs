@@ -1,0 +1,386 @@
+//! The embedded engine: a directory holding a durable, revisioned key-value store with leases,
+//! replicated by Raft.
+//!
+//! A write is validated, encoded as a [`Request`](crate::request::Request), and handed to the
+//! Raft node thread under a request ID, which proposes it. Once the entry is committed (in the
+//! WALs of a majority; the WAL's group commit makes one fdatasync serve many), the apply thread
+//! applies it to the state (store, lessor and alarms) in log order and answers the caller.
+//! Reads take the state's read lock and are served concurrently with other reads; a write's
+//! answer comes after it is applied, so a read that starts after a write returns sees it.
+//!
+//! Leases expire on this member's clock: a checker thread (or an explicit
+//! [`Engine::expire_leases`]) proposes a revoke for each expired lease, a bounded batch at a
+//! time, through the same write path; each revoke deletes its keys in one revision.
+//!
+//! On disk: `<dir>/wal/`, the log of every request; `<dir>/data/`, the records of every change
+//! still in history (see [`crate::backend`]); `<dir>/checkpoint`, the applied index with the
+//! data files' layout and the leases. Opening rebuilds the state from the checkpoint and its
+//! data files and replays the log after it, so a crash at any point recovers every
+//! acknowledged write (and possibly some that were logged but not yet answered).
+//!
+//! This module holds [`Engine`] and what its threads share (`Inner`, `State`), with opening
+//! and closing. The rest of the API is split by concern: `kv` (put, delete_range, txn, range),
+//! `leases`, `watch`, `membership` (and the inbox peers' messages arrive through),
+//! `maintenance` (compaction, defragmentation, snapshots, alarms, HashKV) and `status`; the
+//! write path's ends are in `propose`, the apply thread in `apply`, checkpoints in
+//! `checkpointing`.
+
+mod apply;
+mod checkpointing;
+mod kv;
+mod leases;
+mod maintenance;
+mod membership;
+mod propose;
+mod status;
+mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use cairn_wal::Wal;
+use crossbeam_channel::{bounded, unbounded, Sender};
+use parking_lot::{Mutex, RwLock};
+
+use apply::{apply_loop, AppliedIndex, Applier, Swept};
+use checkpointing::{checkpoint_and_release, Checkpointing};
+use leases::checker_loop;
+use maintenance::write_snapshot;
+use propose::Waiters;
+use watch::watch_loop;
+
+use crate::backend::DATA_DIR;
+use crate::checkpoint;
+use crate::config::Config;
+use crate::consensus::log::RaftLog;
+use crate::consensus::node::{NoPeers, Node, NodeConfig, Status, Transport};
+use crate::consensus::{Membership, RecentRequests};
+use crate::error::{Error, Result};
+use crate::lease::lessor::Lessor;
+use crate::mvcc::store::Store;
+use crate::request::Alarm;
+use crate::watch::hub::WatchHub;
+
+pub use kv::Applied;
+pub use leases::LeaseGrant;
+pub use maintenance::{Defragmented, SnapshotInfo};
+pub use membership::{Inbox, Member, Members};
+pub use propose::{Pending, PendingFuture};
+pub use status::RaftStatus;
+pub use watch::Watch;
+
+/// The running Raft node and the log it writes.
+struct Replica {
+    node: Node,
+    wal: Arc<Wal>,
+}
+
+/// What requests change: the store, the lessor and the alarms, always together.
+struct State {
+    store: Store,
+    lessor: Lessor,
+    alarms: std::collections::BTreeSet<Alarm>,
+    /// The last log index applied. Invariant: the state is exactly the log up to here.
+    applied_index: u64,
+    /// The term of the entry at `applied_index`.
+    applied_term: u64,
+    /// The group's membership as of `applied_index`.
+    membership: Membership,
+    /// The request IDs of the last entries applied (each request is applied once).
+    recent: RecentRequests,
+    /// Defragmentations and installed snapshots so far (see [`crate::checkpoint`]).
+    epoch: u64,
+    /// Snapshots from the leader installed since open: a snapshot being taken of the old
+    /// state cannot go on reading the new one.
+    installs: u64,
+}
+
+/// What the engine's handle shares with its threads.
+struct Inner {
+    config: Config,
+    /// Lock order: `replica`, then `state`, then `hub`; the apply thread takes `state` and
+    /// `hub`. `None` once closed.
+    replica: Mutex<Option<Replica>>,
+    waiters: Arc<Waiters>,
+    /// The Raft log (shared with the node thread), for reads on a group of one.
+    log: RaftLog,
+    /// The node's leader and term, as it last published them.
+    status: Arc<Status>,
+    /// The next request ID: this member's ID in the top 16 bits, a counter below.
+    next_request: AtomicU64,
+    applied: Arc<AppliedIndex>,
+    state: Arc<RwLock<State>>,
+    hub: Arc<Mutex<WatchHub>>,
+    /// See [`Checkpointing`].
+    checkpointing: Arc<Checkpointing>,
+    /// See [`Swept`].
+    swept: Arc<Swept>,
+    /// Held by the one defragmentation that may run at a time, and by a snapshot's install.
+    defragmenting: Arc<Mutex<()>>,
+    /// The next server-chosen lease ID candidate.
+    next_lease_id: AtomicI64,
+}
+
+/// An open engine. `Engine` is `Send + Sync`: share it between threads.
+pub struct Engine {
+    dir: PathBuf,
+    inner: Arc<Inner>,
+    apply_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Dropping the sender stops the lease checker.
+    checker: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    /// Dropping the sender stops the watch thread.
+    watch_thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Opens (or creates) the engine in `dir`, recovering everything its log holds.
+    pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine> {
+        Engine::open_member(dir, config, Arc::new(NoPeers))
+    }
+
+    /// Opens (or creates) a member of a replicated group in `dir`: its ID is
+    /// `config.member_id`; a new group's members are `config.initial_members`; messages to
+    /// the others go through `transport`, and theirs arrive through [`Engine::receive`] or
+    /// an [`Inbox`]. A member that was part of a group resumes from its own data, whatever
+    /// `initial_members` says.
+    pub fn open_member(dir: impl AsRef<Path>, config: Config, transport: Arc<dyn Transport>) -> Result<Engine> {
+        config.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        // The WAL locks the directory: nothing below runs in two processes at once.
+        let wal_dir = config.wal_dir.clone().unwrap_or_else(|| dir.join("wal"));
+        let mut replay = Wal::open(wal_dir, config.wal.clone())?;
+        let checkpoint = checkpoint::read(&dir)?;
+        let store = Store::open(
+            &dir.join(DATA_DIR),
+            config.data_file_size,
+            checkpoint.as_ref().map(|c| &c.store),
+        )?;
+        let mut state = State {
+            store,
+            lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
+            alarms: Default::default(),
+            applied_index: 0,
+            applied_term: 0,
+            // Learned from the log: a new group's first entries add its members.
+            membership: Membership::default(),
+            recent: RecentRequests::default(),
+            epoch: 0,
+            installs: 0,
+        };
+        if let Some(c) = checkpoint {
+            state.lessor.load(c.leases);
+            state.lessor.apply_changes(&state.store.leased_keys()?);
+            state.alarms = c.alarms.into_iter().collect();
+            state.applied_index = c.applied_index;
+            state.applied_term = c.applied_term;
+            state.membership = c.membership;
+            state.recent = c.recent;
+            state.epoch = c.epoch;
+        }
+        // The Raft log after the checkpoint; the entries committed in it are applied by the
+        // apply thread once the node hands them over, before `open` returns.
+        let log = RaftLog::new(
+            state.applied_index,
+            state.applied_term,
+            state.membership.to_conf_state(),
+        );
+        for record in replay.by_ref() {
+            log.replay(record?)?;
+        }
+        log.finish_replay(config.snapshot_catch_up_entries);
+        state.store.release_pages();
+        let wal = Arc::new(replay.finish()?);
+        if state.applied_index == 0 && log.last_index() == 0 && !config.join_existing {
+            let members = if config.initial_members.is_empty() {
+                vec![config.member_id]
+            } else {
+                config.initial_members.clone()
+            };
+            crate::consensus::log::bootstrap(&log, &wal, &members, &config.initial_attributes)?;
+        }
+        let single = if log.last_index() > state.applied_index && state.membership.voters.is_empty() {
+            // A new group: its members are in its first entries.
+            !config.join_existing && (config.initial_members.is_empty() || config.initial_members == [config.member_id])
+        } else {
+            state.membership.voters == [config.member_id] && state.membership.learners.is_empty()
+        };
+        // A group of one is leader again at once and commits everything in its log with the
+        // empty entry of its new term (so leases have restarted their clocks by then too); a
+        // member of a bigger group knows only what was committed before it stopped.
+        let catch_up_to = if single {
+            log.last_index() + 1
+        } else {
+            log.hard_state().commit
+        };
+        let applied = Arc::new(AppliedIndex::default());
+        applied.set(state.applied_index);
+        let node_config = NodeConfig {
+            id: config.member_id,
+            tick: config.raft_tick,
+            election_ticks: config.election_ticks,
+            heartbeat_ticks: config.heartbeat_ticks,
+            applied: state.applied_index,
+            read_timeout: config.request_timeout,
+        };
+        let state = Arc::new(RwLock::new(state));
+        let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
+        let checkpointing = Arc::new(Checkpointing {
+            newest: Mutex::new((state.read().applied_index, state.read().epoch)),
+            catch_up: config.snapshot_catch_up_entries,
+            latency_us: Mutex::new(cairn_wal::latency_histogram()),
+        });
+        let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
+        let waiters: Arc<Waiters> = Arc::default();
+        let (apply_tx, apply_rx) = unbounded();
+        let status = Arc::new(Status::default());
+        let snapshots = {
+            let state = state.clone();
+            Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
+        };
+        let node = Node::spawn(
+            node_config,
+            log.clone(),
+            wal.clone(),
+            transport,
+            apply_tx,
+            status.clone(),
+            snapshots,
+        )?;
+        let defragmenting = Arc::new(Mutex::new(()));
+        let apply_thread = {
+            let applier = Applier {
+                state: state.clone(),
+                hub: hub.clone(),
+                wal: wal.clone(),
+                dir: dir.clone(),
+                checkpoint_entries: config.checkpoint_entries,
+                compaction_batch: config.compaction_batch,
+                checkpointing: checkpointing.clone(),
+                swept: swept.clone(),
+                waiters: waiters.clone(),
+                applied: applied.clone(),
+                node: node.tx.clone(),
+                status: status.clone(),
+                log: log.clone(),
+                defragmenting: defragmenting.clone(),
+            };
+            std::thread::Builder::new()
+                .name("cairn-apply".into())
+                .spawn(move || apply_loop(apply_rx, applier))
+                .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
+        };
+        let watch_thread = {
+            let (state, hub) = (state.clone(), hub.clone());
+            let (stop_tx, stop_rx) = bounded(0);
+            let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
+            let thread = std::thread::Builder::new()
+                .name("cairn-watch".into())
+                .spawn(move || watch_loop(state, hub, stop_rx, every, progress_every))
+                .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
+            (stop_tx, thread)
+        };
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+        let first_request = ((config.member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
+        let inner = Arc::new(Inner {
+            replica: Mutex::new(Some(Replica { node, wal })),
+            log,
+            status,
+            waiters,
+            next_request: AtomicU64::new(first_request),
+            applied,
+            state,
+            hub,
+            checkpointing,
+            defragmenting,
+            swept,
+            next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
+            config,
+        });
+        let engine = Engine {
+            dir,
+            inner,
+            apply_thread: Mutex::new(Some(apply_thread)),
+            checker: Mutex::new(None),
+            watch_thread: Mutex::new(Some(watch_thread)),
+        };
+        let caught_up = engine
+            .inner
+            .applied
+            .wait(catch_up_to, engine.inner.config.request_timeout);
+        if !caught_up {
+            return Err(Error::Timeout);
+        }
+        // Lease clocks restart now: a restart can delay expiry, never hasten it.
+        engine.inner.state.write().lessor.restart_clocks();
+        if let Some(every) = engine.inner.config.lease_check_interval {
+            let (stop_tx, stop_rx) = bounded(0);
+            let inner = engine.inner.clone();
+            let thread = std::thread::Builder::new()
+                .name("cairn-lease-check".into())
+                .spawn(move || checker_loop(inner, stop_rx, every))
+                .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
+            *engine.checker.lock() = Some((stop_tx, thread));
+        }
+        Ok(engine)
+    }
+
+    /// The directory the engine lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stops accepting writes, lets every queued one finish, and syncs the log.
+    pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        for stopper in [&self.checker, &self.watch_thread] {
+            if let Some((stop, thread)) = stopper.lock().take() {
+                drop(stop);
+                let _ = thread.join();
+            }
+        }
+        let replica = self.inner.replica.lock().take();
+        let Some(Replica { node, wal }) = replica else {
+            return Ok(());
+        };
+        // The node stops first; the apply thread then applies what it was handed and ends.
+        node.stop();
+        if let Some(t) = self.apply_thread.lock().take() {
+            let _ = t.join();
+        }
+        // Proposals never committed: their callers get `Closed`.
+        self.inner.waiters.lock().clear();
+        // Everything queued is applied: checkpoint it, so the next open replays nothing.
+        checkpoint_and_release(
+            &self.dir,
+            &mut self.inner.state.write(),
+            &wal,
+            &self.inner.checkpointing,
+        )?;
+        match Arc::try_unwrap(wal) {
+            Ok(wal) => wal.close()?,
+            Err(shared) => {
+                shared.sync()?.wait()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
