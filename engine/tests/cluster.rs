@@ -13,7 +13,8 @@ use bytes::Bytes;
 use std::sync::Arc;
 
 use cairn_engine::{
-    Config, Engine, Error, LocalNetwork, ManualClock, Member, MemberAttributes, PutRequest, RangeRequest,
+    Config, Engine, Error, LocalNetwork, ManualClock, Member, MemberAttributes, PutRequest, RangeRequest, RequestOp,
+    TxnRequest,
 };
 
 const MEMBERS: [u64; 3] = [1, 2, 3];
@@ -203,6 +204,14 @@ fn three_members_elect_a_leader_and_replicate_writes_through_any_member() {
     let follower = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
     let lease = c.member(follower).lease_grant(0, 60).unwrap().response.id;
     assert_eq!(c.member(leader).lease_keep_alive(lease).unwrap(), 60);
+    assert_eq!(
+        pollster::block_on(c.member(leader).lease_keep_alive_async(lease)),
+        Ok(60)
+    );
+    assert_eq!(
+        pollster::block_on(c.member(follower).lease_keep_alive_async(lease)),
+        Err(Error::NotLeader)
+    );
     assert!(matches!(
         c.member(follower).lease_keep_alive(lease),
         Err(Error::NotLeader)
@@ -257,6 +266,36 @@ fn a_partitioned_leader_serves_no_stale_read_and_acknowledges_no_write() {
             "{e}"
         ),
     }
+    // Nor through the async barrier (a ReadIndex round the node thread fails on its own), nor
+    // by a read-only txn, which is served locally after the same barrier.
+    match pollster::block_on(c.member(old).range_async(&RangeRequest::key(b"k"))) {
+        Ok(r) => panic!("a stale async read on the partitioned leader: {:?}", r.kvs),
+        Err(e) => assert!(
+            matches!(e, Error::Timeout | Error::LeaderChanged | Error::NoLeader),
+            "{e}"
+        ),
+    }
+    let read_k = TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Range(RangeRequest::key(b"k"))],
+        failure: vec![],
+    };
+    match c.member(old).txn(read_k.clone()) {
+        Ok(r) => panic!("a stale read-only txn on the partitioned leader: {:?}", r.response),
+        Err(e) => assert!(
+            matches!(e, Error::Timeout | Error::LeaderChanged | Error::NoLeader),
+            "{e}"
+        ),
+    }
+    // A follower of the majority reads the new value through the async barrier.
+    let follower = majority.iter().copied().find(|id| *id != new).unwrap();
+    let seen = pollster::block_on(c.member(follower).range_async(&RangeRequest::key(b"k"))).unwrap();
+    assert_eq!(seen.kvs[0].value.as_ref(), b"2");
+    let seen = pollster::block_on(c.member(follower).read_txn_async(&read_k)).unwrap();
+    let cairn_engine::ResponseOp::Range(r) = &seen.response.responses[0] else {
+        panic!("{:?}", seen.response)
+    };
+    assert_eq!(r.kvs[0].value.as_ref(), b"2");
     // Nor can it acknowledge a write.
     match c.member(old).put(put("k", "3")) {
         Ok(a) => panic!("the minority acknowledged a write at revision {}", a.revision),

@@ -156,6 +156,66 @@ fn writes_can_be_awaited() {
 }
 
 #[test]
+fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    engine.put(put("a", "1")).unwrap();
+    let written = engine.put_async(put("b", "2")).unwrap();
+    assert_eq!(pollster::block_on(written).unwrap().revision, 3);
+    // A linearizable read after a write was acknowledged sees it.
+    let read = pollster::block_on(engine.range_async(&RangeRequest::all())).unwrap();
+    assert_eq!(read.kvs.len(), 2);
+    // A read-only txn answers as applying it would, from the local state, and logs nothing.
+    let get = |key: &str, serializable: bool| {
+        RequestOp::Range(RangeRequest {
+            serializable,
+            ..RangeRequest::key(key.as_bytes())
+        })
+    };
+    let read_only = TxnRequest {
+        compare: vec![Compare {
+            key: b"a".to_vec(),
+            range_end: vec![],
+            target: CompareTarget::Value(Bytes::from_static(b"1")),
+            result: CompareResult::Equal,
+        }],
+        success: vec![get("b", false)],
+        failure: vec![get("a", true)],
+    };
+    assert!(read_only.is_read_only() && !read_only.is_serializable());
+    let before = engine.raft_status();
+    let blocking = engine.txn(read_only.clone()).unwrap();
+    let awaited = pollster::block_on(engine.read_txn_async(&read_only)).unwrap();
+    assert_eq!(blocking, awaited);
+    assert_eq!(blocking.revision, 3);
+    assert!(blocking.response.succeeded);
+    let cairn_engine::ResponseOp::Range(b) = &blocking.response.responses[0] else {
+        panic!("{blocking:?}")
+    };
+    assert_eq!(b.kvs[0].value.as_ref(), b"2");
+    assert_eq!(
+        engine.raft_status().commit_index,
+        before.commit_index,
+        "nothing was logged"
+    );
+    let writes = TxnRequest {
+        success: vec![RequestOp::Put(put("c", "3"))],
+        ..read_only.clone()
+    };
+    assert!(matches!(
+        pollster::block_on(engine.read_txn_async(&writes)),
+        Err(Error::Internal(_))
+    ));
+    // Keep-alives: the sole member leads, and an unknown lease is refused.
+    let lease = engine.lease_grant(0, 30).unwrap().response.id;
+    assert_eq!(pollster::block_on(engine.lease_keep_alive_async(lease)), Ok(30));
+    assert_eq!(
+        pollster::block_on(engine.lease_keep_alive_async(lease + 1)),
+        Err(Error::LeaseNotFound)
+    );
+}
+
+#[test]
 fn a_damaged_checkpoint_is_refused_not_ignored() {
     // The log before a checkpoint is released, so opening without it would lose data.
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! What every gRPC service shares: the engine, this member's identity, the request limits,
-//! and the one way to run engine calls that block.
+//! the one way to run engine calls that block, and the deadline for those that await.
 
 use std::sync::Arc;
 
@@ -55,6 +55,18 @@ impl Node {
     /// The header of a response that reads no revision: the current one.
     pub fn current_header(&self) -> ResponseHeader {
         self.header(self.engine.current_revision())
+    }
+
+    /// Awaits an engine call that has no deadline of its own (the async read barrier), for at
+    /// most the engine's request timeout, and maps its error to etcd's status.
+    pub async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = cairn_engine::Result<T>>,
+    ) -> Result<T, Status> {
+        match tokio::time::timeout(self.engine.request_timeout(), call).await {
+            Ok(answer) => answer.or_status(),
+            Err(_) => Err(crate::errors::status(&cairn_engine::Error::Timeout)),
+        }
     }
 
     /// Runs `f`, which may block (a ReadIndex round, a proposal, a defragmentation), on the

@@ -132,7 +132,7 @@ pub(crate) enum Input {
     /// Propose `data`; `id` identifies its waiter when the entry is applied.
     Propose { id: u64, data: Vec<u8> },
     /// Start (or join) a ReadIndex round; the answer is the index to wait for.
-    ReadIndex { reply: Sender<Result<u64>> },
+    ReadIndex { reply: oneshot::Sender<Result<u64>> },
     /// The apply thread applied everything up to this index.
     Applied(u64),
     /// A checkpoint covers the log up to this index (less a catch-up margin): the in-memory
@@ -299,14 +299,14 @@ fn persist_loop(
 }
 
 /// Reads waiting for one ReadIndex round.
-type Round = (Instant, Vec<Sender<Result<u64>>>);
+type Round = (Instant, Vec<oneshot::Sender<Result<u64>>>);
 
 /// ReadIndex rounds: reads that arrive while a round is out wait for the next one, so many
 /// concurrent reads share one round.
 #[derive(Default)]
 struct ReadRounds {
     next_ctx: u64,
-    waiting: Vec<Sender<Result<u64>>>,
+    waiting: Vec<oneshot::Sender<Result<u64>>>,
     out: HashMap<u64, Round>,
 }
 

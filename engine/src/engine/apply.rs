@@ -23,29 +23,59 @@ use crate::mvcc::index::KeyRange;
 use crate::request::{Alarm, Request, Response};
 use crate::watch::hub::WatchHub;
 
-/// The last applied log index, for reads to wait on.
+/// The last applied log index, for reads to wait on: blocking ([`AppliedIndex::wait`]) or
+/// async ([`AppliedIndex::reached`]).
 #[derive(Default)]
 pub(super) struct AppliedIndex {
-    pub(super) index: Mutex<u64>,
+    state: Mutex<Applied>,
     changed: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct Applied {
+    index: u64,
+    /// Async readers waiting for an index: answered (in any order) once it is applied.
+    waiting: Vec<(u64, oneshot::Sender<()>)>,
 }
 
 impl AppliedIndex {
     pub(super) fn set(&self, index: u64) {
-        *self.index.lock() = index;
+        let mut st = self.state.lock();
+        st.index = index;
+        for (_, reader) in st.waiting.extract_if(.., |(at, _)| *at <= index) {
+            let _ = reader.send(());
+        }
+        drop(st);
         self.changed.notify_all();
+    }
+
+    /// The last applied index.
+    pub(super) fn get(&self) -> u64 {
+        self.state.lock().index
     }
 
     /// Waits until `index` is applied; false on timeout.
     pub(super) fn wait(&self, index: u64, timeout: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        let mut applied = self.index.lock();
-        while *applied < index {
-            if self.changed.wait_until(&mut applied, deadline).timed_out() {
-                return *applied >= index;
+        let mut st = self.state.lock();
+        while st.index < index {
+            if self.changed.wait_until(&mut st, deadline).timed_out() {
+                return st.index >= index;
             }
         }
         true
+    }
+
+    /// None if `index` is applied already; otherwise a receiver answered once it is (or
+    /// failing if the engine goes away first).
+    pub(super) fn reached(&self, index: u64) -> Option<oneshot::Receiver<()>> {
+        let mut st = self.state.lock();
+        if st.index >= index {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiting.push((index, tx));
+        Some(rx)
     }
 }
 

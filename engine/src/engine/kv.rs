@@ -1,7 +1,6 @@
-//! etcd's KV service on the engine: put, delete_range and txn through the log, and range,
-//! linearizable (after a ReadIndex round) unless serializable.
-
-use crossbeam_channel::{bounded, RecvTimeoutError};
+//! etcd's KV service on the engine: put, delete_range and txn through the log, and range and
+//! read-only txns from the local state, linearizable (after a read barrier) unless
+//! serializable. Reads and the barrier come blocking or async (no thread waits).
 
 use super::propose::Pending;
 use super::{Engine, Inner};
@@ -61,12 +60,42 @@ impl Engine {
         }))
     }
 
-    /// Runs a transaction (etcd's `Txn`).
+    /// Runs a transaction (etcd's `Txn`). A read-only one ([`TxnRequest::is_read_only`]) is
+    /// answered from this member's state, as etcd does, after the read barrier unless every
+    /// op is a serializable range ([`TxnRequest::is_serializable`]); any other goes through
+    /// the log.
     pub fn txn(&self, request: TxnRequest) -> Result<Applied<TxnResponse>> {
+        if request.is_read_only() {
+            request.validate(self.inner.config.max_txn_ops)?;
+            if !request.is_serializable() {
+                self.inner.read_barrier()?;
+            }
+            return self.read_txn_locally(&request);
+        }
         self.txn_async(request)?.wait()
     }
 
-    /// [`Engine::txn`] for async code.
+    /// [`Engine::txn`] of a read-only txn, for async code: no thread waits for the read
+    /// barrier. Bound the wait with a timeout of your runtime's (see
+    /// [`Engine::read_barrier_async`]). Fails with [`Error::Internal`] if the txn writes.
+    pub async fn read_txn_async(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
+        if !request.is_read_only() {
+            return Err(Error::Internal("read_txn_async of a txn that writes".to_string()));
+        }
+        request.validate(self.inner.config.max_txn_ops)?;
+        if !request.is_serializable() {
+            self.read_barrier_async().await?;
+        }
+        self.read_txn_locally(request)
+    }
+
+    fn read_txn_locally(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
+        let (response, revision) = request.read(&self.inner.state.read().store)?;
+        Ok(Applied { response, revision })
+    }
+
+    /// [`Engine::txn`] for async code; every txn goes through the log here, a read-only one
+    /// too (correct, but [`Engine::read_txn_async`] answers it without the log).
     pub fn txn_async(&self, request: TxnRequest) -> Result<Pending<Applied<TxnResponse>>> {
         request.validate(self.inner.config.max_txn_ops)?;
         if !request.is_read_only() {
@@ -93,10 +122,49 @@ impl Engine {
         request.apply(&self.inner.state.read().store)
     }
 
+    /// [`Engine::range`] for async code: no thread waits for the read barrier. Bound the wait
+    /// with a timeout of your runtime's (see [`Engine::read_barrier_async`]).
+    pub async fn range_async(&self, request: &RangeRequest) -> Result<RangeResponse> {
+        if request.key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if !request.serializable {
+            self.read_barrier_async().await?;
+        }
+        request.apply(&self.inner.state.read().store)
+    }
+
     /// Waits until this member has applied everything committed when it was called: what it
     /// reads next is linearizable (a ReadIndex round, shared with concurrent reads).
     pub fn read_barrier(&self) -> Result<()> {
         self.inner.read_barrier()
+    }
+
+    /// [`Engine::read_barrier`] for async code, without a thread waiting. The ReadIndex round
+    /// fails on its own after `Config::request_timeout`, but the wait for this member to apply
+    /// up to the round's index has no deadline here (the engine has no timer of its own in
+    /// async code): bound it with your runtime's timeout, `Config::request_timeout` for the
+    /// same behaviour as the blocking call.
+    pub async fn read_barrier_async(&self) -> Result<()> {
+        let index = match self.inner.log.sole_voter_last_index(self.inner.config.member_id) {
+            Some(index) => index,
+            None => {
+                let (reply, answer) = oneshot::channel();
+                let tx = self.inner.node_tx()?;
+                tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
+                answer.await.map_err(|_| Error::Closed)??
+            }
+        };
+        match self.inner.applied.reached(index) {
+            None => Ok(()),
+            Some(reached) => reached.await.map_err(|_| Error::Closed),
+        }
+    }
+
+    /// How long a blocking call waits before [`Error::Timeout`] (`Config::request_timeout`):
+    /// the deadline to give the async calls that have none of their own.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.inner.config.request_timeout
     }
 }
 
@@ -115,12 +183,12 @@ impl Inner {
             };
         }
         let tx = self.node_tx()?;
-        let (reply, answer) = bounded(1);
+        let (reply, answer) = oneshot::channel();
         tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
         let index = match answer.recv_timeout(timeout) {
             Ok(index) => index?,
-            Err(RecvTimeoutError::Timeout) => return Err(Error::Timeout),
-            Err(RecvTimeoutError::Disconnected) => return Err(Error::Closed),
+            Err(oneshot::RecvTimeoutError::Timeout) => return Err(Error::Timeout),
+            Err(oneshot::RecvTimeoutError::Disconnected) => return Err(Error::Closed),
         };
         if self.applied.wait(index, timeout) {
             Ok(())

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use super::kv::Applied;
-use super::propose::wait_answer;
+use super::propose::{wait_answer, Pending};
 use super::{Engine, Inner};
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseStatus;
@@ -69,9 +69,22 @@ impl Engine {
         self.inner.read_barrier()?;
         let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
         if stale_checkpoint {
-            self.inner.propose(Request::LeaseCheckpoint {
-                remaining: vec![(id, 0)],
-            })?;
+            self.inner.propose(clear_checkpoint(id))?;
+        }
+        Ok(ttl)
+    }
+
+    /// [`Engine::lease_keep_alive`] for async code: no thread waits for the read barrier or
+    /// the log. Bound the wait with a timeout of your runtime's (see
+    /// [`Engine::read_barrier_async`]).
+    pub async fn lease_keep_alive_async(&self, id: i64) -> Result<i64> {
+        if self.leader() != Some(self.inner.config.member_id) {
+            return Err(Error::NotLeader);
+        }
+        self.read_barrier_async().await?;
+        let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
+        if stale_checkpoint {
+            Pending::new(self.inner.submit(clear_checkpoint(id))?, |_| Ok(())).await?;
         }
         Ok(ttl)
     }
@@ -168,5 +181,12 @@ pub(super) fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::ti
                 tracing::warn!(error = %e, "lease checkpoint failed");
             }
         }
+    }
+}
+
+/// Clears a renewed lease's checkpointed remaining TTL, so a restart cannot resume from it.
+fn clear_checkpoint(id: i64) -> Request {
+    Request::LeaseCheckpoint {
+        remaining: vec![(id, 0)],
     }
 }

@@ -41,7 +41,7 @@ impl Engine {
     /// while this is large). Cheap enough for every request: no state lock.
     pub fn apply_lag(&self) -> u64 {
         let committed = self.inner.log.hard_state().commit;
-        committed.saturating_sub(*self.inner.applied.index.lock())
+        committed.saturating_sub(self.inner.applied.get())
     }
 
     /// The current Raft term, as this member knows it (cheap: one atomic read).

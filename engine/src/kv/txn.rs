@@ -196,6 +196,15 @@ impl TxnRequest {
         })
     }
 
+    /// Whether etcd serves the txn without a read barrier: every op of both branches is a
+    /// serializable range (a nested txn or a write needs one; etcd's `isTxnSerializable`).
+    pub fn is_serializable(&self) -> bool {
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .all(|op| matches!(op, RequestOp::Range(r) if r.serializable))
+    }
+
     /// Bytes the puts of both branches would add, for the quota check.
     pub(crate) fn put_bytes(&self) -> u64 {
         self.success
@@ -308,6 +317,32 @@ impl TxnRequest {
                 RequestOp::Put(p) => ResponseOp::Put(p.run(w)?),
                 RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(d.run(w)?),
                 RequestOp::Txn(t) => ResponseOp::Txn(t.run(w, path)?),
+            });
+        }
+        Ok(TxnResponse { succeeded, responses })
+    }
+
+    /// Answers a read-only txn ([`TxnRequest::is_read_only`]) from `store` without writing
+    /// (etcd serves them so too): the answer applying it would give, and the store's current
+    /// revision. Validate it first ([`TxnRequest::validate`]).
+    pub fn read(&self, store: &Store) -> Result<(TxnResponse, i64)> {
+        let mut path = Vec::new();
+        self.path(store, &mut path)?;
+        let response = self.read_along(store, &mut path.iter())?;
+        Ok((response, store.current_revision()))
+    }
+
+    fn read_along(&self, store: &Store, path: &mut std::slice::Iter<'_, bool>) -> Result<TxnResponse> {
+        let succeeded = path.next().copied().unwrap_or(false);
+        let branch = if succeeded { &self.success } else { &self.failure };
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            responses.push(match op {
+                RequestOp::Range(r) => ResponseOp::Range(r.apply(store)?),
+                RequestOp::Txn(t) => ResponseOp::Txn(t.read_along(store, path)?),
+                RequestOp::Put(_) | RequestOp::DeleteRange(_) => {
+                    return Err(Error::Internal("a write in a txn read without writing".to_string()))
+                }
             });
         }
         Ok(TxnResponse { succeeded, responses })

@@ -34,13 +34,9 @@ impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let request = validate::range(request.into_inner())?;
         let at_past_revision = request.revision > 0;
-        // A serializable read never waits for Raft: it only takes the state's read lock, so it
-        // runs right here; a linearizable one may wait for a ReadIndex round.
-        let answer = if request.serializable {
-            self.node.engine.range(&request).or_status()?
-        } else {
-            self.node.blocking(move |e| e.range(&request)).await?
-        };
+        // A serializable read only takes the state's read lock; a linearizable one first awaits
+        // the read barrier (a ReadIndex round), without holding a thread.
+        let answer = self.node.bounded(self.node.engine.range_async(&request)).await?;
         let header = self
             .node
             .header(header_revision(&self.node, answer.revision, at_past_revision));
@@ -96,6 +92,12 @@ impl Kv for KvService {
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         let request = validate::txn(request.into_inner(), &self.node.limits.request)?;
+        if request.is_read_only() {
+            // Served from this member's state after the read barrier, as etcd does, not logged.
+            let applied = self.node.bounded(self.node.engine.read_txn_async(&request)).await?;
+            let header = self.node.header(applied.revision);
+            return Ok(Response::new(convert::txn_response(applied.response, header)));
+        }
         self.node.admit_write()?;
         let pending = self.node.engine.txn_async(request).or_status()?;
         let applied = pending.await.or_status()?;

@@ -134,7 +134,7 @@ impl Lease for LeaseService {
 /// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
 async fn keep_alive(node: &Arc<Node>, id: i64) -> Result<i64, Status> {
     match node.forward.route(node)? {
-        Route::Here => node.blocking(move |e| e.lease_keep_alive(id)).await,
+        Route::Here => node.bounded(node.engine.lease_keep_alive_async(id)).await,
         Route::Leader(channel) => {
             let request = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
             let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
