@@ -9,9 +9,9 @@
 //! 4. put the new entries and HardState into the in-memory [`RaftLog`] (raft-rs reads them
 //!    back at once) and append them to the WAL without waiting, then
 //!    `advance_append_async`;
-//! 5. the persister thread waits for each append's fsync, in order, then sends that Ready's
-//!    persisted messages (votes, append responses) and reports the Ready persisted, which
-//!    this thread passes on with `on_persist_ready`.
+//! 5. once each append's fsync is done (the WAL's completion wakes this thread), in order,
+//!    send that Ready's persisted messages (votes, append responses) and pass the Ready on
+//!    with `on_persist_ready`.
 //!
 //! So the WAL's group commit batches the fsyncs of many Readies, and of many proposals per
 //! Ready, and the node thread never waits for the disk.
@@ -21,8 +21,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cairn_wal::{Durability, LogIndex, Record, Ticket, Wal};
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use std::collections::VecDeque;
+use std::future::{Future as _, IntoFuture as _};
+
+use cairn_wal::{Durability, LogIndex, Record, TicketFuture, Wal};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
@@ -157,10 +160,29 @@ pub(crate) enum Input {
     Stop,
 }
 
-/// What the persister reports back.
-enum Persisted {
-    Ready(u64),
-    Failed(Error),
+/// A Ready whose WAL append is not known durable yet.
+struct Persisting {
+    number: u64,
+    /// None: it appended nothing.
+    ticket: Option<TicketFuture>,
+    /// Sent once the append is durable.
+    messages: Vec<Message>,
+}
+
+/// Wakes the node thread when a WAL append it waits for completes: the WAL answers a
+/// [`Ticket`] on its own threads, and this waker turns the answer into a nudge on a channel the
+/// node thread selects on (one thread hand-off, where a thread waiting on each ticket made two).
+struct Nudge(Sender<()>);
+
+impl std::task::Wake for Nudge {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Full: a nudge is pending already.
+        let _ = self.0.try_send(());
+    }
 }
 
 /// What the apply thread is handed.
@@ -198,7 +220,7 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Starts the node thread (and its persister) over `log` and `wal`; committed entries go
+    /// Starts the node thread over `log` and `wal`; committed entries go
     /// to `apply`; a follower far behind is sent what `snapshots` writes.
     pub(crate) fn spawn(
         config: NodeConfig,
@@ -232,22 +254,17 @@ impl Node {
             raw.campaign().map_err(|e| Error::Internal(format!("campaign: {e}")))?;
         }
         let (tx, rx) = unbounded();
-        let (persist_tx, persist_rx) = unbounded::<(u64, Option<Ticket>, Vec<Message>)>();
-        let (persisted_tx, persisted_rx) = unbounded();
-        let persister = {
-            let transport = transport.clone();
-            std::thread::Builder::new()
-                .name("cairn-raft-persist".into())
-                .spawn(move || persist_loop(persist_rx, persisted_tx, transport))
-                .map_err(|e| Error::Internal(format!("spawn persister: {e}")))?
-        };
+        let (nudge_tx, nudges) = bounded(1);
         let node = NodeThread {
             raw,
             log,
             wal,
             transport,
             apply,
-            persist: persist_tx,
+            persisting: VecDeque::new(),
+            wal_failed: false,
+            waker: std::task::Waker::from(Arc::new(Nudge(nudge_tx.clone()))),
+            nudge: nudge_tx,
             reads: ReadRounds::default(),
             broken: None,
             status,
@@ -260,11 +277,11 @@ impl Node {
         };
         let thread = std::thread::Builder::new()
             .name("cairn-raft".into())
-            .spawn(move || node.run(rx, persisted_rx))
+            .spawn(move || node.run(rx, nudges))
             .map_err(|e| Error::Internal(format!("spawn raft thread: {e}")))?;
         Ok(Node {
             tx,
-            threads: vec![thread, persister],
+            threads: vec![thread],
         })
     }
 
@@ -274,26 +291,6 @@ impl Node {
         let _ = self.tx.send(Input::Stop);
         for t in self.threads {
             let _ = t.join();
-        }
-    }
-}
-
-/// Waits for each Ready's append, in order, then sends its persisted messages and reports it.
-fn persist_loop(
-    rx: Receiver<(u64, Option<Ticket>, Vec<Message>)>,
-    done: Sender<Persisted>,
-    transport: Arc<dyn Transport>,
-) {
-    for (number, ticket, messages) in rx {
-        if let Some(ticket) = ticket {
-            if let Err(e) = ticket.wait() {
-                let _ = done.send(Persisted::Failed(e.into()));
-                return;
-            }
-        }
-        send_all(&*transport, messages);
-        if done.send(Persisted::Ready(number)).is_err() {
-            return;
         }
     }
 }
@@ -379,7 +376,14 @@ struct NodeThread {
     wal: Arc<Wal>,
     transport: Arc<dyn Transport>,
     apply: Sender<ToApply>,
-    persist: Sender<(u64, Option<Ticket>, Vec<Message>)>,
+    /// Readies appended to the WAL and not known durable yet, in order.
+    persisting: VecDeque<Persisting>,
+    /// Set once an append failed: nothing after it is passed on.
+    wal_failed: bool,
+    /// Wakes this thread when the first of `persisting` completes.
+    waker: std::task::Waker,
+    /// Nudges this thread to go round again.
+    nudge: Sender<()>,
     reads: ReadRounds,
     /// Set when the WAL failed: nothing can be made durable any more.
     broken: Option<Error>,
@@ -400,7 +404,7 @@ struct NodeThread {
 }
 
 impl NodeThread {
-    fn run(mut self, rx: Receiver<Input>, persisted: Receiver<Persisted>) {
+    fn run(mut self, rx: Receiver<Input>, nudges: Receiver<()>) {
         let mut next_tick = Instant::now() + self.config.tick;
         // A group of one is leader already: start at once.
         if let Err(e) = self.on_ready() {
@@ -413,17 +417,7 @@ impl NodeThread {
                     Ok(Input::Stop) | Err(_) => break,
                     Ok(input) => self.handle(input),
                 },
-                recv(persisted) -> p => match p {
-                    Ok(Persisted::Ready(number)) => {
-                        self.raw.on_persist_ready(number);
-                        self.advance_applied();
-                    }
-                    Ok(Persisted::Failed(e)) => {
-                        tracing::error!(error = %e, "the WAL failed: this member stops accepting writes");
-                        self.broken = Some(e);
-                    }
-                    Err(_) => break,
-                },
+                recv(nudges) -> _ => {}
                 default(next_tick.saturating_duration_since(Instant::now())) => {
                     self.tick();
                     next_tick = Instant::now() + self.config.tick;
@@ -438,15 +432,7 @@ impl NodeThread {
                 }
                 self.handle(input);
             }
-            while let Ok(p) = persisted.try_recv() {
-                match p {
-                    Persisted::Ready(number) => {
-                        self.raw.on_persist_ready(number);
-                        self.advance_applied();
-                    }
-                    Persisted::Failed(e) => self.broken = Some(e),
-                }
-            }
+            self.on_persisted();
             if Instant::now() >= next_tick {
                 self.tick();
                 next_tick = Instant::now() + self.config.tick;
@@ -456,6 +442,10 @@ impl NodeThread {
                 tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
                 self.broken = Some(e);
             }
+            if self.on_persisted() {
+                // An append already durable: its Ready goes on at once, without waiting.
+                let _ = self.nudge.try_send(());
+            }
             if let Some((_, reply)) = self.staged.take() {
                 // Raft did not take it (stale, or no longer from the leader): the staged files go.
                 let _ = reply.send(Ok(false));
@@ -464,8 +454,38 @@ impl NodeThread {
                 break;
             }
         }
-        // Let the persister finish what it holds.
-        drop(self.persist);
+    }
+
+    /// Passes on, in order, every Ready whose append is durable: sends its persisted messages
+    /// and tells raft. Returns whether any went on. The first Ready still waiting registers
+    /// the waker, so its completion nudges this thread.
+    fn on_persisted(&mut self) -> bool {
+        let mut progressed = false;
+        let waker = self.waker.clone();
+        let mut cx = std::task::Context::from_waker(&waker);
+        while !self.wal_failed {
+            let Some(front) = self.persisting.front_mut() else {
+                break;
+            };
+            if let Some(ticket) = &mut front.ticket {
+                match std::pin::Pin::new(ticket).poll(&mut cx) {
+                    std::task::Poll::Pending => break,
+                    std::task::Poll::Ready(Ok(_)) => {}
+                    std::task::Poll::Ready(Err(e)) => {
+                        tracing::error!(error = %e, "the WAL failed: this member stops accepting writes");
+                        self.broken = Some(e.into());
+                        self.wal_failed = true;
+                        break;
+                    }
+                }
+            }
+            let Some(done) = self.persisting.pop_front() else { break };
+            send_all(&*self.transport, done.messages);
+            self.raw.on_persist_ready(done.number);
+            self.advance_applied();
+            progressed = true;
+        }
+        progressed
     }
 
     fn tick(&mut self) {
@@ -592,7 +612,7 @@ impl NodeThread {
                 meta.index
             )));
         };
-        let (done, answer) = crossbeam_channel::bounded(1);
+        let (done, answer) = bounded(1);
         self.apply
             .send(ToApply::Install { staged, reply: done })
             .map_err(|_| Error::Closed)?;
@@ -825,14 +845,19 @@ impl NodeThread {
         } else {
             Durability::Durable
         };
+        if self.wal_failed {
+            return Err(Error::Closed);
+        }
         let ticket = if records.is_empty() {
             None
         } else {
-            Some(self.wal.append(records, durability)?)
+            Some(self.wal.append(records, durability)?.into_future())
         };
-        self.persist
-            .send((number, ticket, persisted_messages))
-            .map_err(|_| Error::Closed)?;
+        self.persisting.push_back(Persisting {
+            number,
+            ticket,
+            messages: persisted_messages,
+        });
         if sole_voter {
             // The sole voter of a new group (or of one shrunk to it) elects itself, once the
             // change is applied (raft-rs refuses to campaign before).
