@@ -4,7 +4,7 @@
 //! thread beside it); and a snapshot from the leader installed in place of the state.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cairn_wal::Wal;
@@ -14,6 +14,7 @@ use raft::eraftpb::EntryType;
 
 use super::checkpointing::{write_and_release, Checkpointing, Encoded};
 use super::propose::{Answer, Waiters};
+use super::watch::Fed;
 use super::State;
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{Input, Status, ToApply};
@@ -175,6 +176,10 @@ fn apply(state: &mut State, request: &Request) -> Answer {
 pub(super) struct Applier {
     pub(super) state: Arc<RwLock<State>>,
     pub(super) hub: Arc<Mutex<WatchHub>>,
+    /// Where each new revision's events go, for the watch thread to hand out.
+    pub(super) feed: Sender<Fed>,
+    /// How many watchers there are (no events are built for none).
+    pub(super) watchers: Arc<AtomicUsize>,
     pub(super) wal: Arc<Wal>,
     pub(super) dir: PathBuf,
     pub(super) checkpoint_entries: u64,
@@ -232,6 +237,8 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
     let Applier {
         state,
         hub,
+        feed,
+        watchers,
         wal,
         dir,
         checkpoint_entries,
@@ -383,14 +390,15 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
             st.applied_index = entry.index;
             st.applied_term = entry.term;
             let after = st.store.current_revision();
-            if after > before {
-                // Still under the state lock, so a new watcher cannot miss this revision.
-                let mut hub = hub.lock();
-                if !hub.is_empty() {
-                    match st.store.events(after, after, &everything, 0) {
-                        Ok(events) => hub.notify(after, &events),
-                        Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
+            if after > before && watchers.load(Ordering::Relaxed) > 0 {
+                // Queued under the state lock, so in revision order, and a watcher created
+                // after this revision skips it. Never waits: a full queue drops the revision,
+                // and the watchers due it catch up from history (see `WatchHub::notify`).
+                match st.store.events(after, after, &everything, 0, true) {
+                    Ok(events) => {
+                        let _ = feed.try_send((after, events));
                     }
+                    Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
                 }
             }
             since_checkpoint += 1;

@@ -255,10 +255,13 @@ impl Engine {
             snapshots,
         )?;
         let defragmenting = Arc::new(Mutex::new(()));
+        let (feed, fed) = bounded(watch::FEED_DEPTH);
         let apply_thread = {
             let applier = Applier {
                 state: state.clone(),
                 hub: hub.clone(),
+                feed,
+                watchers: hub.lock().counter(),
                 wal: wal.clone(),
                 dir: dir.clone(),
                 checkpoint_entries: config.checkpoint_entries,
@@ -283,7 +286,7 @@ impl Engine {
             let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
             let thread = std::thread::Builder::new()
                 .name("cairn-watch".into())
-                .spawn(move || watch_loop(state, hub, stop_rx, every, progress_every))
+                .spawn(move || watch_loop(state, hub, fed, stop_rx, every, progress_every))
                 .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
             (stop_tx, thread)
         };

@@ -512,9 +512,17 @@ impl Store {
     }
 
     /// The events of revisions `from..=to` on keys of `range`, in revision order, whole
-    /// revisions only, stopping after the revision that reaches `limit` events (0: no limit).
-    /// `from` must not be below the compacted revision (the caller checks).
-    pub(crate) fn events(&self, from: i64, to: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>> {
+    /// revisions only, stopping after the revision that reaches `limit` events (0: no limit),
+    /// with each change's previous value if `with_prev`. `from` must not be below the
+    /// compacted revision (the caller checks).
+    pub(crate) fn events(
+        &self,
+        from: i64,
+        to: i64,
+        range: &KeyRange,
+        limit: usize,
+        with_prev: bool,
+    ) -> Result<Vec<Event>> {
         let mut out: Vec<Event> = Vec::new();
         let span = Revision::new(from, 0)..=Revision::new(to, i64::MAX);
         for (rev, loc) in self.log.changes.range(span) {
@@ -527,7 +535,9 @@ impl Store {
             }
             // Below the compacted revision the previous value is gone (or going).
             let prev_kv = match self.index.get(record.key, rev.main - 1) {
-                Some(found) if rev.main > self.compacted => Some(self.key_value(record.key, found, false)?),
+                Some(found) if with_prev && rev.main > self.compacted => {
+                    Some(self.key_value(record.key, found, false)?)
+                }
                 _ => None,
             };
             let key = Bytes::copy_from_slice(record.key);
@@ -961,8 +971,8 @@ mod tests {
                 assert_eq!(a.range(&[0], &[0], opts).unwrap(), b.range(&[0], &[0], opts).unwrap());
             }
             assert_eq!(
-                a.events(20, 31, &everything, 0).unwrap(),
-                b.events(20, 31, &everything, 0).unwrap()
+                a.events(20, 31, &everything, 0, true).unwrap(),
+                b.events(20, 31, &everything, 0, true).unwrap()
             );
         };
         let mut steps = 0;

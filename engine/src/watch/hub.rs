@@ -1,22 +1,27 @@
 //! The watch hub: every watcher, and how each is fed.
 //!
-//! A watcher is *synced* when it has seen everything up to the current revision: the apply
-//! thread hands it each new revision's events as they are applied, all of one revision in one
-//! response. A watcher whose buffer is full, or that starts in the past, is *unsynced*: it gets
-//! nothing live, and the catch-up pass (the watch thread, every `watch_sync_interval`) reads its
-//! next revisions from the store's history, a bounded batch at a time, until it is synced
-//! again. So a slow consumer never blocks writers and its memory is bounded by its buffer; if
+//! A watcher is *synced* when it has seen everything up to the newest revision handed to the
+//! hub: the apply thread queues each new revision's events for the watch thread (without
+//! waiting: a full queue drops the revision), which hands them to every synced watcher, all of
+//! one revision in one response. A watcher whose buffer is full, that starts in the past, or
+//! that was synced when a dropped revision was due, is *unsynced*: it gets nothing live, and the
+//! catch-up pass (the watch thread, every `watch_sync_interval`, or at once while it makes
+//! progress) reads the history every unsynced watcher needs once, a bounded batch at a time,
+//! and hands each its part, until it is synced again. So neither a slow consumer nor many
+//! watchers ever block writers, and a slow watcher's memory is bounded by its buffer; if
 //! history is compacted past where it stands, it is cancelled with the compact revision.
 //!
 //! Guarantees, per watcher: events in revision order, none twice, none missed, whole
 //! revisions per response.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
 use crate::mvcc::index::KeyRange;
-use crate::mvcc::store::{Event, EventKind, Store};
+use crate::mvcc::store::{Event, EventKind};
 
 /// What to watch (etcd's `WatchCreateRequest`, less the stream-level options).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -112,7 +117,7 @@ struct Watcher {
 
 /// Called after a response is queued for a watcher, so a consumer that serves many watchers
 /// (a gRPC stream) can wait for all of them at once instead of blocking on each.
-pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// Where a watcher's responses go.
 struct Outbox {
@@ -151,10 +156,11 @@ impl Watcher {
             && !(self.no_delete && e.kind == EventKind::Delete)
     }
 
+    /// The watcher's part of `events`: those it has not seen, in its range and filters.
     fn shape(&self, events: &[Event]) -> Vec<Event> {
         events
             .iter()
-            .filter(|e| self.wants(e))
+            .filter(|e| e.kv.mod_revision >= self.next_rev && self.wants(e))
             .map(|e| Event {
                 prev_kv: if self.prev_kv { e.prev_kv.clone() } else { None },
                 ..e.clone()
@@ -178,6 +184,20 @@ pub(crate) struct WatchHub {
     buffer: usize,
     /// Events read from history per catch-up step.
     batch: usize,
+    /// The newest revision handed to [`WatchHub::notify`] (0: none yet).
+    notified: i64,
+    /// How many watchers there are, readable without the hub's lock: the apply thread asks
+    /// whether to build a revision's events at all.
+    count: Arc<AtomicUsize>,
+}
+
+/// What history a catch-up pass reads: from the oldest revision a lagging watcher needs up
+/// to the current one, with previous values if one of them wants them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CatchUp {
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+    pub(crate) with_prev: bool,
 }
 
 impl WatchHub {
@@ -187,7 +207,23 @@ impl WatchHub {
             next_id: 1,
             buffer: buffer.max(1),
             batch: batch.max(1),
+            notified: 0,
+            count: Arc::default(),
         }
+    }
+
+    /// The number of watchers, kept up to date by the hub.
+    pub(crate) fn counter(&self) -> Arc<AtomicUsize> {
+        self.count.clone()
+    }
+
+    fn recount(&self) {
+        self.count.store(self.watchers.len(), Ordering::Relaxed);
+    }
+
+    /// Events read from history per catch-up step.
+    pub(crate) fn batch(&self) -> usize {
+        self.batch
     }
 
     /// Registers a watcher; call with the store locked so no revision slips between. A start
@@ -228,15 +264,27 @@ impl WatchHub {
                 out,
             },
         );
+        self.recount();
         (id, rx)
     }
 
     pub(crate) fn cancel(&mut self, id: u64) {
         self.watchers.remove(&id);
+        self.recount();
     }
 
-    /// Hands the events of newly applied revision `revision` to synced watchers.
+    /// Hands revision `revision`'s events to every synced watcher. Revisions come in order;
+    /// one that skips some (dropped on the way here) first unsyncs every synced watcher still
+    /// due one of them, to catch up from history.
     pub(crate) fn notify(&mut self, revision: i64, events: &[Event]) {
+        if revision > self.notified + 1 {
+            for w in self.watchers.values_mut() {
+                if w.synced && w.next_rev < revision {
+                    w.synced = false;
+                }
+            }
+        }
+        self.notified = self.notified.max(revision);
         self.watchers.retain(|_, w| {
             if !w.synced || w.next_rev > revision {
                 return true; // catching up, or starting later
@@ -260,42 +308,56 @@ impl WatchHub {
                 Sent::Gone => false,
             }
         });
+        self.recount();
     }
 
-    /// Moves every unsynced watcher forward by up to a batch of history.
-    pub(crate) fn catch_up(&mut self, store: &Store) {
-        let current = store.current_revision();
-        let compacted = store.compacted_revision();
-        let batch = self.batch;
+    /// A catch-up pass, first step (under the state lock, so `current` and `compacted` hold):
+    /// settles the lagging watchers that need no history (compacted past: cancelled once they
+    /// can take the news; nothing to read: synced), and says what history the others need.
+    pub(crate) fn lagging(&mut self, current: i64, compacted: i64) -> Option<CatchUp> {
         let mut gone = Vec::new();
+        let mut need: Option<CatchUp> = None;
         for (id, w) in self.watchers.iter_mut().filter(|(_, w)| !w.synced) {
             if w.next_rev < compacted {
-                // Cancelled once the consumer can take the news; until then it stays here.
                 let news = WatchResponse::Compacted {
                     compact_revision: compacted,
                 };
                 if !matches!(w.out.send(news), Sent::Full) {
                     gone.push(*id);
                 }
-                continue;
-            }
-            if w.next_rev > current {
+            } else if w.next_rev > current {
+                // Every revision it needs is yet to be applied, and will be handed to it.
                 w.synced = true;
-                continue;
+            } else {
+                let n = need.get_or_insert(CatchUp {
+                    from: w.next_rev,
+                    to: current,
+                    with_prev: false,
+                });
+                n.from = n.from.min(w.next_rev);
+                n.with_prev |= w.prev_kv;
             }
-            let events = match store.events(w.next_rev, current, &w.range, batch) {
-                Ok(events) => events,
-                Err(e) => {
-                    // One watcher's trouble must not stall the others.
-                    tracing::error!(error = %e, from = w.next_rev, "watch catch-up cannot read history");
-                    continue;
-                }
-            };
-            let last = events.last().map_or(current, |e| e.kv.mod_revision);
-            // If the batch stopped early, `last` is its final revision; else the watcher has
-            // seen everything up to `current`.
-            let seen = if events.len() >= batch { last } else { current };
-            let mine = w.shape(&events);
+        }
+        for id in gone {
+            self.watchers.remove(&id);
+        }
+        self.recount();
+        need
+    }
+
+    /// A catch-up pass, second step (under the hub's lock only): hands each lagging watcher
+    /// its part of `events`, the history read for `need` up to revision `seen` (whole
+    /// revisions). A watcher needing revisions before `need.from` waits for the next pass. One
+    /// whose consumer took its part is synced again if that was everything up to `need.to`
+    /// (the current revision when it was read), and no revision after `seen` was handed to the
+    /// synced watchers meanwhile (it missed those). Returns whether any moved forward.
+    pub(crate) fn deliver_history(&mut self, need: CatchUp, events: &[Event], seen: i64) -> bool {
+        let notified = self.notified;
+        let mut gone = Vec::new();
+        let mut moved = false;
+        let lagging = self.watchers.iter_mut().filter(|(_, w)| !w.synced);
+        for (id, w) in lagging.filter(|(_, w)| (need.from..=seen).contains(&w.next_rev)) {
+            let mine = w.shape(events);
             let has_events = !mine.is_empty();
             let delivered = mine.is_empty() || {
                 match w.out.send(WatchResponse::Events {
@@ -313,12 +375,20 @@ impl WatchHub {
             if delivered {
                 w.quiet &= !has_events;
                 w.next_rev = seen + 1;
-                w.synced = w.next_rev > current;
+                w.synced = seen >= need.to && seen >= notified;
+                moved = true;
             }
         }
         for id in gone {
             self.watchers.remove(&id);
         }
+        self.recount();
+        moved
+    }
+
+    /// Whether some watcher is lagging (catching up from history).
+    pub(crate) fn any_lagging(&self) -> bool {
+        self.watchers.values().any(|w| !w.synced)
     }
 
     /// Every watcher catches up from history again (the state was replaced by a snapshot:
@@ -352,8 +422,120 @@ impl WatchHub {
     pub(crate) fn len(&self) -> usize {
         self.watchers.len()
     }
+}
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.watchers.is_empty()
+#[cfg(test)]
+mod tests {
+    // Test code: a panic is a test failure, with the message to debug it.
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::mvcc::store::KeyValue;
+
+    fn put(revision: i64) -> Event {
+        Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: Bytes::from_static(b"k"),
+                create_revision: 2,
+                mod_revision: revision,
+                version: revision - 1,
+                value: Bytes::from(revision.to_string()),
+                lease: 0,
+            },
+            prev_kv: None,
+        }
+    }
+
+    fn watch_k(hub: &mut WatchHub, start: i64, current: i64) -> Receiver<WatchResponse> {
+        let request = WatchRequest {
+            key: b"k".to_vec(),
+            start_revision: start,
+            ..WatchRequest::default()
+        };
+        hub.watch(&request, current, 0, None).1
+    }
+
+    /// The revisions of every event queued for a watcher, and the revision of each response.
+    fn received(rx: &Receiver<WatchResponse>) -> (Vec<i64>, Vec<i64>) {
+        let (mut events, mut responses) = (Vec::new(), Vec::new());
+        while let Ok(r) = rx.try_recv() {
+            let WatchResponse::Events { events: e, revision } = r else {
+                panic!("{r:?}")
+            };
+            events.extend(e.iter().map(|e| e.kv.mod_revision));
+            responses.push(revision);
+        }
+        (events, responses)
+    }
+
+    #[test]
+    fn a_dropped_revision_sends_the_watchers_due_it_to_history() {
+        let mut hub = WatchHub::new(16, 100);
+        let rx = watch_k(&mut hub, 0, 10);
+        assert_eq!(hub.lagging(10, 0), None, "a new watcher is synced");
+        hub.notify(11, &[put(11)]);
+        assert_eq!(received(&rx), (vec![11], vec![11]));
+        // 12 never reached the hub (the apply thread's queue was full).
+        hub.notify(13, &[put(13)]);
+        assert_eq!(received(&rx), (vec![], vec![]), "13 is not sent before 12");
+        let need = hub.lagging(13, 0).expect("the watcher lags");
+        assert_eq!(
+            need,
+            CatchUp {
+                from: 12,
+                to: 13,
+                with_prev: false
+            }
+        );
+        assert!(hub.deliver_history(need, &[put(12), put(13)], 13));
+        assert_eq!(received(&rx), (vec![12, 13], vec![13]));
+        assert!(!hub.any_lagging());
+        hub.notify(14, &[put(14)]);
+        assert_eq!(received(&rx), (vec![14], vec![14]), "synced again");
+    }
+
+    #[test]
+    fn a_watcher_reading_history_is_not_synced_past_what_was_handed_out_meanwhile() {
+        let mut hub = WatchHub::new(16, 100);
+        let rx = watch_k(&mut hub, 5, 10);
+        let need = hub.lagging(10, 0).expect("it starts in the past");
+        assert_eq!(
+            need,
+            CatchUp {
+                from: 5,
+                to: 10,
+                with_prev: false
+            }
+        );
+        // Revision 11 is applied and handed out while history is read without the hub's lock.
+        hub.notify(11, &[put(11)]);
+        let history: Vec<Event> = (5..=10).map(put).collect();
+        assert!(hub.deliver_history(need, &history, 10));
+        assert_eq!(received(&rx), ((5..=10).collect(), vec![10]));
+        assert!(hub.any_lagging(), "it missed 11");
+        let need = hub.lagging(11, 0).expect("still lagging");
+        assert_eq!(need.from, 11);
+        assert!(hub.deliver_history(need, &[put(11)], 11));
+        hub.notify(12, &[put(12)]);
+        assert_eq!(received(&rx), (vec![11, 12], vec![11, 12]), "each once, in order");
+        assert!(!hub.any_lagging());
+    }
+
+    #[test]
+    fn a_short_batch_does_not_sync_a_watcher() {
+        let mut hub = WatchHub::new(16, 2);
+        let rx = watch_k(&mut hub, 1, 4);
+        let need = hub.lagging(4, 0).unwrap();
+        // The batch stopped at revision 2 of 4.
+        assert!(hub.deliver_history(need, &[put(1), put(2)], 2));
+        assert!(hub.any_lagging());
+        let need = hub.lagging(4, 0).unwrap();
+        assert_eq!(need.from, 3);
+        assert!(hub.deliver_history(need, &[put(3), put(4)], 4));
+        assert!(!hub.any_lagging());
+        assert_eq!(received(&rx), (vec![1, 2, 3, 4], vec![2, 4]));
     }
 }
