@@ -230,7 +230,11 @@ impl StreamState {
         let mut out = Vec::new();
         let mut cancelled = Vec::new();
         for (id, w) in &self.watchers {
+            let mut queued = Vec::new();
             while let Some(response) = w.watch.try_recv() {
+                queued.push(response);
+            }
+            for response in coalesce(queued) {
                 match response {
                     EngineResponse::Events { events, revision } => {
                         let header = Some(self.node.header(revision));
@@ -293,5 +297,106 @@ impl StreamState {
             }
         }
         true
+    }
+}
+
+/// Queued responses of one watcher from which its stream sends one response of events for a
+/// run of revisions instead of one per revision.
+const COALESCE_FROM: usize = 8;
+
+/// A watcher's queued responses, in order; when a stream has fallen this far behind (at least
+/// [`COALESCE_FROM`] in a row of events), each such run becomes one response carrying all its
+/// revisions' events, as a catch-up from history does. Fewer, larger messages are cheaper to
+/// encode and send; a stream that keeps up still gets one response per revision, as from etcd.
+fn coalesce(queued: Vec<EngineResponse>) -> Vec<EngineResponse> {
+    if queued.len() < COALESCE_FROM {
+        return queued;
+    }
+    let mut out: Vec<EngineResponse> = Vec::with_capacity(queued.len());
+    let mut run: Vec<EngineResponse> = Vec::new();
+    let flush = |run: &mut Vec<EngineResponse>, out: &mut Vec<EngineResponse>| {
+        if run.len() < COALESCE_FROM {
+            out.append(run);
+            return;
+        }
+        let mut all = Vec::new();
+        let mut last = 0;
+        for r in run.drain(..) {
+            if let EngineResponse::Events { events, revision } = r {
+                all.extend(events);
+                last = revision;
+            }
+        }
+        out.push(EngineResponse::Events {
+            events: all,
+            revision: last,
+        });
+    };
+    for r in queued {
+        if matches!(r, EngineResponse::Events { .. }) {
+            run.push(r);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(r);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    // Test code: a panic is a test failure, with the message to debug it.
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+    use cairn_engine::{Event, EventKind, KeyValue};
+
+    use super::*;
+
+    fn events_at(revision: i64) -> EngineResponse {
+        EngineResponse::Events {
+            events: vec![Event {
+                kind: EventKind::Put,
+                kv: KeyValue {
+                    key: bytes::Bytes::from_static(b"k"),
+                    create_revision: 2,
+                    mod_revision: revision,
+                    version: 1,
+                    value: bytes::Bytes::new(),
+                    lease: 0,
+                },
+                prev_kv: None,
+            }],
+            revision,
+        }
+    }
+
+    /// Each response as (the revisions of its events, its revision); a progress notice as
+    /// (nothing, its revision).
+    fn shape(responses: &[EngineResponse]) -> Vec<(Vec<i64>, i64)> {
+        responses
+            .iter()
+            .map(|r| match r {
+                EngineResponse::Events { events, revision } => {
+                    (events.iter().map(|e| e.kv.mod_revision).collect(), *revision)
+                }
+                EngineResponse::Progress { revision } => (vec![], *revision),
+                EngineResponse::Compacted { compact_revision } => (vec![], -compact_revision),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_behind_gets_runs_of_revisions_in_one_response_and_one_keeping_up_does_not() {
+        let few: Vec<EngineResponse> = (2..2 + COALESCE_FROM as i64 - 1).map(events_at).collect();
+        assert_eq!(shape(&coalesce(few.clone())), shape(&few), "kept as they were");
+        let mut many: Vec<EngineResponse> = (2..12).map(events_at).collect();
+        many.push(EngineResponse::Progress { revision: 11 });
+        many.extend((12..14).map(events_at));
+        assert_eq!(
+            shape(&coalesce(many)),
+            vec![((2..12).collect(), 11), (vec![], 11), (vec![12], 12), (vec![13], 13)],
+            "a long run merged, in order; a progress notice and a short run untouched"
+        );
     }
 }
