@@ -146,14 +146,9 @@ impl Engine {
     /// async code): bound it with your runtime's timeout, `Config::request_timeout` for the
     /// same behaviour as the blocking call.
     pub async fn read_barrier_async(&self) -> Result<()> {
-        let index = match self.inner.log.sole_voter_last_index(self.inner.config.member_id) {
-            Some(index) => index,
-            None => {
-                let (reply, answer) = oneshot::channel();
-                let tx = self.inner.node_tx()?;
-                tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
-                answer.await.map_err(|_| Error::Closed)??
-            }
+        let index = match self.inner.read_index()? {
+            ReadIndex::Known(index) => index,
+            ReadIndex::Round(answer) => answer.await.map_err(|_| Error::Closed)??,
         };
         match self.inner.applied.reached(index) {
             None => Ok(()),
@@ -168,27 +163,40 @@ impl Engine {
     }
 }
 
+/// The log index a read barrier waits for this member to apply.
+enum ReadIndex {
+    /// Known at once: everything the sole voter has logged.
+    Known(u64),
+    /// The answer of a ReadIndex round, still out.
+    Round(oneshot::Receiver<Result<u64>>),
+}
+
 impl Inner {
-    /// Waits until this member has applied everything committed when the read started
-    /// (ReadIndex, batched with other reads), so that a read after it is linearizable.
+    /// Where a read barrier stands: the sole voter needs no round (no other member can have
+    /// committed anything, so applying everything in its log makes a read linearizable);
+    /// any other member joins a ReadIndex round, batched with the other reads.
+    fn read_index(&self) -> Result<ReadIndex> {
+        if let Some(index) = self.log.sole_voter_last_index(self.config.member_id) {
+            return Ok(ReadIndex::Known(index));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.node_tx()?
+            .send(Input::ReadIndex { reply })
+            .map_err(|_| Error::Closed)?;
+        Ok(ReadIndex::Round(answer))
+    }
+
+    /// Waits until this member has applied everything committed when the read started, so
+    /// that a read after it is linearizable.
     pub(super) fn read_barrier(&self) -> Result<()> {
         let timeout = self.config.request_timeout;
-        // The sole voter needs no round: no other member can have committed anything, so
-        // waiting until everything in its log is applied makes the read linearizable.
-        if let Some(index) = self.log.sole_voter_last_index(self.config.member_id) {
-            return if self.applied.wait(index, timeout) {
-                Ok(())
-            } else {
-                Err(Error::Timeout)
-            };
-        }
-        let tx = self.node_tx()?;
-        let (reply, answer) = oneshot::channel();
-        tx.send(Input::ReadIndex { reply }).map_err(|_| Error::Closed)?;
-        let index = match answer.recv_timeout(timeout) {
-            Ok(index) => index?,
-            Err(oneshot::RecvTimeoutError::Timeout) => return Err(Error::Timeout),
-            Err(oneshot::RecvTimeoutError::Disconnected) => return Err(Error::Closed),
+        let index = match self.read_index()? {
+            ReadIndex::Known(index) => index,
+            ReadIndex::Round(answer) => match answer.recv_timeout(timeout) {
+                Ok(index) => index?,
+                Err(oneshot::RecvTimeoutError::Timeout) => return Err(Error::Timeout),
+                Err(oneshot::RecvTimeoutError::Disconnected) => return Err(Error::Closed),
+            },
         };
         if self.applied.wait(index, timeout) {
             Ok(())
