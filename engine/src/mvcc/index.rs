@@ -92,7 +92,8 @@ pub(crate) struct IndexRange {
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TreeIndex {
-    tree: BTreeMap<Vec<u8>, KeyIndex>,
+    /// Keys as boxed slices, not `Vec`s: 8 bytes less in every entry of every node.
+    tree: BTreeMap<Box<[u8]>, KeyIndex>,
     /// Keys that exist now. Invariant: the number of live entries of `tree`.
     live: usize,
 }
@@ -106,7 +107,7 @@ impl TreeIndex {
     ) -> Result<(), KeyIndexError> {
         let ki = match self.tree.get_mut(key) {
             Some(ki) => ki,
-            None => self.tree.entry(key.to_vec()).or_default(),
+            None => self.tree.entry(key.into()).or_default(),
         };
         let was_live = ki.is_live();
         let result = change(ki);
@@ -154,7 +155,7 @@ impl TreeIndex {
 
     /// The revision that last changed `key`, if it has any history.
     pub(crate) fn modified(&self, key: &[u8]) -> Option<Revision> {
-        self.tree.get(key).map(|ki| ki.modified)
+        self.tree.get(key).map(KeyIndex::modified)
     }
 
     /// Takes back the last change of `key` (see [`KeyIndex::undo`]); `previous` is what
@@ -164,7 +165,8 @@ impl TreeIndex {
             Some(previous) => {
                 if self.tree.contains_key(key) {
                     let _ = self.change(key, |ki| {
-                        ki.undo(rev, tombstone, previous);
+                        ki.undo(rev, tombstone);
+                        debug_assert_eq!(ki.modified(), previous);
                         Ok(())
                     });
                 }
@@ -193,7 +195,7 @@ impl TreeIndex {
                         break;
                     }
                 } else {
-                    out.keys.push((key.clone(), found));
+                    out.keys.push((key.to_vec(), found));
                 }
                 out.count += 1;
             }
@@ -206,7 +208,7 @@ impl TreeIndex {
         self.tree
             .range::<[u8], _>(range.bounds())
             .filter(|(_, ki)| ki.is_live())
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_vec())
             .collect()
     }
 
@@ -221,7 +223,7 @@ impl TreeIndex {
         let from = (Bound::Included(from), Bound::Unbounded);
         for (done, (key, ki)) in self.tree.range_mut::<[u8], _>(from).enumerate() {
             if done == limit {
-                next = Some(key.clone());
+                next = Some(key.to_vec());
                 break;
             }
             ki.compact(at, &mut dropped);

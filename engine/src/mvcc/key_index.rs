@@ -18,6 +18,8 @@
 //! tombstone is dropped too, with its generation: nothing can read it any more. Compacting the
 //! example at 4 leaves `[{5.0, 6.0}]`; at 2 it leaves `[{2.0, 3.0, 4.0(t)}, {5.0, 6.0}]`.
 
+use smallvec::{smallvec, SmallVec};
+
 use super::revision::Revision;
 
 /// One life of a key.
@@ -28,8 +30,9 @@ pub(crate) struct Generation {
     pub(crate) ver: i64,
     /// The revision that created the key in this generation.
     pub(crate) created: Revision,
-    /// Ascending; in a closed generation the last one is the tombstone.
-    pub(crate) revs: Vec<Revision>,
+    /// Ascending; in a closed generation the last one is the tombstone. Inline while there is
+    /// one (most keys, once compacted): a key then costs the index no allocation of its own.
+    pub(crate) revs: SmallVec<[Revision; 1]>,
 }
 
 impl Generation {
@@ -54,11 +57,12 @@ pub(crate) enum KeyIndexError {
 
 /// The revisions of one key. Invariant: `generations` is non-empty, only the last generation
 /// may be empty, and all revisions ascend across generations.
+///
+/// Memory matters here: the index holds every key, so a key that was never deleted (one
+/// generation, inline) with one revision lives entirely inside the tree's node, 56 bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KeyIndex {
-    /// The last revision that changed the key (a put or its tombstone).
-    pub(crate) modified: Revision,
-    pub(crate) generations: Vec<Generation>,
+    pub(crate) generations: SmallVec<[Generation; 1]>,
 }
 
 /// What a read of a key at a revision finds.
@@ -73,20 +77,27 @@ pub(crate) struct Found {
 impl Default for KeyIndex {
     fn default() -> Self {
         KeyIndex {
-            modified: Revision::default(),
-            generations: vec![Generation::default()],
+            generations: smallvec![Generation::default()],
         }
     }
 }
 
 impl KeyIndex {
+    /// The last revision that changed the key (a put or its tombstone); the default revision
+    /// for a key with no history. Compaction never drops it while the key has any history.
+    pub(crate) fn modified(&self) -> Revision {
+        self.generations
+            .iter()
+            .rev()
+            .find_map(|g| g.revs.last().copied())
+            .unwrap_or_default()
+    }
+
     /// Records a put at `rev`.
     pub(crate) fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
-        if rev <= self.modified {
-            return Err(KeyIndexError::NotAfterLast {
-                given: rev,
-                last: self.modified,
-            });
+        let last = self.modified();
+        if rev <= last {
+            return Err(KeyIndexError::NotAfterLast { given: rev, last });
         }
         if self.generations.is_empty() {
             self.generations.push(Generation::default());
@@ -98,7 +109,6 @@ impl KeyIndex {
             g.revs.push(rev);
             g.ver += 1;
         }
-        self.modified = rev;
         Ok(())
     }
 
@@ -112,9 +122,9 @@ impl KeyIndex {
         Ok(())
     }
 
-    /// Takes back the last change, made at `rev` (a put, or a delete when `tombstone`), which
-    /// followed `previous` (the key's `modified` before it). For abandoning a write request.
-    pub(crate) fn undo(&mut self, rev: Revision, tombstone: bool, previous: Revision) {
+    /// Takes back the last change, made at `rev` (a put, or a delete when `tombstone`). For
+    /// abandoning a write request.
+    pub(crate) fn undo(&mut self, rev: Revision, tombstone: bool) {
         if tombstone && self.generations.last().is_some_and(Generation::is_empty) {
             self.generations.pop();
         }
@@ -127,7 +137,6 @@ impl KeyIndex {
         if self.generations.is_empty() {
             self.generations.push(Generation::default());
         }
-        self.modified = previous;
     }
 
     /// Whether the key exists at the newest revision.

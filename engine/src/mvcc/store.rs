@@ -10,7 +10,6 @@
 //! and version, or a tombstone); the revision log says where each record still in history
 //! lives, and the key index which revision each key's value is at.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
 
@@ -19,6 +18,7 @@ use bytes::Bytes;
 use super::index::{KeyRange, TreeIndex};
 use super::key_index::{Found, KeyIndexError};
 use super::revision::Revision;
+use super::revision_log::RevisionLog;
 use crate::backend::record::{self, Record};
 use crate::backend::{Active, Backend, FileLen, FileMaker, Loc, Mark, Sealed};
 use crate::error::{Error, Result};
@@ -40,33 +40,9 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// Where every change still in history lives, by revision (what etcd keeps in its key
-/// bucket). Invariant: holds the record of every revision the index can still return.
-#[derive(Debug, Default)]
-struct RevisionLog {
-    changes: BTreeMap<Revision, Loc>,
-    /// Bytes the records take in the data files. Invariant: the sum of `len` over `changes`.
-    bytes: u64,
-}
-
 /// What a change of `key` with `value` takes in the backend (padding included).
 pub(crate) fn record_size(key: usize, value: usize) -> u64 {
     record::padded(record::HEADER_LEN + key + value) as u64
-}
-
-impl RevisionLog {
-    fn insert(&mut self, rev: Revision, loc: Loc) {
-        self.bytes += u64::from(loc.len);
-        if let Some(old) = self.changes.insert(rev, loc) {
-            self.bytes -= u64::from(old.len);
-        }
-    }
-
-    fn remove(&mut self, rev: &Revision) {
-        if let Some(old) = self.changes.remove(rev) {
-            self.bytes -= u64::from(old.len);
-        }
-    }
 }
 
 /// What happened to a key at a revision (etcd's `mvccpb.Event`).
@@ -334,7 +310,7 @@ impl Store {
 
     /// Bytes of history kept, in the backend's record format (what the quota limits).
     pub fn size_in_use(&self) -> u64 {
-        self.log.bytes
+        self.log.bytes()
     }
 
     /// Bytes the data files take, history no longer kept included (what defragmentation
@@ -370,10 +346,9 @@ impl Store {
     fn record(&self, rev: Revision) -> Result<Record<'_>> {
         let loc = self
             .log
-            .changes
             .get(&rev)
             .ok_or_else(|| Error::Internal(format!("no record stored for revision {rev}")))?;
-        self.backend.read(*loc)
+        self.backend.read(loc)
     }
 
     fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
@@ -524,13 +499,16 @@ impl Store {
         with_prev: bool,
     ) -> Result<Vec<Event>> {
         let mut out: Vec<Event> = Vec::new();
-        let span = Revision::new(from, 0)..=Revision::new(to, i64::MAX);
-        for (rev, loc) in self.log.changes.range(span) {
+        let span = (
+            Bound::Included(Revision::new(from, 0)),
+            Bound::Included(Revision::new(to, i64::MAX)),
+        );
+        for (rev, loc) in self.log.range(span.0, span.1) {
             if limit != 0 && out.len() >= limit && out.last().is_some_and(|e| e.kv.mod_revision != rev.main) {
                 break;
             }
-            let record = self.backend.read(*loc)?;
-            if !range.contains(record.key) || !self.visible(rev, record.key, self.compacted) {
+            let record = self.backend.read(loc)?;
+            if !range.contains(record.key) || !self.visible(&rev, record.key, self.compacted) {
                 continue;
             }
             // Below the compacted revision the previous value is gone (or going).
@@ -585,9 +563,12 @@ impl Store {
         }
         let at = self.read_revision(revision)?;
         let mut h = crc32fast::Hasher::new();
-        for (rev, loc) in self.log.changes.range(..=Revision::new(at, i64::MAX)) {
-            let record = self.backend.read(*loc)?;
-            if !self.visible(rev, record.key, self.compacted) {
+        for (rev, loc) in self
+            .log
+            .range(Bound::Unbounded, Bound::Included(Revision::new(at, i64::MAX)))
+        {
+            let record = self.backend.read(loc)?;
+            if !self.visible(&rev, record.key, self.compacted) {
                 continue;
             }
             h.update(&rev.encode());
@@ -643,13 +624,16 @@ impl Store {
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut out = Vec::new();
         let mut last = None;
-        let span = (from, Bound::Included(Revision::new(to, i64::MAX)));
-        for (rev, loc) in self.log.changes.range(span).take(limit) {
-            let record = self.backend.read(*loc)?;
-            if self.visible(rev, record.key, compacted) {
+        for (rev, loc) in self
+            .log
+            .range(from, Bound::Included(Revision::new(to, i64::MAX)))
+            .take(limit)
+        {
+            let record = self.backend.read(loc)?;
+            if self.visible(&rev, record.key, compacted) {
                 out.push(record.encode());
             }
-            last = Some(*rev);
+            last = Some(rev);
         }
         Ok((out, last))
     }
@@ -668,12 +652,7 @@ impl Store {
     /// The next `limit` records to copy, after revision `after`.
     pub(crate) fn defrag_chunk(&self, defrag: &Defrag, after: Option<Revision>, limit: usize) -> Vec<(Revision, Loc)> {
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.log
-            .changes
-            .range((from, Bound::Included(defrag.cut)))
-            .take(limit)
-            .map(|(r, l)| (*r, *l))
-            .collect()
+        self.log.range(from, Bound::Included(defrag.cut)).take(limit).collect()
     }
 
     /// Makes the copies in `files` readable (records may point into them from now on).
@@ -687,7 +666,7 @@ impl Store {
     /// skipped).
     pub(crate) fn defrag_migrate(&mut self, moved: &[(Revision, Loc)]) {
         for (rev, loc) in moved {
-            if let Some(at) = self.log.changes.get_mut(rev) {
+            if let Some(at) = self.log.get_mut(rev) {
                 *at = *loc;
             }
         }
@@ -700,7 +679,7 @@ impl Store {
         // Every record up to the cut was repointed: the revision log gains no revision at or
         // below it. Checked in debug builds only: it walks the whole log under the lock.
         #[cfg(debug_assertions)]
-        if let Some((rev, loc)) = self.log.changes.iter().find(|(_, l)| old.contains(&l.file)) {
+        if let Some((rev, loc)) = self.log.iter().find(|(_, l)| old.contains(&l.file)) {
             return Err(Error::Internal(format!(
                 "revision {rev} still in an old data file at {loc:?}"
             )));
@@ -743,7 +722,8 @@ impl Drop for WriteTxn<'_> {
         for (key, rev, tombstone, previous) in std::mem::take(&mut self.undo).into_iter().rev() {
             self.store.index.undo(&key, rev, tombstone, previous);
         }
-        for sub in 0..self.sub {
+        // Newest first: each is then the log's last entry, taken off its end.
+        for sub in (0..self.sub).rev() {
             self.store.log.remove(&Revision::new(self.main, sub));
         }
         self.store.backend.rollback(self.mark);
