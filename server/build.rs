@@ -1,5 +1,6 @@
 //! Generates the gRPC code from cairn's .proto files with a vendored protoc, so a fresh machine
-//! needs nothing installed.
+//! needs nothing installed; and the Watch service's server once more by hand, with a codec of
+//! cairn's own (`api/watch/wire.rs`), so events shared by many watchers are encoded once.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -14,6 +15,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ],
         &["proto"],
     )?;
+    // Same route as the generated one (/etcdserverpb.Watch/Watch); only its server is used.
+    let watch = tonic_build::manual::Service::builder()
+        .name("Watch")
+        .package("etcdserverpb")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("watch")
+                .route_name("Watch")
+                .input_type("crate::pb::etcdserverpb::WatchRequest")
+                .output_type("crate::api::watch::wire::WireResponse")
+                .codec_path("crate::api::watch::wire::WatchCodec")
+                .client_streaming()
+                .server_streaming()
+                .build(),
+        )
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[watch]);
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

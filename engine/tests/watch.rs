@@ -59,11 +59,11 @@ fn events(watch: &Watch, n: usize) -> Vec<Event> {
         match watch.recv_timeout(HANG).expect("a response") {
             WatchResponse::Events { events, revision } => {
                 let last_before = out.last().map_or(0, |e| e.kv.mod_revision);
-                for e in &events {
+                for e in events.iter() {
                     assert!(e.kv.mod_revision > last_before, "ordered and unique");
                     assert!(e.kv.mod_revision <= revision);
                 }
-                out.extend(events);
+                out.extend(events.iter().cloned());
             }
             other => panic!("unexpected {other:?}"),
         }

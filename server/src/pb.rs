@@ -25,6 +25,12 @@ pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
 
+/// The Watch service's server with cairn's own codec (see `api/watch/wire.rs`): what the
+/// server registers instead of [`etcdserverpb::watch_server`], on the same route.
+pub mod watch_wire {
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.Watch.rs"));
+}
+
 /// cairn's peer transport.
 pub mod peer {
     tonic::include_proto!("cairnpeer");

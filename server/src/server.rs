@@ -191,7 +191,7 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
     use pb::kv_server::KvServer;
     use pb::lease_server::LeaseServer;
     use pb::maintenance_server::MaintenanceServer;
-    use pb::watch_server::WatchServer;
+    use crate::pb::watch_wire::watch_server::WatchServer;
     let limit = node.limits.request.max_request_bytes.saturating_add(GRPC_OVERHEAD);
     let leader_check = {
         let node = node.clone();

@@ -13,6 +13,10 @@
 //!
 //! Guarantees, per watcher: events in revision order, none twice, none missed, whole
 //! revisions per response.
+//!
+//! Watchers that take the same events share one copy of them (an `Arc<[Event]>`): with a
+//! thousand watchers of one prefix, a revision's events are built once, not once per watcher,
+//! and a consumer can encode them once for all of them (`Arc::ptr_eq` tells it so).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,8 +56,9 @@ pub enum WatchResponse {
     /// revision the watcher has now seen.
     Events {
         /// The changes that match the watch's range and filters, in revision order, and in
-        /// change order within a revision; never empty.
-        events: Vec<Event>,
+        /// change order within a revision; never empty. Shared with every other watcher
+        /// handed the same events.
+        events: Arc<[Event]>,
         /// The newest revision seen, at or after the last event's: the watch resumes after it.
         revision: i64,
     },
@@ -156,16 +161,48 @@ impl Watcher {
             && !(self.no_delete && e.kind == EventKind::Delete)
     }
 
-    /// The watcher's part of `events`: those it has not seen, in its range and filters.
-    fn shape(&self, events: &[Event]) -> Vec<Event> {
-        events
-            .iter()
-            .filter(|e| e.kv.mod_revision >= self.next_rev && self.wants(e))
-            .map(|e| Event {
-                prev_kv: if self.prev_kv { e.prev_kv.clone() } else { None },
-                ..e.clone()
-            })
-            .collect()
+    /// Whether the watcher takes `e`: not seen yet, in its range and filters.
+    fn takes(&self, e: &Event) -> bool {
+        e.kv.mod_revision >= self.next_rev && self.wants(e)
+    }
+}
+
+/// The watchers' parts of one batch of events, built once for every watcher that takes the
+/// whole batch (the usual case: many watchers of one prefix), and for each other watcher
+/// apart.
+struct Shares<'a> {
+    events: &'a [Event],
+    /// The whole batch as it is (with previous values where the batch has them).
+    whole: Option<Arc<[Event]>>,
+    /// The whole batch without previous values.
+    whole_bare: Option<Arc<[Event]>>,
+}
+
+impl<'a> Shares<'a> {
+    fn new(events: &'a [Event]) -> Shares<'a> {
+        Shares {
+            events,
+            whole: None,
+            whole_bare: None,
+        }
+    }
+
+    /// Watcher `w`'s part (empty if it takes nothing).
+    fn part(&mut self, w: &Watcher) -> Arc<[Event]> {
+        let bare = |e: &Event| Event {
+            prev_kv: None,
+            ..e.clone()
+        };
+        if !self.events.iter().all(|e| w.takes(e)) {
+            let mine = self.events.iter().filter(|e| w.takes(e));
+            return if w.prev_kv { mine.cloned().collect() } else { mine.map(bare).collect() };
+        }
+        let events = self.events;
+        if w.prev_kv || events.iter().all(|e| e.prev_kv.is_none()) {
+            self.whole.get_or_insert_with(|| events.into()).clone()
+        } else {
+            self.whole_bare.get_or_insert_with(|| events.iter().map(bare).collect()).clone()
+        }
     }
 }
 
@@ -285,11 +322,12 @@ impl WatchHub {
             }
         }
         self.notified = self.notified.max(revision);
+        let mut shares = Shares::new(events);
         self.watchers.retain(|_, w| {
             if !w.synced || w.next_rev > revision {
                 return true; // catching up, or starting later
             }
-            let mine = w.shape(events);
+            let mine = shares.part(w);
             if mine.is_empty() {
                 w.next_rev = revision + 1;
                 return true;
@@ -355,9 +393,10 @@ impl WatchHub {
         let notified = self.notified;
         let mut gone = Vec::new();
         let mut moved = false;
+        let mut shares = Shares::new(events);
         let lagging = self.watchers.iter_mut().filter(|(_, w)| !w.synced);
         for (id, w) in lagging.filter(|(_, w)| (need.from..=seen).contains(&w.next_rev)) {
-            let mine = w.shape(events);
+            let mine = shares.part(w);
             let has_events = !mine.is_empty();
             let delivered = mine.is_empty() || {
                 match w.out.send(WatchResponse::Events {
@@ -537,5 +576,39 @@ mod tests {
         assert!(hub.deliver_history(need, &[put(3), put(4)], 4));
         assert!(!hub.any_lagging());
         assert_eq!(received(&rx), (vec![1, 2, 3, 4], vec![2, 4]));
+    }
+
+    #[test]
+    fn watchers_taking_the_same_events_share_one_copy() {
+        // Two plain watchers and one with prev_kv on "k"; a put of "k" with its previous value.
+        let mut hub = WatchHub::new(16, 100);
+        let request = |prev_kv| WatchRequest {
+            key: b"k".to_vec(),
+            prev_kv,
+            ..WatchRequest::default()
+        };
+        let plain: Vec<_> = (0..2).map(|_| hub.watch(&request(false), 1, 0, None).1).collect();
+        let with_prev = hub.watch(&request(true), 1, 0, None).1;
+        let other = hub.watch(
+            &WatchRequest {
+                key: b"x".to_vec(),
+                ..WatchRequest::default()
+            },
+            1,
+            0,
+            None,
+        );
+        let mut event = put(2);
+        event.prev_kv = Some(put(1).kv);
+        hub.notify(2, &[event]);
+        let got = |rx: &Receiver<WatchResponse>| match rx.try_recv() {
+            Ok(WatchResponse::Events { events, .. }) => events,
+            other => panic!("{other:?}"),
+        };
+        let (a, b, p) = (got(&plain[0]), got(&plain[1]), got(&with_prev));
+        assert!(Arc::ptr_eq(&a, &b), "the plain watchers share their events");
+        assert!(a[0].prev_kv.is_none(), "without the previous value they did not ask for");
+        assert_eq!(p[0].prev_kv.as_ref().map(|kv| kv.mod_revision), Some(1));
+        assert!(other.1.try_recv().is_err(), "a watcher of another key gets nothing");
     }
 }

@@ -4,7 +4,10 @@
 //! either the client's next request or a wake-up from the engine (a watcher has responses
 //! queued); then it drains every watcher's queue into the stream. A client slower than the
 //! writes fills its watchers' bounded queues in the engine, which then stop being fed and
-//! catch up from history later: writers never wait for a watcher.
+//! catch up from history later: writers never wait for a watcher. Events go out in their
+//! [`wire`] form: encoded once per drain for all the stream's watchers that share them.
+
+pub mod wire;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -18,7 +21,8 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::convert;
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
-use crate::pb::etcdserverpb::watch_server::Watch as WatchApi;
+use crate::pb::watch_wire::watch_server::Watch as WatchApi;
+use wire::{Encoded, WireResponse};
 
 /// The reason a watch on an empty range is refused (etcd's text).
 const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
@@ -45,7 +49,7 @@ impl WatchService {
     }
 }
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WireResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl WatchApi for WatchService {
@@ -78,7 +82,7 @@ struct Watcher {
 /// One client stream.
 struct StreamState {
     node: Arc<Node>,
-    tx: tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    tx: tokio::sync::mpsc::Sender<Result<WireResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
     /// The next watch ID the server picks (etcd starts at 0).
     next_id: i64,
@@ -113,6 +117,10 @@ impl StreamState {
     }
 
     async fn send(&self, response: pb::WatchResponse) -> bool {
+        self.send_wire(WireResponse::Message(response)).await
+    }
+
+    async fn send_wire(&self, response: WireResponse) -> bool {
         self.tx.send(Ok(response)).await.is_ok()
     }
 
@@ -229,58 +237,57 @@ impl StreamState {
     async fn drain(&mut self) -> bool {
         let mut out = Vec::new();
         let mut cancelled = Vec::new();
+        let mut encoded = Encoded::default();
         for (id, w) in &self.watchers {
             let mut queued = Vec::new();
             while let Some(response) = w.watch.try_recv() {
-                queued.push(response);
-            }
-            for response in coalesce(queued) {
                 match response {
-                    EngineResponse::Events { events, revision } => {
+                    EngineResponse::Events { events, revision } if w.fragment => {
                         let header = Some(self.node.header(revision));
-                        let events: Vec<_> = events.into_iter().collect();
-                        let parts = if w.fragment {
-                            cairn_engine::fragment_events(events, FRAGMENT_BYTES)
-                        } else {
-                            vec![events]
-                        };
+                        let parts = cairn_engine::fragment_events(events.to_vec(), FRAGMENT_BYTES);
                         let count = parts.len();
                         for (i, part) in parts.into_iter().enumerate() {
-                            out.push(pb::WatchResponse {
+                            queued.push(WireResponse::Message(pb::WatchResponse {
                                 header,
                                 watch_id: *id,
                                 fragment: i + 1 < count,
                                 events: part.into_iter().map(convert::event).collect(),
                                 ..pb::WatchResponse::default()
-                            });
+                            }));
                         }
                     }
-                    EngineResponse::Progress { revision } => out.push(pb::WatchResponse {
+                    EngineResponse::Events { events, revision } => queued.push(WireResponse::Events {
+                        header: self.node.header(revision),
+                        watch_id: *id,
+                        events: vec![encoded.of(&events)],
+                    }),
+                    EngineResponse::Progress { revision } => queued.push(WireResponse::Message(pb::WatchResponse {
                         header: Some(self.node.header(revision)),
                         watch_id: *id,
                         ..pb::WatchResponse::default()
-                    }),
+                    })),
                     EngineResponse::Compacted { compact_revision } => {
                         // As etcd: no revision in the header and no reason (clients read the
                         // compact revision).
-                        out.push(pb::WatchResponse {
+                        queued.push(WireResponse::Message(pb::WatchResponse {
                             header: Some(self.node.header(0)),
                             watch_id: *id,
                             canceled: true,
                             compact_revision,
                             ..pb::WatchResponse::default()
-                        });
+                        }));
                         cancelled.push(*id);
                         break;
                     }
                 }
             }
+            out.extend(coalesce(queued));
         }
         for id in cancelled {
             self.watchers.remove(&id);
         }
         for response in out {
-            if !self.send(response).await {
+            if !self.send_wire(response).await {
                 return false;
             }
         }
@@ -306,34 +313,41 @@ const COALESCE_FROM: usize = 8;
 
 /// A watcher's queued responses, in order; when a stream has fallen this far behind (at least
 /// [`COALESCE_FROM`] in a row of events), each such run becomes one response carrying all its
-/// revisions' events, as a catch-up from history does. Fewer, larger messages are cheaper to
-/// encode and send; a stream that keeps up still gets one response per revision, as from etcd.
-fn coalesce(queued: Vec<EngineResponse>) -> Vec<EngineResponse> {
+/// revisions' events (with the last one's header), as a catch-up from history does. Fewer,
+/// larger messages are cheaper to send; a stream that keeps up still gets one response per
+/// revision, as from etcd. Fragmented responses are never merged.
+fn coalesce(queued: Vec<WireResponse>) -> Vec<WireResponse> {
     if queued.len() < COALESCE_FROM {
         return queued;
     }
-    let mut out: Vec<EngineResponse> = Vec::with_capacity(queued.len());
-    let mut run: Vec<EngineResponse> = Vec::new();
-    let flush = |run: &mut Vec<EngineResponse>, out: &mut Vec<EngineResponse>| {
+    let mut out: Vec<WireResponse> = Vec::with_capacity(queued.len());
+    let mut run: Vec<WireResponse> = Vec::new();
+    let flush = |run: &mut Vec<WireResponse>, out: &mut Vec<WireResponse>| {
         if run.len() < COALESCE_FROM {
             out.append(run);
             return;
         }
-        let mut all = Vec::new();
-        let mut last = 0;
+        let mut merged: Option<WireResponse> = None;
         for r in run.drain(..) {
-            if let EngineResponse::Events { events, revision } = r {
-                all.extend(events);
-                last = revision;
+            match (&mut merged, r) {
+                (
+                    Some(WireResponse::Events { header, events, .. }),
+                    WireResponse::Events {
+                        header: newer,
+                        events: more,
+                        ..
+                    },
+                ) => {
+                    *header = newer;
+                    events.extend(more);
+                }
+                (merged, r) => *merged = Some(r),
             }
         }
-        out.push(EngineResponse::Events {
-            events: all,
-            revision: last,
-        });
+        out.extend(merged);
     };
     for r in queued {
-        if matches!(r, EngineResponse::Events { .. }) {
+        if matches!(r, WireResponse::Events { .. }) {
             run.push(r);
         } else {
             flush(&mut run, &mut out);
@@ -350,48 +364,64 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
     use cairn_engine::{Event, EventKind, KeyValue};
+    use prost::Message;
 
     use super::*;
 
-    fn events_at(revision: i64) -> EngineResponse {
-        EngineResponse::Events {
-            events: vec![Event {
-                kind: EventKind::Put,
-                kv: KeyValue {
-                    key: bytes::Bytes::from_static(b"k"),
-                    create_revision: 2,
-                    mod_revision: revision,
-                    version: 1,
-                    value: bytes::Bytes::new(),
-                    lease: 0,
-                },
-                prev_kv: None,
-            }],
+    fn header(revision: i64) -> pb::ResponseHeader {
+        pb::ResponseHeader {
             revision,
+            ..pb::ResponseHeader::default()
         }
     }
 
-    /// Each response as (the revisions of its events, its revision); a progress notice as
-    /// (nothing, its revision).
-    fn shape(responses: &[EngineResponse]) -> Vec<(Vec<i64>, i64)> {
+    fn events_at(revision: i64) -> WireResponse {
+        let event = Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: bytes::Bytes::from_static(b"k"),
+                create_revision: 2,
+                mod_revision: revision,
+                version: 1,
+                value: bytes::Bytes::new(),
+                lease: 0,
+            },
+            prev_kv: None,
+        };
+        WireResponse::Events {
+            header: header(revision),
+            watch_id: 1,
+            events: vec![wire::encode_events(&[event])],
+        }
+    }
+
+    fn progress(revision: i64) -> WireResponse {
+        WireResponse::Message(pb::WatchResponse {
+            header: Some(header(revision)),
+            watch_id: 1,
+            ..pb::WatchResponse::default()
+        })
+    }
+
+    /// Each response as a client decodes it: (the revisions of its events, its header's
+    /// revision).
+    fn shape(responses: &[WireResponse]) -> Vec<(Vec<i64>, i64)> {
         responses
             .iter()
-            .map(|r| match r {
-                EngineResponse::Events { events, revision } => {
-                    (events.iter().map(|e| e.kv.mod_revision).collect(), *revision)
-                }
-                EngineResponse::Progress { revision } => (vec![], *revision),
-                EngineResponse::Compacted { compact_revision } => (vec![], -compact_revision),
+            .map(|r| {
+                let decoded = pb::WatchResponse::decode(r.encode_to_vec().as_slice()).unwrap();
+                let revisions = decoded.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision);
+                (revisions.collect(), decoded.header.unwrap().revision)
             })
             .collect()
     }
 
     #[test]
     fn a_stream_behind_gets_runs_of_revisions_in_one_response_and_one_keeping_up_does_not() {
-        let few: Vec<EngineResponse> = (2..2 + COALESCE_FROM as i64 - 1).map(events_at).collect();
+        let few: Vec<WireResponse> = (2..2 + COALESCE_FROM as i64 - 1).map(events_at).collect();
         assert_eq!(shape(&coalesce(few.clone())), shape(&few), "kept as they were");
-        let mut many: Vec<EngineResponse> = (2..12).map(events_at).collect();
-        many.push(EngineResponse::Progress { revision: 11 });
+        let mut many: Vec<WireResponse> = (2..12).map(events_at).collect();
+        many.push(progress(11));
         many.extend((12..14).map(events_at));
         assert_eq!(
             shape(&coalesce(many)),
