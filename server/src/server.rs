@@ -186,12 +186,12 @@ async fn bind(url: &str) -> Result<tokio::net::TcpListener, ServeError> {
 
 /// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints, as one router.
 fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum::Router {
+    use crate::pb::watch_wire::watch_server::WatchServer;
     use pb::auth_server::AuthServer;
     use pb::cluster_server::ClusterServer;
     use pb::kv_server::KvServer;
     use pb::lease_server::LeaseServer;
     use pb::maintenance_server::MaintenanceServer;
-    use crate::pb::watch_wire::watch_server::WatchServer;
     let limit = node.limits.request.max_request_bytes.saturating_add(GRPC_OVERHEAD);
     let leader_check = {
         let node = node.clone();

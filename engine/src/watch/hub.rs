@@ -195,13 +195,19 @@ impl<'a> Shares<'a> {
         };
         if !self.events.iter().all(|e| w.takes(e)) {
             let mine = self.events.iter().filter(|e| w.takes(e));
-            return if w.prev_kv { mine.cloned().collect() } else { mine.map(bare).collect() };
+            return if w.prev_kv {
+                mine.cloned().collect()
+            } else {
+                mine.map(bare).collect()
+            };
         }
         let events = self.events;
         if w.prev_kv || events.iter().all(|e| e.prev_kv.is_none()) {
             self.whole.get_or_insert_with(|| events.into()).clone()
         } else {
-            self.whole_bare.get_or_insert_with(|| events.iter().map(bare).collect()).clone()
+            self.whole_bare
+                .get_or_insert_with(|| events.iter().map(bare).collect())
+                .clone()
         }
     }
 }
@@ -607,7 +613,10 @@ mod tests {
         };
         let (a, b, p) = (got(&plain[0]), got(&plain[1]), got(&with_prev));
         assert!(Arc::ptr_eq(&a, &b), "the plain watchers share their events");
-        assert!(a[0].prev_kv.is_none(), "without the previous value they did not ask for");
+        assert!(
+            a[0].prev_kv.is_none(),
+            "without the previous value they did not ask for"
+        );
         assert_eq!(p[0].prev_kv.as_ref().map(|kv| kv.mod_revision), Some(1));
         assert!(other.1.try_recv().is_err(), "a watcher of another key gets nothing");
     }

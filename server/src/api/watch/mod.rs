@@ -58,7 +58,10 @@ impl WatchApi for WatchService {
     async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
         let requests = request.into_inner();
         let node = self.node.clone();
-        let stream = super::async_stream(move |tx| async move {
+        // Responses go to the transport a drain at a time: one hand-off per batch, not per
+        // response. Two batches in flight bound what a slow client makes the stream hold.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
             let mut s = StreamState {
                 node,
                 tx,
@@ -69,7 +72,34 @@ impl WatchApi for WatchService {
             };
             s.run(requests).await;
         });
+        let stream: WatchStream = Box::pin(Batches {
+            rx,
+            pending: Vec::new().into_iter(),
+        });
         Ok(Response::new(stream))
+    }
+}
+
+/// The response stream: the batches a stream's task sends, a response at a time.
+struct Batches {
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<WireResponse>, Status>>,
+    pending: std::vec::IntoIter<WireResponse>,
+}
+
+impl Stream for Batches {
+    type Item = Result<WireResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        loop {
+            if let Some(response) = self.pending.next() {
+                return std::task::Poll::Ready(Some(Ok(response)));
+            }
+            match std::task::ready!(self.rx.poll_recv(cx)) {
+                Some(Ok(batch)) => self.pending = batch.into_iter(),
+                Some(Err(status)) => return std::task::Poll::Ready(Some(Err(status))),
+                None => return std::task::Poll::Ready(None),
+            }
+        }
     }
 }
 
@@ -82,7 +112,7 @@ struct Watcher {
 /// One client stream.
 struct StreamState {
     node: Arc<Node>,
-    tx: tokio::sync::mpsc::Sender<Result<WireResponse, Status>>,
+    tx: tokio::sync::mpsc::Sender<Result<Vec<WireResponse>, Status>>,
     watchers: BTreeMap<i64, Watcher>,
     /// The next watch ID the server picks (etcd starts at 0).
     next_id: i64,
@@ -121,7 +151,11 @@ impl StreamState {
     }
 
     async fn send_wire(&self, response: WireResponse) -> bool {
-        self.tx.send(Ok(response)).await.is_ok()
+        self.send_batch(vec![response]).await
+    }
+
+    async fn send_batch(&self, responses: Vec<WireResponse>) -> bool {
+        self.tx.send(Ok(responses)).await.is_ok()
     }
 
     fn header(&self, revision: i64) -> Option<pb::ResponseHeader> {
@@ -259,7 +293,7 @@ impl StreamState {
                     EngineResponse::Events { events, revision } => queued.push(WireResponse::Events {
                         header: self.node.header(revision),
                         watch_id: *id,
-                        events: vec![encoded.of(&events)],
+                        events: smallvec::smallvec![encoded.of(&events)],
                     }),
                     EngineResponse::Progress { revision } => queued.push(WireResponse::Message(pb::WatchResponse {
                         header: Some(self.node.header(revision)),
@@ -286,10 +320,8 @@ impl StreamState {
         for id in cancelled {
             self.watchers.remove(&id);
         }
-        for response in out {
-            if !self.send_wire(response).await {
-                return false;
-            }
+        if !out.is_empty() && !self.send_batch(out).await {
+            return false;
         }
         if self.progress_wanted {
             let watches: Vec<&Watch> = self.watchers.values().map(|w| &w.watch).collect();
@@ -391,7 +423,7 @@ mod tests {
         WireResponse::Events {
             header: header(revision),
             watch_id: 1,
-            events: vec![wire::encode_events(&[event])],
+            events: smallvec::smallvec![wire::encode_events(&[event])],
         }
     }
 

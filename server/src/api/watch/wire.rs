@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
+use smallvec::SmallVec;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 
@@ -34,8 +35,8 @@ pub enum WireResponse {
     Events {
         header: pb::ResponseHeader,
         watch_id: i64,
-        /// Each an encoded run of `events` fields, in order.
-        events: Vec<Bytes>,
+        /// Each an encoded run of `events` fields, in order (one, unless runs were merged).
+        events: SmallVec<[Bytes; 1]>,
     },
 }
 
@@ -83,16 +84,25 @@ pub fn encode_events(events: &[cairn_engine::Event]) -> Bytes {
 #[derive(Debug, Default)]
 pub struct Encoded {
     batches: HashMap<usize, (Arc<[cairn_engine::Event]>, Bytes)>,
+    /// The batch asked for last, looked at before the map: watchers of one drain mostly ask
+    /// for the same batch in a row.
+    last: Option<(usize, Bytes)>,
 }
 
 impl Encoded {
     /// The encoded form of `events`, encoding it on first sight.
     pub fn of(&mut self, events: &Arc<[cairn_engine::Event]>) -> Bytes {
         let key = events.as_ptr() as usize;
+        if let Some((last, bytes)) = &self.last {
+            if *last == key {
+                return bytes.clone();
+            }
+        }
         let (_, bytes) = self
             .batches
             .entry(key)
             .or_insert_with(|| (Arc::clone(events), encode_events(events)));
+        self.last = Some((key, bytes.clone()));
         bytes.clone()
     }
 }
@@ -149,7 +159,11 @@ mod tests {
             lease: 5,
         };
         Event {
-            kind: if revision % 2 == 0 { EventKind::Put } else { EventKind::Delete },
+            kind: if revision % 2 == 0 {
+                EventKind::Put
+            } else {
+                EventKind::Delete
+            },
             kv: kv(revision),
             prev_kv: prev.then(|| kv(revision - 1)),
         }
