@@ -255,7 +255,8 @@ impl RevisionLog {
             })
     }
 
-    /// Every live entry, in revision order.
+    /// Every live entry, in revision order (for consistency checks).
+    #[cfg(any(debug_assertions, test))]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Revision, Loc)> + '_ {
         self.range(Bound::Unbounded, Bound::Unbounded)
     }
