@@ -187,28 +187,33 @@ impl<'a> Shares<'a> {
         }
     }
 
-    /// Watcher `w`'s part (empty if it takes nothing).
-    fn part(&mut self, w: &Watcher) -> Arc<[Event]> {
+    /// Watcher `w`'s part; `None` (and nothing allocated) if it takes nothing, as most
+    /// watchers of other keys do.
+    fn part(&mut self, w: &Watcher) -> Option<Arc<[Event]>> {
         let bare = |e: &Event| Event {
             prev_kv: None,
             ..e.clone()
         };
-        if !self.events.iter().all(|e| w.takes(e)) {
+        let taken = self.events.iter().filter(|e| w.takes(e)).count();
+        if taken == 0 {
+            return None;
+        }
+        if taken < self.events.len() {
             let mine = self.events.iter().filter(|e| w.takes(e));
-            return if w.prev_kv {
+            return Some(if w.prev_kv {
                 mine.cloned().collect()
             } else {
                 mine.map(bare).collect()
-            };
+            });
         }
         let events = self.events;
-        if w.prev_kv || events.iter().all(|e| e.prev_kv.is_none()) {
+        Some(if w.prev_kv || events.iter().all(|e| e.prev_kv.is_none()) {
             self.whole.get_or_insert_with(|| events.into()).clone()
         } else {
             self.whole_bare
                 .get_or_insert_with(|| events.iter().map(bare).collect())
                 .clone()
-        }
+        })
     }
 }
 
@@ -333,11 +338,10 @@ impl WatchHub {
             if !w.synced || w.next_rev > revision {
                 return true; // catching up, or starting later
             }
-            let mine = shares.part(w);
-            if mine.is_empty() {
+            let Some(mine) = shares.part(w) else {
                 w.next_rev = revision + 1;
                 return true;
-            }
+            };
             match w.out.send(WatchResponse::Events { events: mine, revision }) {
                 Sent::Delivered => {
                     w.next_rev = revision + 1;
@@ -403,9 +407,10 @@ impl WatchHub {
         let lagging = self.watchers.iter_mut().filter(|(_, w)| !w.synced);
         for (id, w) in lagging.filter(|(_, w)| (need.from..=seen).contains(&w.next_rev)) {
             let mine = shares.part(w);
-            let has_events = !mine.is_empty();
-            let delivered = mine.is_empty() || {
-                match w.out.send(WatchResponse::Events {
+            let has_events = mine.is_some();
+            let delivered = match mine {
+                None => true,
+                Some(mine) => match w.out.send(WatchResponse::Events {
                     events: mine,
                     revision: seen,
                 }) {
@@ -415,7 +420,7 @@ impl WatchHub {
                         gone.push(*id);
                         false
                     }
-                }
+                },
             };
             if delivered {
                 w.quiet &= !has_events;
