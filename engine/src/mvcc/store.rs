@@ -157,7 +157,7 @@ impl Default for Store {
 const IN_MEMORY_FILE_SIZE: usize = 1 << 20;
 
 /// A defragmentation syncs its copies every this many bytes.
-const DEFRAG_SYNC_BYTES: u64 = 1 << 20;
+const DEFRAG_SYNC_BYTES: u64 = 512 << 10;
 
 /// Records and their new places.
 pub(crate) type Moved = Vec<(Revision, Loc)>;
