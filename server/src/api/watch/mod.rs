@@ -339,54 +339,63 @@ impl StreamState {
     }
 }
 
-/// Queued responses of one watcher from which its stream sends one response of events for a
-/// run of revisions instead of one per revision.
-const COALESCE_FROM: usize = 8;
+/// The most bytes of events [`coalesce`] puts in one response (a run longer than this goes out
+/// as several).
+const COALESCE_BYTES: usize = FRAGMENT_BYTES;
 
-/// A watcher's queued responses, in order; when a stream has fallen this far behind (at least
-/// [`COALESCE_FROM`] in a row of events), each such run becomes one response carrying all its
-/// revisions' events (with the last one's header), as a catch-up from history does. Fewer,
-/// larger messages are cheaper to send; a stream that keeps up still gets one response per
-/// revision, as from etcd. Fragmented responses are never merged.
+/// A watcher's queued responses, in order; each run of two or more responses of events becomes
+/// one response carrying all its revisions' events (with the last one's header), as a catch-up
+/// from history does, up to [`COALESCE_BYTES`] each. A run forms only when the stream fell
+/// behind its watchers (the revisions came faster than it sent them), so merging delays
+/// nothing, and fewer, larger messages are cheaper to send and to decode; a stream that keeps
+/// up sends one response per revision, as etcd's. Progress notices, cancellations and
+/// fragmented responses are never merged.
 fn coalesce(queued: Vec<WireResponse>) -> Vec<WireResponse> {
-    if queued.len() < COALESCE_FROM {
+    if queued.len() < 2 {
         return queued;
     }
     let mut out: Vec<WireResponse> = Vec::with_capacity(queued.len());
-    let mut run: Vec<WireResponse> = Vec::new();
-    let flush = |run: &mut Vec<WireResponse>, out: &mut Vec<WireResponse>| {
-        if run.len() < COALESCE_FROM {
-            out.append(run);
-            return;
-        }
-        let mut merged: Option<WireResponse> = None;
-        for r in run.drain(..) {
-            match (&mut merged, r) {
-                (
-                    Some(WireResponse::Events { header, events, .. }),
+    // The response being merged into, and the bytes of events it carries.
+    let mut merging: Option<(WireResponse, usize)> = None;
+    for r in queued {
+        let WireResponse::Events {
+            header,
+            watch_id,
+            events,
+        } = r
+        else {
+            out.extend(merging.take().map(|(m, _)| m));
+            out.push(r);
+            continue;
+        };
+        let size: usize = events.iter().map(bytes::Bytes::len).sum();
+        match &mut merging {
+            Some((
+                WireResponse::Events {
+                    header: last,
+                    events: merged,
+                    ..
+                },
+                carried,
+            )) if *carried + size <= COALESCE_BYTES => {
+                *last = header;
+                merged.extend(events);
+                *carried += size;
+            }
+            _ => {
+                out.extend(merging.take().map(|(m, _)| m));
+                merging = Some((
                     WireResponse::Events {
-                        header: newer,
-                        events: more,
-                        ..
+                        header,
+                        watch_id,
+                        events,
                     },
-                ) => {
-                    *header = newer;
-                    events.extend(more);
-                }
-                (merged, r) => *merged = Some(r),
+                    size,
+                ));
             }
         }
-        out.extend(merged);
-    };
-    for r in queued {
-        if matches!(r, WireResponse::Events { .. }) {
-            run.push(r);
-        } else {
-            flush(&mut run, &mut out);
-            out.push(r);
-        }
     }
-    flush(&mut run, &mut out);
+    out.extend(merging.map(|(m, _)| m));
     out
 }
 
@@ -450,15 +459,50 @@ mod tests {
 
     #[test]
     fn a_stream_behind_gets_runs_of_revisions_in_one_response_and_one_keeping_up_does_not() {
-        let few: Vec<WireResponse> = (2..2 + COALESCE_FROM as i64 - 1).map(events_at).collect();
-        assert_eq!(shape(&coalesce(few.clone())), shape(&few), "kept as they were");
+        let one = vec![events_at(2)];
+        assert_eq!(shape(&coalesce(one.clone())), shape(&one), "kept as it was");
         let mut many: Vec<WireResponse> = (2..12).map(events_at).collect();
         many.push(progress(11));
         many.extend((12..14).map(events_at));
+        many.push(progress(13));
+        many.push(events_at(14));
         assert_eq!(
             shape(&coalesce(many)),
-            vec![((2..12).collect(), 11), (vec![], 11), (vec![12], 12), (vec![13], 13)],
-            "a long run merged, in order; a progress notice and a short run untouched"
+            vec![
+                ((2..12).collect(), 11),
+                (vec![], 11),
+                (vec![12, 13], 13),
+                (vec![], 13),
+                (vec![14], 14)
+            ],
+            "runs merged, in order; progress notices and a lone revision untouched"
         );
+    }
+
+    #[test]
+    fn a_merged_response_carries_at_most_coalesce_bytes_of_events() {
+        use bytes::Bytes;
+
+        let big = |revision: i64| {
+            let WireResponse::Events { header, watch_id, .. } = events_at(revision) else {
+                unreachable!()
+            };
+            WireResponse::Events {
+                header,
+                watch_id,
+                events: smallvec::smallvec![Bytes::from(vec![0u8; COALESCE_BYTES / 3 + 1])],
+            }
+        };
+        let merged = coalesce((2..9).map(big).collect());
+        let sizes: Vec<Vec<usize>> = merged
+            .iter()
+            .map(|r| match r {
+                WireResponse::Events { events, .. } => events.iter().map(Bytes::len).collect(),
+                WireResponse::Message(_) => vec![],
+            })
+            .collect();
+        // Two fit under the cap, three do not: seven revisions go out as 2 + 2 + 2 + 1.
+        assert_eq!(sizes.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 2, 2, 1]);
+        assert!(sizes.iter().all(|s| s.iter().sum::<usize>() <= COALESCE_BYTES));
     }
 }
