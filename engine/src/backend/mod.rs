@@ -44,23 +44,26 @@ const DELETE_STEP: u64 = 4 << 20;
 
 /// Deletes a data file by cutting it down a few MiB at a time first: freeing a big file's
 /// blocks in one go is one long file-system transaction, which every `fdatasync` of the WAL
-/// would wait behind. After each step it rests at least as long as the step took, so the
-/// WAL's syncs get in between (cut back to back, the steps of a defragmentation's old files
-/// still held the disk for a tenth of a second).
-pub(crate) fn delete_gradually(path: &Path) -> std::io::Result<()> {
+/// would wait behind. With `paced` (a defragmentation's old files, deleted while writes go
+/// on), it rests after each cut at least as long as the cut took, so the WAL's syncs get in
+/// between: cut back to back, those files held the disk for a tenth of a second. The apply
+/// thread, deleting the files a snapshot replaced, does not rest: applies wait for it.
+pub(crate) fn delete_gradually(path: &Path, paced: bool) -> std::io::Result<()> {
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
     let mut len = file.metadata()?.len();
     while len > DELETE_STEP {
         let started = std::time::Instant::now();
         len -= DELETE_STEP;
         file.set_len(len)?;
-        std::thread::sleep(started.elapsed().max(DELETE_REST));
+        if paced {
+            std::thread::sleep(started.elapsed().max(DELETE_REST));
+        }
     }
     drop(file);
     std::fs::remove_file(path)
 }
 
-/// The least rest between two steps of [`delete_gradually`].
+/// The least rest between two cuts of a paced [`delete_gradually`].
 const DELETE_REST: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Where the layout ended at some point: the active file and its length.

@@ -333,7 +333,7 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                     let index = encoded.applied;
                     write_and_release(&dir, &encoded, &wal, &checkpointing)?;
                     for path in old_files {
-                        if let Err(e) = crate::backend::delete_gradually(&path) {
+                        if let Err(e) = crate::backend::delete_gradually(&path, false) {
                             tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
                         }
                     }

@@ -230,9 +230,10 @@ impl Engine {
     /// returning the space compaction freed to the file system (etcd's `Defragment`). Reads
     /// and writes go on throughout: records are copied without the state lock, and the lock is
     /// taken only briefly, to point a batch of records at their copies and, at the end, to
-    /// switch files; the copying is paced (it rests three quarters of the time) so that it never holds a
-    /// core or the disk for long. Crash-safe at every step: the old files are deleted only once a
-    /// checkpoint naming the new ones is durable; until then the old checkpoint still holds.
+    /// switch files; the copying is paced (it rests three quarters of the time) so that it
+    /// never holds a core or the disk for long. Crash-safe at every step: the old files are
+    /// deleted only once a checkpoint naming the new ones is durable; until then the old
+    /// checkpoint still holds.
     pub fn defragment(&self) -> Result<Defragmented> {
         let _one = self.inner.defragmenting.lock();
         let wal = self.inner.wal()?;
@@ -302,7 +303,7 @@ impl Engine {
         };
         write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)?;
         for path in old_paths {
-            if let Err(e) = crate::backend::delete_gradually(&path) {
+            if let Err(e) = crate::backend::delete_gradually(&path, true) {
                 tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
             }
         }
