@@ -50,7 +50,7 @@ pub use consensus::node::Transport;
 pub use consensus::MemberAttributes;
 pub use engine::{
     Applied, Defragmented, Engine, Inbox, LeaseGrant, Member, Members, Pending, PendingFuture, RaftStatus,
-    SnapshotInfo, Watch,
+    SnapshotInfo, Watch, WatchGroup,
 };
 pub use error::{Error, Result};
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
@@ -63,4 +63,4 @@ pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
 pub use mvcc::store::{Event, EventKind, HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
 pub use request::Alarm;
-pub use watch::hub::{fragment as fragment_events, Wake, WatchRequest, WatchResponse};
+pub use watch::hub::{fragment as fragment_events, Delivery, Wake, WatchRequest, WatchResponse};

@@ -7,12 +7,14 @@
 // Test code: a panic is a test failure, with the message to debug it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_engine::{
-    Config, DeleteRangeRequest, Engine, Event, EventKind, PutRequest, RequestOp, TxnRequest, Watch, WatchRequest,
-    WatchResponse,
+    Config, DeleteRangeRequest, Engine, Event, EventKind, PutRequest, RequestOp, TxnRequest, Watch, WatchGroup,
+    WatchRequest, WatchResponse,
 };
 
 const HANG: Duration = Duration::from_secs(20);
@@ -226,6 +228,23 @@ fn a_watcher_behind_a_compaction_is_cancelled() {
     assert!(saw_cancel);
 }
 
+/// Takes `group`'s deliveries until `n` events arrived in all; the revisions each watcher got.
+fn group_events(group: &WatchGroup, n: usize) -> std::collections::BTreeMap<u64, Vec<i64>> {
+    let mut got: std::collections::BTreeMap<u64, Vec<i64>> = Default::default();
+    while got.values().map(Vec::len).sum::<usize>() < n {
+        let delivery = group.recv_timeout(HANG).unwrap_or_else(|| panic!("only {got:?}"));
+        let WatchResponse::Events { events, .. } = delivery.response else {
+            panic!("{:?}", delivery.response)
+        };
+        for id in delivery.watchers {
+            got.entry(id)
+                .or_default()
+                .extend(events.iter().map(|e| e.kv.mod_revision));
+        }
+    }
+    got
+}
+
 #[test]
 fn progress_is_reported_only_when_every_watcher_has_caught_up() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,30 +252,51 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
     for i in 0..30 {
         put(&engine, &format!("p/{i}"), "v");
     }
-    let live = engine.watch(&prefix("p/", 0)).unwrap();
-    assert_eq!(
-        engine.watch_progress(&[&live]),
-        Some(31),
-        "a new live watcher is current"
-    );
-    let behind = engine.watch(&prefix("p/", 1)).unwrap();
-    assert_eq!(
-        engine.watch_progress(&[&live, &behind]),
-        None,
-        "one of them is replaying history"
-    );
-    assert_eq!(events(&behind, 30).len(), 30);
+    let group = engine.watch_group(None);
+    let live = engine.watch_in(&group, &prefix("p/", 0)).unwrap();
+    assert_eq!(engine.watch_progress(&group), Some(31), "a new live watcher is current");
+    let behind = engine.watch_in(&group, &prefix("p/", 1)).unwrap();
+    assert_eq!(engine.watch_progress(&group), None, "one of them is replaying history");
+    assert_eq!(group_events(&group, 30)[&behind], (2..=31).collect::<Vec<i64>>());
     // Everything was handed over and taken (the hub marks a watcher synced under the same
     // lock it sends with): now the rule allows an answer.
-    assert_eq!(engine.watch_progress(&[&live, &behind]), Some(31));
+    assert_eq!(engine.watch_progress(&group), Some(31));
     put(&engine, "p/new", "v");
+    assert_eq!(engine.watch_progress(&group), None, "an event is waiting in the queue");
+    let got = group_events(&group, 2);
+    assert_eq!((got[&live].as_slice(), got[&behind].as_slice()), (&[32][..], &[32][..]));
+    assert_eq!(engine.watch_progress(&group), Some(32));
+}
+
+#[test]
+fn a_group_gets_each_revision_once_for_its_watchers_and_none_for_a_cancelled_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(64)).unwrap();
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let counted = wakes.clone();
+    let group = engine.watch_group(Some(Arc::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })));
+    let ids: Vec<u64> = (0..3)
+        .map(|_| engine.watch_in(&group, &prefix("g/", 0)).unwrap())
+        .collect();
+    let other = engine.watch_in(&group, &prefix("h/", 0)).unwrap();
+    let revision = put(&engine, "g/a", "1");
+    let got = group_events(&group, 3);
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids, "not {other}");
+    assert!(got.values().all(|r| r == &[revision]));
     assert_eq!(
-        engine.watch_progress(&[&live]),
-        None,
-        "an event is waiting in its buffer"
+        wakes.load(Ordering::SeqCst),
+        1,
+        "one delivery, one wake-up, for three watchers"
     );
-    assert_eq!(events(&live, 1).len(), 1);
-    assert_eq!(engine.watch_progress(&[&live]), Some(32));
+    group.cancel(ids[1]);
+    let revision = put(&engine, "g/b", "2");
+    let got = group_events(&group, 2);
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![ids[0], ids[2]]);
+    assert!(got.values().all(|r| r == &[revision]));
+    drop(group);
+    assert_eq!(engine.watcher_count(), 0, "dropping the group cancels its watchers");
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub use maintenance::{Defragmented, SnapshotInfo};
 pub use membership::{Inbox, Member, Members};
 pub use propose::{Pending, PendingFuture};
 pub use status::RaftStatus;
-pub use watch::Watch;
+pub use watch::{Watch, WatchGroup};
 
 /// The running Raft node and the log it writes.
 struct Replica {

@@ -12,7 +12,7 @@ use super::{Engine, State};
 use crate::error::Result;
 use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::Event;
-use crate::watch::hub::{Wake, WatchHub, WatchRequest, WatchResponse};
+use crate::watch::hub::{Delivery, Wake, WatchHub, WatchRequest, WatchResponse};
 
 /// Revisions the apply thread may queue for the watch thread before it drops them (the
 /// watchers due a dropped one catch up from history).
@@ -95,32 +95,59 @@ fn catch_up(state: &RwLock<State>, hub: &Mutex<WatchHub>) -> bool {
 /// A watcher: the responses for one [`WatchRequest`]. Dropping it cancels the watch.
 #[derive(Debug)]
 pub struct Watch {
-    id: u64,
-    rx: Receiver<WatchResponse>,
-    hub: std::sync::Weak<Mutex<WatchHub>>,
+    group: WatchGroup,
 }
 
 impl Watch {
     /// The next response, waiting for it; `None` once the engine is closed.
     pub fn recv(&self) -> Option<WatchResponse> {
-        self.rx.recv().ok()
+        self.group.rx.recv().ok().map(|d| d.response)
     }
 
     /// The next response if one arrives within `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Option<WatchResponse> {
-        self.rx.recv_timeout(timeout).ok()
+        self.group.rx.recv_timeout(timeout).ok().map(|d| d.response)
     }
 
     /// The next response if one is waiting.
     pub fn try_recv(&self) -> Option<WatchResponse> {
-        self.rx.try_recv().ok()
+        self.group.try_recv().map(|d| d.response)
     }
 }
 
-impl Drop for Watch {
+/// Many watchers with one queue, for a consumer that serves them all (a gRPC stream): each
+/// revision comes as one [`Delivery`] per distinct set of events, naming the watchers it is
+/// for, instead of one response per watcher. Dropping it cancels its watchers.
+#[derive(Debug)]
+pub struct WatchGroup {
+    sink: u64,
+    rx: Receiver<Delivery>,
+    hub: std::sync::Weak<Mutex<WatchHub>>,
+}
+
+impl WatchGroup {
+    /// The next delivery if one is waiting.
+    pub fn try_recv(&self) -> Option<Delivery> {
+        self.rx.try_recv().ok()
+    }
+
+    /// The next delivery if one arrives within `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// Cancels watcher `id` of this group; deliveries already queued may still name it.
+    pub fn cancel(&self, id: u64) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.lock().cancel(self.sink, id);
+        }
+    }
+}
+
+impl Drop for WatchGroup {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
-            hub.lock().cancel(self.id);
+            hub.lock().drop_sink(self.sink);
         }
     }
 }
@@ -130,13 +157,24 @@ impl Engine {
     /// replayed from history, then changes follow as they are applied.
     /// An empty key means `"\0"`, as in etcd (with `range_end` `"\0"`: every key).
     pub fn watch(&self, request: &WatchRequest) -> Result<Watch> {
-        self.watch_waking(request, None)
+        let group = self.watch_group(None);
+        self.watch_in(&group, request)?;
+        Ok(Watch { group })
     }
 
-    /// [`Engine::watch`], calling `wake` after each response is queued for the watcher (for a
-    /// consumer that serves many watchers and waits for any of them, such as a gRPC stream).
+    /// A new, empty [`WatchGroup`]; `wake` is called after each delivery is queued for it.
     /// `wake` runs on the engine's threads, under its locks: it must only signal, never block.
-    pub fn watch_waking(&self, request: &WatchRequest, wake: Option<Wake>) -> Result<Watch> {
+    pub fn watch_group(&self, wake: Option<Wake>) -> WatchGroup {
+        let (sink, rx) = self.inner.hub.lock().sink(wake);
+        WatchGroup {
+            sink,
+            rx,
+            hub: Arc::downgrade(&self.inner.hub),
+        }
+    }
+
+    /// [`Engine::watch`] as a watcher of `group`; returns the ID its deliveries name.
+    pub fn watch_in(&self, group: &WatchGroup, request: &WatchRequest) -> Result<u64> {
         let owned;
         let request = if request.key.is_empty() {
             owned = WatchRequest {
@@ -148,17 +186,12 @@ impl Engine {
             request
         };
         let st = self.inner.state.read();
-        let (id, rx) = self.inner.hub.lock().watch(
+        Ok(self.inner.hub.lock().watch(
+            group.sink,
             request,
             st.store.current_revision(),
             st.store.compacted_revision(),
-            wake,
-        );
-        Ok(Watch {
-            id,
-            rx,
-            hub: Arc::downgrade(&self.inner.hub),
-        })
+        ))
     }
 
     /// Sends progress notifications now, as the periodic tick
@@ -169,14 +202,14 @@ impl Engine {
         self.inner.hub.lock().progress(st.store.current_revision());
     }
 
-    /// etcd's progress-request rule: the current revision if every one of `watches` has
-    /// received everything up to it, else `None` (ask again later). A stream answers a
-    /// progress request only when this says so; kube-apiserver relies on it for consistent
-    /// reads from its watch cache.
-    pub fn watch_progress(&self, watches: &[&Watch]) -> Option<i64> {
+    /// etcd's progress-request rule: the current revision if every watcher of `group` has
+    /// received everything up to it (nothing left in its queue), else `None` (ask again
+    /// later). A stream answers a progress request only when this says so; kube-apiserver
+    /// relies on it for consistent reads from its watch cache.
+    pub fn watch_progress(&self, group: &WatchGroup) -> Option<i64> {
         let st = self.inner.state.read();
         let current = st.store.current_revision();
         let hub = self.inner.hub.lock();
-        watches.iter().all(|w| hub.caught_up(w.id, current)).then_some(current)
+        hub.caught_up(group.sink, current).then_some(current)
     }
 }

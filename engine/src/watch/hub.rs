@@ -17,12 +17,19 @@
 //! Watchers that take the same events share one copy of them (an `Arc<[Event]>`): with a
 //! thousand watchers of one prefix, a revision's events are built once, not once per watcher,
 //! and a consumer can encode them once for all of them (`Arc::ptr_eq` tells it so).
+//!
+//! Watchers belong to a *sink*, one queue a consumer reads: a [`Watch`](crate::Watch) is a
+//! sink of one, a gRPC stream one sink for all its watchers. A revision goes to a sink as one
+//! [`Delivery`] per distinct share, naming every watcher it is for: with a hundred watchers of
+//! a prefix on a stream, one queue operation and one wake-up per revision, not a hundred. A
+//! sink holds at most `buffer` deliveries per watcher; a revision that finds it full unsyncs
+//! the watchers it was for.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::mvcc::index::KeyRange;
 use crate::mvcc::store::{Event, EventKind};
@@ -117,40 +124,73 @@ struct Watcher {
     progress_notify: bool,
     /// Nothing sent since the last progress tick.
     quiet: bool,
-    out: Outbox,
 }
 
-/// Called after a response is queued for a watcher, so a consumer that serves many watchers
-/// (a gRPC stream) can wait for all of them at once instead of blocking on each.
+/// Called after a delivery is queued for a sink, so a consumer that serves many watchers (a
+/// gRPC stream) can wait for all of them at once instead of blocking on each.
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
 
-/// Where a watcher's responses go.
-struct Outbox {
-    tx: Sender<WatchResponse>,
-    wake: Option<Wake>,
+/// One response for one or more watchers of a sink, in the order it was queued: each watcher's
+/// responses arrive in revision order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The watchers it is for (the IDs the hub gave them), ascending.
+    pub watchers: Vec<u64>,
+    /// What each of them gets.
+    pub response: WatchResponse,
 }
 
-impl std::fmt::Debug for Outbox {
+/// A consumer's queue and the watchers that feed it.
+struct Sink {
+    tx: Sender<Delivery>,
+    wake: Option<Wake>,
+    watchers: BTreeMap<u64, Watcher>,
+}
+
+impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outbox")
+        f.debug_struct("Sink")
             .field("queued", &self.tx.len())
             .field("wakes", &self.wake.is_some())
+            .field("watchers", &self.watchers.len())
             .finish()
     }
 }
 
-impl Outbox {
-    fn send(&self, response: WatchResponse) -> Sent {
-        match self.tx.try_send(response) {
+impl Sink {
+    /// Queues `delivery` unless the sink holds `buffer` deliveries per watcher already.
+    fn send(&self, delivery: Delivery, buffer: usize) -> Sent {
+        if self.tx.len() >= buffer.saturating_mul(self.watchers.len().max(1)) {
+            return Sent::Full;
+        }
+        match self.tx.send(delivery) {
             Ok(()) => {
                 if let Some(wake) = &self.wake {
                     wake();
                 }
                 Sent::Delivered
             }
-            Err(TrySendError::Full(_)) => Sent::Full,
-            Err(TrySendError::Disconnected(_)) => Sent::Gone,
+            Err(_) => Sent::Gone,
         }
+    }
+}
+
+/// The watchers of one sink that take the same share of a batch: one delivery.
+struct Group {
+    events: Arc<[Event]>,
+    /// Each watcher's ID, and its `next_rev` and `quiet` before the delivery (restored if the
+    /// sink is full).
+    watchers: Vec<(u64, i64, bool)>,
+}
+
+/// Adds watcher `id` to the group of its share.
+fn join(groups: &mut Vec<Group>, events: Arc<[Event]>, member: (u64, i64, bool)) {
+    match groups.iter_mut().find(|g| Arc::ptr_eq(&g.events, &events)) {
+        Some(g) => g.watchers.push(member),
+        None => groups.push(Group {
+            events,
+            watchers: vec![member],
+        }),
     }
 }
 
@@ -226,9 +266,10 @@ enum Sent {
 
 #[derive(Debug)]
 pub(crate) struct WatchHub {
-    watchers: BTreeMap<u64, Watcher>,
+    sinks: BTreeMap<u64, Sink>,
+    next_sink: u64,
     next_id: u64,
-    /// Responses a watcher may have waiting before it falls behind.
+    /// Deliveries a sink may have waiting per watcher before its watchers fall behind.
     buffer: usize,
     /// Events read from history per catch-up step.
     batch: usize,
@@ -251,7 +292,8 @@ pub(crate) struct CatchUp {
 impl WatchHub {
     pub(crate) fn new(buffer: usize, batch: usize) -> WatchHub {
         WatchHub {
-            watchers: BTreeMap::new(),
+            sinks: BTreeMap::new(),
+            next_sink: 1,
             next_id: 1,
             buffer: buffer.max(1),
             batch: batch.max(1),
@@ -266,7 +308,11 @@ impl WatchHub {
     }
 
     fn recount(&self) {
-        self.count.store(self.watchers.len(), Ordering::Relaxed);
+        self.count.store(self.len(), Ordering::Relaxed);
+    }
+
+    fn all(&mut self) -> impl Iterator<Item = &mut Watcher> {
+        self.sinks.values_mut().flat_map(|s| s.watchers.values_mut())
     }
 
     /// Events read from history per catch-up step.
@@ -274,31 +320,59 @@ impl WatchHub {
         self.batch
     }
 
-    /// Registers a watcher; call with the store locked so no revision slips between. A start
-    /// below the compacted revision gets the compacted answer at once and no watcher.
-    pub(crate) fn watch(
-        &mut self,
-        req: &WatchRequest,
-        current: i64,
-        compacted: i64,
-        wake: Option<Wake>,
-    ) -> (u64, Receiver<WatchResponse>) {
-        let (tx, rx) = bounded(self.buffer);
-        let out = Outbox { tx, wake };
+    /// A new sink, empty; its deliveries come out of the receiver, and `wake` is called after
+    /// each is queued.
+    pub(crate) fn sink(&mut self, wake: Option<Wake>) -> (u64, Receiver<Delivery>) {
+        let (tx, rx) = unbounded();
+        let id = self.next_sink;
+        self.next_sink += 1;
+        self.sinks.insert(
+            id,
+            Sink {
+                tx,
+                wake,
+                watchers: BTreeMap::new(),
+            },
+        );
+        (id, rx)
+    }
+
+    /// Removes a sink and its watchers.
+    pub(crate) fn drop_sink(&mut self, sink: u64) {
+        self.sinks.remove(&sink);
+        self.recount();
+    }
+
+    /// Registers a watcher in `sink` and returns its ID; call with the store locked so no
+    /// revision slips between. A start below the compacted revision gets the compacted answer
+    /// at once and no watcher; so does a sink that is gone.
+    pub(crate) fn watch(&mut self, sink: u64, req: &WatchRequest, current: i64, compacted: i64) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let Some(s) = self.sinks.get_mut(&sink) else {
+            return id;
+        };
         let next_rev = if req.start_revision <= 0 {
             current + 1
         } else {
             req.start_revision
         };
         if next_rev < compacted {
-            let _ = out.send(WatchResponse::Compacted {
-                compact_revision: compacted,
-            });
-            return (0, rx);
+            let news = Delivery {
+                watchers: vec![id],
+                response: WatchResponse::Compacted {
+                    compact_revision: compacted,
+                },
+            };
+            // The sink's own limit does not apply: the watcher was never in it.
+            if s.tx.send(news).is_ok() {
+                if let Some(wake) = &s.wake {
+                    wake();
+                }
+            }
+            return id;
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.watchers.insert(
+        s.watchers.insert(
             id,
             Watcher {
                 range: KeyRange::new(&req.key, &req.range_end),
@@ -309,15 +383,16 @@ impl WatchHub {
                 no_delete: req.no_delete,
                 progress_notify: req.progress_notify,
                 quiet: true,
-                out,
             },
         );
         self.recount();
-        (id, rx)
+        id
     }
 
-    pub(crate) fn cancel(&mut self, id: u64) {
-        self.watchers.remove(&id);
+    pub(crate) fn cancel(&mut self, sink: u64, id: u64) {
+        if let Some(s) = self.sinks.get_mut(&sink) {
+            s.watchers.remove(&id);
+        }
         self.recount();
     }
 
@@ -326,35 +401,45 @@ impl WatchHub {
     /// due one of them, to catch up from history.
     pub(crate) fn notify(&mut self, revision: i64, events: &[Event]) {
         if revision > self.notified + 1 {
-            for w in self.watchers.values_mut() {
+            for w in self.all() {
                 if w.synced && w.next_rev < revision {
                     w.synced = false;
                 }
             }
         }
         self.notified = self.notified.max(revision);
+        let buffer = self.buffer;
         let mut shares = Shares::new(events);
-        self.watchers.retain(|_, w| {
-            if !w.synced || w.next_rev > revision {
-                return true; // catching up, or starting later
-            }
-            let Some(mine) = shares.part(w) else {
+        let mut groups = Vec::new();
+        self.sinks.retain(|_, sink| {
+            for (id, w) in &mut sink.watchers {
+                if !w.synced || w.next_rev > revision {
+                    continue; // catching up, or starting later
+                }
+                let before = (*id, w.next_rev, w.quiet);
+                let mine = shares.part(w);
                 w.next_rev = revision + 1;
-                return true;
-            };
-            match w.out.send(WatchResponse::Events { events: mine, revision }) {
-                Sent::Delivered => {
-                    w.next_rev = revision + 1;
+                if let Some(mine) = mine {
                     w.quiet = false;
-                    true
+                    join(&mut groups, mine, before);
                 }
-                Sent::Full => {
-                    // Falls behind; catch-up will resend this revision from history.
-                    w.synced = false;
-                    true
-                }
-                Sent::Gone => false,
             }
+            for g in groups.drain(..) {
+                let delivery = Delivery {
+                    watchers: g.watchers.iter().map(|m| m.0).collect(),
+                    response: WatchResponse::Events {
+                        events: g.events,
+                        revision,
+                    },
+                };
+                match sink.send(delivery, buffer) {
+                    Sent::Delivered => {}
+                    // They fall behind; catch-up will resend this revision from history.
+                    Sent::Full => restore(sink, &g.watchers),
+                    Sent::Gone => return false,
+                }
+            }
+            true
         });
         self.recount();
     }
@@ -363,31 +448,41 @@ impl WatchHub {
     /// settles the lagging watchers that need no history (compacted past: cancelled once they
     /// can take the news; nothing to read: synced), and says what history the others need.
     pub(crate) fn lagging(&mut self, current: i64, compacted: i64) -> Option<CatchUp> {
-        let mut gone = Vec::new();
+        let buffer = self.buffer;
         let mut need: Option<CatchUp> = None;
-        for (id, w) in self.watchers.iter_mut().filter(|(_, w)| !w.synced) {
-            if w.next_rev < compacted {
-                let news = WatchResponse::Compacted {
-                    compact_revision: compacted,
-                };
-                if !matches!(w.out.send(news), Sent::Full) {
+        for sink in self.sinks.values_mut() {
+            let mut gone = Vec::new();
+            for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| !w.synced) {
+                if w.next_rev < compacted {
                     gone.push(*id);
+                } else if w.next_rev > current {
+                    // Every revision it needs is yet to be applied, and will be handed to it.
+                    w.synced = true;
+                } else {
+                    let n = need.get_or_insert(CatchUp {
+                        from: w.next_rev,
+                        to: current,
+                        with_prev: false,
+                    });
+                    n.from = n.from.min(w.next_rev);
+                    n.with_prev |= w.prev_kv;
                 }
-            } else if w.next_rev > current {
-                // Every revision it needs is yet to be applied, and will be handed to it.
-                w.synced = true;
-            } else {
-                let n = need.get_or_insert(CatchUp {
-                    from: w.next_rev,
-                    to: current,
-                    with_prev: false,
-                });
-                n.from = n.from.min(w.next_rev);
-                n.with_prev |= w.prev_kv;
             }
-        }
-        for id in gone {
-            self.watchers.remove(&id);
+            if gone.is_empty() {
+                continue;
+            }
+            let news = Delivery {
+                watchers: gone,
+                response: WatchResponse::Compacted {
+                    compact_revision: compacted,
+                },
+            };
+            let told = news.watchers.clone();
+            if !matches!(sink.send(news, buffer), Sent::Full) {
+                for id in told {
+                    sink.watchers.remove(&id);
+                }
+            }
         }
         self.recount();
         need
@@ -401,76 +496,101 @@ impl WatchHub {
     /// synced watchers meanwhile (it missed those). Returns whether any moved forward.
     pub(crate) fn deliver_history(&mut self, need: CatchUp, events: &[Event], seen: i64) -> bool {
         let notified = self.notified;
-        let mut gone = Vec::new();
+        let buffer = self.buffer;
         let mut moved = false;
         let mut shares = Shares::new(events);
-        let lagging = self.watchers.iter_mut().filter(|(_, w)| !w.synced);
-        for (id, w) in lagging.filter(|(_, w)| (need.from..=seen).contains(&w.next_rev)) {
-            let mine = shares.part(w);
-            let has_events = mine.is_some();
-            let delivered = match mine {
-                None => true,
-                Some(mine) => match w.out.send(WatchResponse::Events {
-                    events: mine,
-                    revision: seen,
-                }) {
-                    Sent::Delivered => true,
-                    Sent::Full => false,
-                    Sent::Gone => {
-                        gone.push(*id);
-                        false
-                    }
-                },
-            };
-            if delivered {
-                w.quiet &= !has_events;
+        let mut groups = Vec::new();
+        self.sinks.retain(|_, sink| {
+            let due = |w: &Watcher| !w.synced && (need.from..=seen).contains(&w.next_rev);
+            for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| due(w)) {
+                let before = (*id, w.next_rev, w.quiet);
+                let mine = shares.part(w);
+                w.quiet &= mine.is_none();
                 w.next_rev = seen + 1;
                 w.synced = seen >= need.to && seen >= notified;
-                moved = true;
+                match mine {
+                    Some(mine) => join(&mut groups, mine, before),
+                    None => moved = true,
+                }
             }
-        }
-        for id in gone {
-            self.watchers.remove(&id);
-        }
+            for g in groups.drain(..) {
+                let delivery = Delivery {
+                    watchers: g.watchers.iter().map(|m| m.0).collect(),
+                    response: WatchResponse::Events {
+                        events: g.events,
+                        revision: seen,
+                    },
+                };
+                match sink.send(delivery, buffer) {
+                    Sent::Delivered => moved = true,
+                    Sent::Full => restore(sink, &g.watchers),
+                    Sent::Gone => return false,
+                }
+            }
+            true
+        });
         self.recount();
         moved
     }
 
     /// Whether some watcher is lagging (catching up from history).
     pub(crate) fn any_lagging(&self) -> bool {
-        self.watchers.values().any(|w| !w.synced)
+        self.sinks.values().any(|s| s.watchers.values().any(|w| !w.synced))
     }
 
     /// Every watcher catches up from history again (the state was replaced by a snapshot:
     /// what it will be notified of next may not follow what it saw).
     pub(crate) fn unsync_all(&mut self) {
-        for w in self.watchers.values_mut() {
+        for w in self.all() {
             w.synced = false;
         }
     }
 
-    /// Whether watcher `id` has been handed every revision up to `current` (synced, and
-    /// nothing older still in its buffer). A cancelled watcher counts as caught up.
-    pub(crate) fn caught_up(&self, id: u64, current: i64) -> bool {
-        self.watchers
-            .get(&id)
-            .is_none_or(|w| w.synced && w.next_rev > current && w.out.tx.is_empty())
+    /// Whether every watcher of `sink` has been handed every revision up to `current`
+    /// (synced, and nothing older still queued). A sink without watchers counts as caught up.
+    pub(crate) fn caught_up(&self, sink: u64, current: i64) -> bool {
+        self.sinks
+            .get(&sink)
+            .is_none_or(|s| s.tx.is_empty() && s.watchers.values().all(|w| w.synced && w.next_rev > current))
     }
 
     /// The periodic progress tick: each synced watcher that asked for progress notifications
     /// and was sent nothing since the last tick is told it has seen everything up to
-    /// `current`. A full buffer skips the notice (the watcher has news queued anyway).
+    /// `current`. A full sink skips the notice (its watchers have news queued anyway).
     pub(crate) fn progress(&mut self, current: i64) {
-        for w in self.watchers.values_mut().filter(|w| w.progress_notify) {
-            if w.quiet && w.synced && w.next_rev > current {
-                let _ = w.out.send(WatchResponse::Progress { revision: current });
+        let buffer = self.buffer;
+        for sink in self.sinks.values_mut() {
+            let mut told = Vec::new();
+            for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| w.progress_notify) {
+                if w.quiet && w.synced && w.next_rev > current {
+                    told.push(*id);
+                }
+                w.quiet = true;
             }
-            w.quiet = true;
+            if !told.is_empty() {
+                let notice = Delivery {
+                    watchers: told,
+                    response: WatchResponse::Progress { revision: current },
+                };
+                let _ = sink.send(notice, buffer);
+            }
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.watchers.len()
+        self.sinks.values().map(|s| s.watchers.len()).sum()
+    }
+}
+
+/// Puts the watchers of a delivery the sink had no room for back as they were, unsynced:
+/// catch-up resends what they missed.
+fn restore(sink: &mut Sink, members: &[(u64, i64, bool)]) {
+    for &(id, next_rev, quiet) in members {
+        if let Some(w) = sink.watchers.get_mut(&id) {
+            w.next_rev = next_rev;
+            w.quiet = quiet;
+            w.synced = false;
+        }
     }
 }
 
@@ -499,21 +619,28 @@ mod tests {
         }
     }
 
-    fn watch_k(hub: &mut WatchHub, start: i64, current: i64) -> Receiver<WatchResponse> {
+    /// A sink of one watcher: what it receives.
+    fn alone(hub: &mut WatchHub, request: &WatchRequest, current: i64) -> Receiver<Delivery> {
+        let (sink, rx) = hub.sink(None);
+        hub.watch(sink, request, current, 0);
+        rx
+    }
+
+    fn watch_k(hub: &mut WatchHub, start: i64, current: i64) -> Receiver<Delivery> {
         let request = WatchRequest {
             key: b"k".to_vec(),
             start_revision: start,
             ..WatchRequest::default()
         };
-        hub.watch(&request, current, 0, None).1
+        alone(hub, &request, current)
     }
 
     /// The revisions of every event queued for a watcher, and the revision of each response.
-    fn received(rx: &Receiver<WatchResponse>) -> (Vec<i64>, Vec<i64>) {
+    fn received(rx: &Receiver<Delivery>) -> (Vec<i64>, Vec<i64>) {
         let (mut events, mut responses) = (Vec::new(), Vec::new());
-        while let Ok(r) = rx.try_recv() {
-            let WatchResponse::Events { events: e, revision } = r else {
-                panic!("{r:?}")
+        while let Ok(d) = rx.try_recv() {
+            let WatchResponse::Events { events: e, revision } = d.response else {
+                panic!("{d:?}")
             };
             events.extend(e.iter().map(|e| e.kv.mod_revision));
             responses.push(revision);
@@ -598,21 +725,20 @@ mod tests {
             prev_kv,
             ..WatchRequest::default()
         };
-        let plain: Vec<_> = (0..2).map(|_| hub.watch(&request(false), 1, 0, None).1).collect();
-        let with_prev = hub.watch(&request(true), 1, 0, None).1;
-        let other = hub.watch(
+        let plain: Vec<_> = (0..2).map(|_| alone(&mut hub, &request(false), 1)).collect();
+        let with_prev = alone(&mut hub, &request(true), 1);
+        let other = alone(
+            &mut hub,
             &WatchRequest {
                 key: b"x".to_vec(),
                 ..WatchRequest::default()
             },
             1,
-            0,
-            None,
         );
         let mut event = put(2);
         event.prev_kv = Some(put(1).kv);
         hub.notify(2, &[event]);
-        let got = |rx: &Receiver<WatchResponse>| match rx.try_recv() {
+        let got = |rx: &Receiver<Delivery>| match rx.try_recv().map(|d| d.response) {
             Ok(WatchResponse::Events { events, .. }) => events,
             other => panic!("{other:?}"),
         };
@@ -623,6 +749,115 @@ mod tests {
             "without the previous value they did not ask for"
         );
         assert_eq!(p[0].prev_kv.as_ref().map(|kv| kv.mod_revision), Some(1));
-        assert!(other.1.try_recv().is_err(), "a watcher of another key gets nothing");
+        assert!(other.try_recv().is_err(), "a watcher of another key gets nothing");
+    }
+
+    /// A sink's deliveries: (the watchers named, the revisions of the events) each.
+    fn deliveries(rx: &Receiver<Delivery>) -> Vec<(Vec<u64>, Vec<i64>)> {
+        rx.try_iter()
+            .map(|d| match d.response {
+                WatchResponse::Events { events, .. } => {
+                    (d.watchers, events.iter().map(|e| e.kv.mod_revision).collect())
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sink_gets_one_delivery_per_share_naming_its_watchers() {
+        let mut hub = WatchHub::new(16, 100);
+        let (sink, rx) = hub.sink(None);
+        let k = |prev_kv| WatchRequest {
+            key: b"k".to_vec(),
+            prev_kv,
+            ..WatchRequest::default()
+        };
+        let a = hub.watch(sink, &k(false), 1, 0);
+        let b = hub.watch(sink, &k(false), 1, 0);
+        let p = hub.watch(sink, &k(true), 1, 0);
+        let x = hub.watch(
+            sink,
+            &WatchRequest {
+                key: b"x".to_vec(),
+                ..WatchRequest::default()
+            },
+            1,
+            0,
+        );
+        let mut event = put(2);
+        event.prev_kv = Some(put(1).kv);
+        hub.notify(2, &[event]);
+        let got = deliveries(&rx);
+        // The plain watchers share a delivery; the one with previous values gets its own.
+        assert_eq!(got, vec![(vec![a, b], vec![2]), (vec![p], vec![2])]);
+        hub.cancel(sink, b);
+        hub.notify(3, &[put(3)]);
+        assert_eq!(
+            deliveries(&rx),
+            vec![(vec![a, p], vec![3])],
+            "{x} takes nothing; {b} is gone"
+        );
+    }
+
+    #[test]
+    fn a_full_sink_unsyncs_the_watchers_of_the_revision_it_refused_and_they_catch_up_together() {
+        // A buffer of 2 per watcher, two watchers: four deliveries fit.
+        let mut hub = WatchHub::new(2, 100);
+        let (sink, rx) = hub.sink(None);
+        let k = WatchRequest {
+            key: b"k".to_vec(),
+            ..WatchRequest::default()
+        };
+        let (a, b) = (hub.watch(sink, &k, 1, 0), hub.watch(sink, &k, 1, 0));
+        for r in 2..=7 {
+            hub.notify(r, &[put(r)]);
+        }
+        assert!(hub.any_lagging());
+        assert!(!hub.caught_up(sink, 7));
+        let live = deliveries(&rx);
+        assert_eq!(live, (2..=5).map(|r| (vec![a, b], vec![r])).collect::<Vec<_>>());
+        let need = hub.lagging(7, 0).expect("both lag");
+        assert_eq!(need.from, 6, "both missed 6 and 7");
+        assert!(hub.deliver_history(need, &[put(6), put(7)], 7));
+        assert_eq!(deliveries(&rx), vec![(vec![a, b], vec![6, 7])], "one catch-up delivery");
+        assert!(!hub.any_lagging());
+        assert!(hub.caught_up(sink, 7));
+        hub.notify(8, &[put(8)]);
+        assert_eq!(deliveries(&rx), vec![(vec![a, b], vec![8])], "synced again");
+    }
+
+    #[test]
+    fn a_full_sink_makes_no_catch_up_progress() {
+        let mut hub = WatchHub::new(1, 100);
+        let rx = watch_k(&mut hub, 0, 1);
+        hub.notify(2, &[put(2)]);
+        hub.notify(3, &[put(3)]);
+        let need = hub.lagging(3, 0).expect("3 did not fit");
+        assert!(!hub.deliver_history(need, &[put(3)], 3), "the sink is still full");
+        assert_eq!(received(&rx), (vec![2], vec![2]));
+        let need = hub.lagging(3, 0).expect("still lagging");
+        assert!(hub.deliver_history(need, &[put(3)], 3));
+        assert_eq!(received(&rx), (vec![3], vec![3]));
+    }
+
+    #[test]
+    fn a_dropped_sink_takes_its_watchers_and_a_gone_receiver_drops_the_sink() {
+        let mut hub = WatchHub::new(16, 100);
+        let (sink, _rx) = hub.sink(None);
+        let k = WatchRequest {
+            key: b"k".to_vec(),
+            ..WatchRequest::default()
+        };
+        hub.watch(sink, &k, 1, 0);
+        hub.watch(sink, &k, 1, 0);
+        let gone = watch_k(&mut hub, 0, 1);
+        assert_eq!(hub.len(), 3);
+        hub.drop_sink(sink);
+        assert_eq!(hub.len(), 1);
+        drop(gone);
+        hub.notify(2, &[put(2)]);
+        assert_eq!(hub.len(), 0);
+        assert_eq!(hub.count.load(Ordering::Relaxed), 0);
     }
 }

@@ -1,19 +1,21 @@
 //! The Watch service: one bidirectional stream multiplexes many watchers, as etcd's does.
 //!
-//! Each stream is one task. It creates and cancels watchers as the client asks, and waits for
-//! either the client's next request or a wake-up from the engine (a watcher has responses
-//! queued); then it drains every watcher's queue into the stream. A client slower than the
-//! writes fills its watchers' bounded queues in the engine, which then stop being fed and
-//! catch up from history later: writers never wait for a watcher. Events go out in their
-//! [`wire`] form: encoded once per drain for all the stream's watchers that share them.
+//! Each stream is one task with one [`WatchGroup`] in the engine for all its watchers. It
+//! creates and cancels watchers as the client asks, and waits for either the client's next
+//! request or a wake-up from the engine (the group has deliveries queued); then it drains the
+//! group's queue into the stream. A revision taken alike by many of the stream's watchers is
+//! one delivery naming them all, so it costs one queue operation and one encoding, however
+//! many watchers it goes to; each gets its own response, in its [`wire`] form. A client slower
+//! than the writes fills the group's bounded queue, and its watchers stop being fed and catch
+//! up from history later: writers never wait for a watcher.
 
 pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_engine::{Watch, WatchResponse as EngineResponse};
+use cairn_engine::{WatchGroup, WatchResponse as EngineResponse};
 use tokio::sync::Notify;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -22,7 +24,7 @@ use crate::convert;
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::watch_wire::watch_server::Watch as WatchApi;
-use wire::{Encoded, WireResponse};
+use wire::WireResponse;
 
 /// The reason a watch on an empty range is refused (etcd's text).
 const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
@@ -62,12 +64,17 @@ impl WatchApi for WatchService {
         // response. Two batches in flight bound what a slow client makes the stream hold.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
+            let wake = Arc::new(Notify::new());
+            let signal = wake.clone();
+            let group = node.engine.watch_group(Some(Arc::new(move || signal.notify_one())));
             let mut s = StreamState {
                 node,
                 tx,
+                group,
                 watchers: BTreeMap::new(),
+                by_engine_id: HashMap::new(),
                 next_id: 0,
-                wake: Arc::new(Notify::new()),
+                wake,
                 progress_wanted: false,
             };
             s.run(requests).await;
@@ -105,7 +112,8 @@ impl Stream for Batches {
 
 /// One watcher of a stream.
 struct Watcher {
-    watch: Watch,
+    /// The ID the engine's deliveries name it by.
+    engine_id: u64,
     fragment: bool,
 }
 
@@ -113,10 +121,15 @@ struct Watcher {
 struct StreamState {
     node: Arc<Node>,
     tx: tokio::sync::mpsc::Sender<Result<Vec<WireResponse>, Status>>,
+    /// Every watcher of the stream, in the engine.
+    group: WatchGroup,
+    /// By the watch ID the client knows.
     watchers: BTreeMap<i64, Watcher>,
+    /// The client's watch ID of each engine watcher.
+    by_engine_id: HashMap<u64, i64>,
     /// The next watch ID the server picks (etcd starts at 0).
     next_id: i64,
-    /// Signalled by the engine when any watcher of this stream has responses queued.
+    /// Signalled by the engine when the group has deliveries queued.
     wake: Arc<Notify>,
     /// A progress request waits until every watcher has caught up.
     progress_wanted: bool,
@@ -168,9 +181,11 @@ impl StreamState {
         match request.request_union {
             Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
             Some(RequestUnion::CancelRequest(cancel)) => {
-                if self.watchers.remove(&cancel.watch_id).is_none() {
+                let Some(w) = self.watchers.remove(&cancel.watch_id) else {
                     return true; // unknown: etcd says nothing
-                }
+                };
+                self.group.cancel(w.engine_id);
+                self.by_engine_id.remove(&w.engine_id);
                 let response = pb::WatchResponse {
                     header: self.header(self.node.engine.current_revision()),
                     watch_id: cancel.watch_id,
@@ -235,13 +250,8 @@ impl StreamState {
             no_delete: filters.contains(&FilterType::Nodelete),
             progress_notify: create.progress_notify,
         };
-        let wake = self.wake.clone();
-        let watch = match self
-            .node
-            .engine
-            .watch_waking(&request, Some(Arc::new(move || wake.notify_one())))
-        {
-            Ok(watch) => watch,
+        let engine_id = match self.node.engine.watch_in(&self.group, &request) {
+            Ok(engine_id) => engine_id,
             Err(e) => {
                 let _ = self.tx.send(Err(crate::errors::status(&e))).await;
                 return false;
@@ -253,10 +263,11 @@ impl StreamState {
         self.watchers.insert(
             id,
             Watcher {
-                watch,
+                engine_id,
                 fragment: create.fragment,
             },
         );
+        self.by_engine_id.insert(engine_id, id);
         let created = pb::WatchResponse {
             header: Some(self.node.header(current)),
             watch_id: id,
@@ -266,66 +277,75 @@ impl StreamState {
         self.send(created).await
     }
 
-    /// Sends what every watcher has queued, then answers a waiting progress request if every
-    /// watcher has caught up; false once the client is gone.
+    /// Sends what the group has queued, each watcher's responses in order, then answers a
+    /// waiting progress request if every watcher has caught up; false once the client is gone.
     async fn drain(&mut self) -> bool {
-        let mut out = Vec::new();
+        let mut queued: BTreeMap<i64, Vec<WireResponse>> = BTreeMap::new();
         let mut cancelled = Vec::new();
-        let mut encoded = Encoded::default();
-        for (id, w) in &self.watchers {
-            let mut queued = Vec::new();
-            while let Some(response) = w.watch.try_recv() {
-                match response {
-                    EngineResponse::Events { events, revision } if w.fragment => {
-                        let header = Some(self.node.header(revision));
+        while let Some(delivery) = self.group.try_recv() {
+            // Encoded once, for every watcher it names that takes it whole.
+            let mut encoded = None;
+            for engine_id in &delivery.watchers {
+                // A watcher cancelled since the delivery was queued gets nothing more.
+                let Some(&id) = self.by_engine_id.get(engine_id) else {
+                    continue;
+                };
+                let fragment = self.watchers.get(&id).is_some_and(|w| w.fragment);
+                let out = queued.entry(id).or_default();
+                match &delivery.response {
+                    EngineResponse::Events { events, revision } if fragment => {
+                        let header = Some(self.node.header(*revision));
                         let parts = cairn_engine::fragment_events(events.to_vec(), FRAGMENT_BYTES);
                         let count = parts.len();
                         for (i, part) in parts.into_iter().enumerate() {
-                            queued.push(WireResponse::Message(pb::WatchResponse {
+                            out.push(WireResponse::Message(pb::WatchResponse {
                                 header,
-                                watch_id: *id,
+                                watch_id: id,
                                 fragment: i + 1 < count,
                                 events: part.into_iter().map(convert::event).collect(),
                                 ..pb::WatchResponse::default()
                             }));
                         }
                     }
-                    EngineResponse::Events { events, revision } => queued.push(WireResponse::Events {
-                        header: self.node.header(revision),
-                        watch_id: *id,
-                        events: smallvec::smallvec![encoded.of(&events)],
-                    }),
-                    EngineResponse::Progress { revision } => queued.push(WireResponse::Message(pb::WatchResponse {
-                        header: Some(self.node.header(revision)),
-                        watch_id: *id,
+                    EngineResponse::Events { events, revision } => {
+                        let bytes = encoded.get_or_insert_with(|| wire::encode_events(events));
+                        out.push(WireResponse::Events {
+                            header: self.node.header(*revision),
+                            watch_id: id,
+                            events: smallvec::smallvec![bytes.clone()],
+                        });
+                    }
+                    EngineResponse::Progress { revision } => out.push(WireResponse::Message(pb::WatchResponse {
+                        header: Some(self.node.header(*revision)),
+                        watch_id: id,
                         ..pb::WatchResponse::default()
                     })),
                     EngineResponse::Compacted { compact_revision } => {
                         // As etcd: no revision in the header and no reason (clients read the
                         // compact revision).
-                        queued.push(WireResponse::Message(pb::WatchResponse {
+                        out.push(WireResponse::Message(pb::WatchResponse {
                             header: Some(self.node.header(0)),
-                            watch_id: *id,
+                            watch_id: id,
                             canceled: true,
-                            compact_revision,
+                            compact_revision: *compact_revision,
                             ..pb::WatchResponse::default()
                         }));
-                        cancelled.push(*id);
-                        break;
+                        cancelled.push(id);
                     }
                 }
             }
-            out.extend(coalesce(queued));
         }
         for id in cancelled {
-            self.watchers.remove(&id);
+            if let Some(w) = self.watchers.remove(&id) {
+                self.by_engine_id.remove(&w.engine_id);
+            }
         }
+        let out: Vec<WireResponse> = queued.into_values().flat_map(coalesce).collect();
         if !out.is_empty() && !self.send_batch(out).await {
             return false;
         }
         if self.progress_wanted {
-            let watches: Vec<&Watch> = self.watchers.values().map(|w| &w.watch).collect();
-            if let Some(revision) = self.node.engine.watch_progress(&watches) {
+            if let Some(revision) = self.node.engine.watch_progress(&self.group) {
                 self.progress_wanted = false;
                 let response = pb::WatchResponse {
                     header: Some(self.node.header(revision)),

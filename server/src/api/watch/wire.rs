@@ -3,13 +3,10 @@
 //!
 //! With a thousand watchers of one prefix, each revision's events go out a thousand times, and
 //! converting and encoding them per watcher was most of the server's work. The engine hands
-//! every watcher taking the same events one shared `Arc<[Event]>`; a stream encodes each
-//! such batch once (see [`Encoded`]) and sends it with each watcher's own header and watch ID.
+//! a stream one delivery for all its watchers taking the same events; the stream encodes its
+//! events once and sends them with each watcher's own header and watch ID.
 //! The bytes are those prost would write for the same `WatchResponse` (fields in number
 //! order, defaults left out; the test below checks it), so clients see no difference.
-
-use std::collections::HashMap;
-use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
@@ -76,35 +73,6 @@ pub fn encode_events(events: &[cairn_engine::Event]) -> Bytes {
         prost::encoding::message::encode(EVENTS_FIELD, &convert::event(e.clone()), &mut buf);
     }
     buf.freeze()
-}
-
-/// The batches of events one drain of a stream has encoded, by the batch's address: watchers
-/// sharing a batch share its bytes. Holding each batch keeps its address from being reused
-/// by another while it is a key here.
-#[derive(Debug, Default)]
-pub struct Encoded {
-    batches: HashMap<usize, (Arc<[cairn_engine::Event]>, Bytes)>,
-    /// The batch asked for last, looked at before the map: watchers of one drain mostly ask
-    /// for the same batch in a row.
-    last: Option<(usize, Bytes)>,
-}
-
-impl Encoded {
-    /// The encoded form of `events`, encoding it on first sight.
-    pub fn of(&mut self, events: &Arc<[cairn_engine::Event]>) -> Bytes {
-        let key = events.as_ptr() as usize;
-        if let Some((last, bytes)) = &self.last {
-            if *last == key {
-                return bytes.clone();
-            }
-        }
-        let (_, bytes) = self
-            .batches
-            .entry(key)
-            .or_insert_with(|| (Arc::clone(events), encode_events(events)));
-        self.last = Some((key, bytes.clone()));
-        bytes.clone()
-    }
 }
 
 /// Encodes [`WireResponse`]s.
@@ -199,19 +167,5 @@ mod tests {
             assert_eq!(wire(&ours), theirs.encode_to_vec(), "watch ID {watch_id}");
             assert_eq!(pb::WatchResponse::decode(wire(&ours).as_slice()).unwrap(), theirs);
         }
-    }
-
-    #[test]
-    fn a_shared_batch_is_encoded_once_per_drain() {
-        let batch: Arc<[Event]> = vec![event(4, false)].into();
-        let same = Arc::clone(&batch);
-        let equal_but_apart: Arc<[Event]> = vec![event(4, false)].into();
-        let mut encoded = Encoded::default();
-        let a = encoded.of(&batch);
-        let b = encoded.of(&same);
-        assert_eq!(a.as_ptr(), b.as_ptr(), "one encoding for the shared batch");
-        let c = encoded.of(&equal_but_apart);
-        assert_eq!(c, a);
-        assert_eq!(encoded.batches.len(), 2);
     }
 }
