@@ -160,7 +160,7 @@ def cell(v, unit):
         return "–"
     if unit == "×":
         return f"{v:.2f}×"
-    if unit in ("ms", "s"):
+    if unit in ("ms", "s") or (unit == "µs" and v < 10):
         return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
     if unit == "MiB" and v < 10:
         return f"{v:.1f}"

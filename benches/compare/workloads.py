@@ -161,8 +161,12 @@ def watch_fanout(ctx, t, endpoints, name):
     """1,000 watchers of a prefix while 10 writers put as fast as they are answered: events
     delivered per second, and put-to-event latency (which grows when delivery falls behind)."""
     args = ["--conns", "10", "--clients", "10", "watch", "--watchers", "1000", "--streams", "10"]
+    cpu_before = t.cpu_seconds()
     out = bench(ctx, endpoints, args, seconds=ctx.seconds)
+    cpu = t.cpu_seconds() - cpu_before
+    events = out.get("ok") or 0
     return {"ops": out.get("ops_per_sec"), "p99": ms(out.get("p99_us")),
+            "cpu_us": cpu * 1e6 / events if events else None,
             "puts": out.get("put_ops_per_sec"), "raw": out}
 
 
@@ -317,7 +321,8 @@ def workloads(keys, expiry_leases):
                  throughput(["--conns", "10", "--clients", "100", "txn-put", "--key-space-size", "100000"])),
         Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers",
                  [Figure("ops", "events delivered", "events/s", True),
-                  Figure("p99", "put-to-event p99 latency", "ms", False)], watch_fanout),
+                  Figure("p99", "put-to-event p99 latency", "ms", False),
+                  Figure("cpu_us", "server CPU per event (its puts' included)", "µs", False)], watch_fanout),
         Workload("keepalive-10k", "lease keep-alive, 10,000 leases, 100 streams",
                  [Figure("ops", "renewals", "ops/s", True), Figure("p99", "p99 latency", "ms", False),
                   Figure("cpu_us", "server CPU per renewal", "µs", False)],

@@ -11,7 +11,7 @@
 
 pub mod wire;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -72,7 +72,8 @@ impl WatchApi for WatchService {
                 tx,
                 group,
                 watchers: BTreeMap::new(),
-                by_engine_id: HashMap::new(),
+                routes: BTreeMap::new(),
+                drains: 0,
                 next_id: 0,
                 wake,
                 progress_wanted: false,
@@ -110,11 +111,15 @@ impl Stream for Batches {
     }
 }
 
-/// One watcher of a stream.
-struct Watcher {
-    /// The ID the engine's deliveries name it by.
-    engine_id: u64,
+/// Where the engine's deliveries for one watcher go.
+#[derive(Debug)]
+struct Route {
+    /// The watch ID the client knows.
+    id: i64,
     fragment: bool,
+    /// The watcher's response of events still open to more revisions: the drain it was made
+    /// in, its place in that drain's batch, and the bytes of events it carries.
+    open: Option<(u64, usize, usize)>,
 }
 
 /// One client stream.
@@ -123,10 +128,12 @@ struct StreamState {
     tx: tokio::sync::mpsc::Sender<Result<Vec<WireResponse>, Status>>,
     /// Every watcher of the stream, in the engine.
     group: WatchGroup,
-    /// By the watch ID the client knows.
-    watchers: BTreeMap<i64, Watcher>,
-    /// The client's watch ID of each engine watcher.
-    by_engine_id: HashMap<u64, i64>,
+    /// The engine's ID of each watcher, by the watch ID the client knows.
+    watchers: BTreeMap<i64, u64>,
+    /// Each watcher's route, by the engine's ID (what deliveries name).
+    routes: BTreeMap<u64, Route>,
+    /// Drains so far.
+    drains: u64,
     /// The next watch ID the server picks (etcd starts at 0).
     next_id: i64,
     /// Signalled by the engine when the group has deliveries queued.
@@ -181,11 +188,11 @@ impl StreamState {
         match request.request_union {
             Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
             Some(RequestUnion::CancelRequest(cancel)) => {
-                let Some(w) = self.watchers.remove(&cancel.watch_id) else {
+                let Some(engine_id) = self.watchers.remove(&cancel.watch_id) else {
                     return true; // unknown: etcd says nothing
                 };
-                self.group.cancel(w.engine_id);
-                self.by_engine_id.remove(&w.engine_id);
+                self.group.cancel(engine_id);
+                self.routes.remove(&engine_id);
                 let response = pb::WatchResponse {
                     header: self.header(self.node.engine.current_revision()),
                     watch_id: cancel.watch_id,
@@ -260,14 +267,15 @@ impl StreamState {
         if create.watch_id == 0 {
             self.next_id += 1;
         }
-        self.watchers.insert(
-            id,
-            Watcher {
-                engine_id,
+        self.watchers.insert(id, engine_id);
+        self.routes.insert(
+            engine_id,
+            Route {
+                id,
                 fragment: create.fragment,
+                open: None,
             },
         );
-        self.by_engine_id.insert(engine_id, id);
         let created = pb::WatchResponse {
             header: Some(self.node.header(current)),
             watch_id: id,
@@ -280,68 +288,76 @@ impl StreamState {
     /// Sends what the group has queued, each watcher's responses in order, then answers a
     /// waiting progress request if every watcher has caught up; false once the client is gone.
     async fn drain(&mut self) -> bool {
-        let mut queued: BTreeMap<i64, Vec<WireResponse>> = BTreeMap::new();
+        self.drains += 1;
+        let mut batch = Batch {
+            out: Vec::new(),
+            drain: self.drains,
+        };
         let mut cancelled = Vec::new();
         while let Some(delivery) = self.group.try_recv() {
-            // Encoded once, for every watcher it names that takes it whole.
-            let mut encoded = None;
-            for engine_id in &delivery.watchers {
-                // A watcher cancelled since the delivery was queued gets nothing more.
-                let Some(&id) = self.by_engine_id.get(engine_id) else {
-                    continue;
-                };
-                let fragment = self.watchers.get(&id).is_some_and(|w| w.fragment);
-                let out = queued.entry(id).or_default();
-                match &delivery.response {
-                    EngineResponse::Events { events, revision } if fragment => {
-                        let header = Some(self.node.header(*revision));
-                        let parts = cairn_engine::fragment_events(events.to_vec(), FRAGMENT_BYTES);
-                        let count = parts.len();
-                        for (i, part) in parts.into_iter().enumerate() {
-                            out.push(WireResponse::Message(pb::WatchResponse {
-                                header,
-                                watch_id: id,
-                                fragment: i + 1 < count,
-                                events: part.into_iter().map(convert::event).collect(),
-                                ..pb::WatchResponse::default()
-                            }));
+            // Routes of watchers cancelled since the delivery was queued are gone: they get
+            // nothing more.
+            let routes = named(&mut self.routes, &delivery.watchers);
+            match delivery.response {
+                EngineResponse::Events { events, revision } => {
+                    let header = self.node.header(revision);
+                    // Encoded once, for every watcher it names that takes it whole.
+                    let mut encoded = None;
+                    for route in routes {
+                        if route.fragment {
+                            let parts = cairn_engine::fragment_events(events.to_vec(), FRAGMENT_BYTES);
+                            let count = parts.len();
+                            for (i, part) in parts.into_iter().enumerate() {
+                                let response = pb::WatchResponse {
+                                    header: Some(header),
+                                    watch_id: route.id,
+                                    fragment: i + 1 < count,
+                                    events: part.into_iter().map(convert::event).collect(),
+                                    ..pb::WatchResponse::default()
+                                };
+                                batch.message(route, response);
+                            }
+                        } else {
+                            let bytes = encoded.get_or_insert_with(|| wire::encode_events(&events));
+                            batch.events(route, header, bytes);
                         }
                     }
-                    EngineResponse::Events { events, revision } => {
-                        let bytes = encoded.get_or_insert_with(|| wire::encode_events(events));
-                        out.push(WireResponse::Events {
-                            header: self.node.header(*revision),
-                            watch_id: id,
-                            events: smallvec::smallvec![bytes.clone()],
-                        });
-                    }
-                    EngineResponse::Progress { revision } => out.push(WireResponse::Message(pb::WatchResponse {
-                        header: Some(self.node.header(*revision)),
-                        watch_id: id,
-                        ..pb::WatchResponse::default()
-                    })),
-                    EngineResponse::Compacted { compact_revision } => {
-                        // As etcd: no revision in the header and no reason (clients read the
-                        // compact revision).
-                        out.push(WireResponse::Message(pb::WatchResponse {
-                            header: Some(self.node.header(0)),
-                            watch_id: id,
-                            canceled: true,
-                            compact_revision: *compact_revision,
+                }
+                EngineResponse::Progress { revision } => {
+                    let header = Some(self.node.header(revision));
+                    for route in routes {
+                        let response = pb::WatchResponse {
+                            header,
+                            watch_id: route.id,
                             ..pb::WatchResponse::default()
-                        }));
-                        cancelled.push(id);
+                        };
+                        batch.message(route, response);
+                    }
+                }
+                EngineResponse::Compacted { compact_revision } => {
+                    // As etcd: no revision in the header and no reason (clients read the
+                    // compact revision).
+                    let header = Some(self.node.header(0));
+                    for route in routes {
+                        let response = pb::WatchResponse {
+                            header,
+                            watch_id: route.id,
+                            canceled: true,
+                            compact_revision,
+                            ..pb::WatchResponse::default()
+                        };
+                        batch.message(route, response);
+                        cancelled.push(route.id);
                     }
                 }
             }
         }
         for id in cancelled {
-            if let Some(w) = self.watchers.remove(&id) {
-                self.by_engine_id.remove(&w.engine_id);
+            if let Some(engine_id) = self.watchers.remove(&id) {
+                self.routes.remove(&engine_id);
             }
         }
-        let out: Vec<WireResponse> = queued.into_values().flat_map(coalesce).collect();
-        if !out.is_empty() && !self.send_batch(out).await {
+        if !batch.out.is_empty() && !self.send_batch(batch.out).await {
             return false;
         }
         if self.progress_wanted {
@@ -359,64 +375,65 @@ impl StreamState {
     }
 }
 
-/// The most bytes of events [`coalesce`] puts in one response (a run longer than this goes out
-/// as several).
+/// The routes of the watchers `ids` names (ascending, as a delivery names them), found in one
+/// walk over the routes between the first and the last.
+fn named<'a>(routes: &'a mut BTreeMap<u64, Route>, ids: &'a [u64]) -> impl Iterator<Item = &'a mut Route> + 'a {
+    let first = ids.first().copied().unwrap_or(0);
+    let last = ids.last().copied().unwrap_or(0).max(first);
+    let mut wanted = ids.iter().peekable();
+    routes.range_mut(first..=last).filter_map(move |(id, route)| {
+        while wanted.next_if(|&&w| w < *id).is_some() {}
+        wanted.next_if(|&&w| w == *id).map(|_| route)
+    })
+}
+
+/// The most bytes of events one response carries when a watcher's revisions are merged (a run
+/// longer than this goes out as several).
 const COALESCE_BYTES: usize = FRAGMENT_BYTES;
 
-/// A watcher's queued responses, in order; each run of two or more responses of events becomes
-/// one response carrying all its revisions' events (with the last one's header), as a catch-up
-/// from history does, up to [`COALESCE_BYTES`] each. A run forms only when the stream fell
-/// behind its watchers (the revisions came faster than it sent them), so merging delays
-/// nothing, and fewer, larger messages are cheaper to send and to decode; a stream that keeps
-/// up sends one response per revision, as etcd's. Progress notices, cancellations and
-/// fragmented responses are never merged.
-fn coalesce(queued: Vec<WireResponse>) -> Vec<WireResponse> {
-    if queued.len() < 2 {
-        return queued;
-    }
-    let mut out: Vec<WireResponse> = Vec::with_capacity(queued.len());
-    // The response being merged into, and the bytes of events it carries.
-    let mut merging: Option<(WireResponse, usize)> = None;
-    for r in queued {
-        let WireResponse::Events {
-            header,
-            watch_id,
-            events,
-        } = r
-        else {
-            out.extend(merging.take().map(|(m, _)| m));
-            out.push(r);
-            continue;
-        };
-        let size: usize = events.iter().map(bytes::Bytes::len).sum();
-        match &mut merging {
-            Some((
-                WireResponse::Events {
-                    header: last,
-                    events: merged,
-                    ..
-                },
-                carried,
-            )) if *carried + size <= COALESCE_BYTES => {
-                *last = header;
-                merged.extend(events);
-                *carried += size;
-            }
-            _ => {
-                out.extend(merging.take().map(|(m, _)| m));
-                merging = Some((
-                    WireResponse::Events {
-                        header,
-                        watch_id,
-                        events,
-                    },
-                    size,
-                ));
+/// The responses of one drain, in order. A watcher's revisions queued one after another go as
+/// one response carrying all their events (with the last one's header), as a catch-up from
+/// history does, up to [`COALESCE_BYTES`] each. Revisions queue up only when the stream fell
+/// behind its watchers (they came faster than it sent them), so merging delays nothing, and
+/// fewer, larger messages are cheaper to send and to decode; a stream that keeps up sends one
+/// response per revision, as etcd's. Progress notices, cancellations and fragmented responses
+/// are never merged, nor merged across.
+struct Batch {
+    out: Vec<WireResponse>,
+    drain: u64,
+}
+
+impl Batch {
+    /// Events of one revision (encoded) for the watcher of `route`.
+    fn events(&mut self, route: &mut Route, header: pb::ResponseHeader, encoded: &bytes::Bytes) {
+        let size = encoded.len();
+        if let Some((drain, at, carried)) = route.open {
+            if drain == self.drain && carried + size <= COALESCE_BYTES {
+                if let Some(WireResponse::Events {
+                    header: last, events, ..
+                }) = self.out.get_mut(at)
+                {
+                    *last = header;
+                    events.push(encoded.clone());
+                    route.open = Some((drain, at, carried + size));
+                    return;
+                }
             }
         }
+        route.open = Some((self.drain, self.out.len(), size));
+        self.out.push(WireResponse::Events {
+            header,
+            watch_id: route.id,
+            events: smallvec::smallvec![encoded.clone()],
+        });
     }
-    out.extend(merging.map(|(m, _)| m));
-    out
+
+    /// Any other response for the watcher of `route`; what follows it is not merged into what
+    /// went before.
+    fn message(&mut self, route: &mut Route, response: pb::WatchResponse) {
+        route.open = None;
+        self.out.push(WireResponse::Message(response));
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +441,7 @@ mod tests {
     // Test code: a panic is a test failure, with the message to debug it.
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+    use bytes::Bytes;
     use cairn_engine::{Event, EventKind, KeyValue};
     use prost::Message;
 
@@ -436,85 +454,101 @@ mod tests {
         }
     }
 
-    fn events_at(revision: i64) -> WireResponse {
+    fn encoded_at(revision: i64) -> Bytes {
         let event = Event {
             kind: EventKind::Put,
             kv: KeyValue {
-                key: bytes::Bytes::from_static(b"k"),
+                key: Bytes::from_static(b"k"),
                 create_revision: 2,
                 mod_revision: revision,
                 version: 1,
-                value: bytes::Bytes::new(),
+                value: Bytes::new(),
                 lease: 0,
             },
             prev_kv: None,
         };
-        WireResponse::Events {
-            header: header(revision),
-            watch_id: 1,
-            events: smallvec::smallvec![wire::encode_events(&[event])],
+        wire::encode_events(&[event])
+    }
+
+    fn route(id: i64) -> Route {
+        Route {
+            id,
+            fragment: false,
+            open: None,
         }
     }
 
-    fn progress(revision: i64) -> WireResponse {
-        WireResponse::Message(pb::WatchResponse {
+    fn progress(watch_id: i64, revision: i64) -> pb::WatchResponse {
+        pb::WatchResponse {
             header: Some(header(revision)),
-            watch_id: 1,
+            watch_id,
             ..pb::WatchResponse::default()
-        })
+        }
     }
 
-    /// Each response as a client decodes it: (the revisions of its events, its header's
-    /// revision).
-    fn shape(responses: &[WireResponse]) -> Vec<(Vec<i64>, i64)> {
+    /// Each response as a client decodes it: (its watch ID, the revisions of its events, its
+    /// header's revision).
+    fn shape(responses: &[WireResponse]) -> Vec<(i64, Vec<i64>, i64)> {
         responses
             .iter()
             .map(|r| {
                 let decoded = pb::WatchResponse::decode(r.encode_to_vec().as_slice()).unwrap();
                 let revisions = decoded.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision);
-                (revisions.collect(), decoded.header.unwrap().revision)
+                (decoded.watch_id, revisions.collect(), decoded.header.unwrap().revision)
             })
             .collect()
     }
 
     #[test]
     fn a_stream_behind_gets_runs_of_revisions_in_one_response_and_one_keeping_up_does_not() {
-        let one = vec![events_at(2)];
-        assert_eq!(shape(&coalesce(one.clone())), shape(&one), "kept as it was");
-        let mut many: Vec<WireResponse> = (2..12).map(events_at).collect();
-        many.push(progress(11));
-        many.extend((12..14).map(events_at));
-        many.push(progress(13));
-        many.push(events_at(14));
+        let (mut a, mut b) = (route(1), route(2));
+        let mut batch = Batch {
+            out: Vec::new(),
+            drain: 1,
+        };
+        batch.events(&mut a, header(2), &encoded_at(2));
+        assert_eq!(shape(&batch.out), vec![(1, vec![2], 2)], "one revision, one response");
+        // Two watchers, interleaved as deliveries name them; progress notices break a run.
+        for r in 3..12 {
+            batch.events(&mut a, header(r), &encoded_at(r));
+            batch.events(&mut b, header(r), &encoded_at(r));
+        }
+        batch.message(&mut a, progress(1, 11));
+        batch.events(&mut a, header(12), &encoded_at(12));
+        batch.events(&mut a, header(13), &encoded_at(13));
+        batch.events(&mut b, header(12), &encoded_at(12));
         assert_eq!(
-            shape(&coalesce(many)),
+            shape(&batch.out),
             vec![
-                ((2..12).collect(), 11),
-                (vec![], 11),
-                (vec![12, 13], 13),
-                (vec![], 13),
-                (vec![14], 14)
+                (1, (2..12).collect(), 11),
+                (2, (3..13).collect(), 12),
+                (1, vec![], 11),
+                (1, vec![12, 13], 13),
             ],
-            "runs merged, in order; progress notices and a lone revision untouched"
+            "each watcher's runs merged, in its order; the progress notice untouched"
         );
+        // The next drain starts new responses.
+        let mut next = Batch {
+            out: Vec::new(),
+            drain: 2,
+        };
+        next.events(&mut b, header(14), &encoded_at(14));
+        assert_eq!(shape(&next.out), vec![(2, vec![14], 14)]);
     }
 
     #[test]
     fn a_merged_response_carries_at_most_coalesce_bytes_of_events() {
-        use bytes::Bytes;
-
-        let big = |revision: i64| {
-            let WireResponse::Events { header, watch_id, .. } = events_at(revision) else {
-                unreachable!()
-            };
-            WireResponse::Events {
-                header,
-                watch_id,
-                events: smallvec::smallvec![Bytes::from(vec![0u8; COALESCE_BYTES / 3 + 1])],
-            }
+        let mut a = route(1);
+        let mut batch = Batch {
+            out: Vec::new(),
+            drain: 1,
         };
-        let merged = coalesce((2..9).map(big).collect());
-        let sizes: Vec<Vec<usize>> = merged
+        let big = Bytes::from(vec![0u8; COALESCE_BYTES / 3 + 1]);
+        for r in 2..9 {
+            batch.events(&mut a, header(r), &big);
+        }
+        let sizes: Vec<Vec<usize>> = batch
+            .out
             .iter()
             .map(|r| match r {
                 WireResponse::Events { events, .. } => events.iter().map(Bytes::len).collect(),
@@ -524,5 +558,21 @@ mod tests {
         // Two fit under the cap, three do not: seven revisions go out as 2 + 2 + 2 + 1.
         assert_eq!(sizes.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 2, 2, 1]);
         assert!(sizes.iter().all(|s| s.iter().sum::<usize>() <= COALESCE_BYTES));
+    }
+
+    #[test]
+    fn a_delivery_reaches_the_routes_it_names_and_no_other() {
+        let mut routes: BTreeMap<u64, Route> = [3, 5, 8, 9, 12]
+            .into_iter()
+            .map(|e| (e, route(e as i64 * 10)))
+            .collect();
+        let ids = |routes: &mut BTreeMap<u64, Route>, named: &[u64]| -> Vec<i64> {
+            super::named(routes, named).map(|r| r.id).collect()
+        };
+        assert_eq!(ids(&mut routes, &[3, 5, 8, 9, 12]), vec![30, 50, 80, 90, 120]);
+        assert_eq!(ids(&mut routes, &[5, 9]), vec![50, 90]);
+        assert_eq!(ids(&mut routes, &[1, 4, 9, 13]), vec![90], "cancelled ones are skipped");
+        assert_eq!(ids(&mut routes, &[12]), vec![120]);
+        assert_eq!(ids(&mut routes, &[]), Vec::<i64>::new());
     }
 }
