@@ -269,6 +269,26 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
 }
 
 #[test]
+fn a_slow_group_loses_nothing_for_any_of_its_watchers() {
+    let dir = tempfile::tempdir().unwrap();
+    // A buffer of two deliveries per watcher: the group falls behind almost at once.
+    let engine = Engine::open(dir.path(), config(2)).unwrap();
+    let group = engine.watch_group(None);
+    let all = engine.watch_in(&group, &prefix("s/", 0)).unwrap();
+    let some = engine.watch_in(&group, &prefix("s/1", 0)).unwrap();
+    let mut expected_some = Vec::new();
+    for i in 0..200 {
+        let revision = put(&engine, &format!("s/{}", i % 3), &i.to_string());
+        if i % 3 == 1 {
+            expected_some.push(revision);
+        }
+    }
+    let got = group_events(&group, 200 + expected_some.len());
+    assert_eq!(got[&all], (2..=201).collect::<Vec<i64>>(), "complete, in order, exactly once");
+    assert_eq!(got[&some], expected_some);
+}
+
+#[test]
 fn a_group_gets_each_revision_once_for_its_watchers_and_none_for_a_cancelled_one() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(64)).unwrap();
