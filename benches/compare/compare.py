@@ -17,9 +17,10 @@ virtualenv under benches/compare/.env, and cairn and cairn-bench built in releas
     benches/compare/compare.py --dir /tmp/cmp --only put-100,million --keys 100000
 
 Workloads (--only takes a comma-separated list; each entry selects the names containing it):
-put-serial, put-100, range-l-100, range-s-100, txn-put-100, watch-1000, keepalive-10k,
-expiry, million, cluster-put-100, k8s-1, k8s-3 (the last two, the largest Kubernetes-shaped
-cluster each target carries, are searches run in the first round only: see k8s.py).
+put-serial, put-100, range-l-100, range-s-100, txn-put-100, watch-1000, watch-pinned-1000 (the
+same with the server and the load generator on a core each), keepalive-10k, expiry, million,
+cluster-put-100, k8s-1, k8s-3 (the last two, the largest Kubernetes-shaped cluster each target
+carries, are searches run in the first round only: see k8s.py).
 
 Writes the table to stdout, the plots to <dir>/img, every round's figures and cairn-bench
 reports to <dir>/results.json; with --write-docs, the table and the plots go into
@@ -134,7 +135,7 @@ def run_one(ctx, w, t, data_dir):
                 t.stop()
             t.remove_data()
             return out
-        endpoints = t.start(data_dir, members=w.members)
+        endpoints = t.start(data_dir, members=w.members, cpus=w.cpus[0] if w.cpus else None)
         try:
             out = w.run(ctx, t, endpoints, w.name)
         finally:

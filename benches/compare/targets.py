@@ -86,14 +86,16 @@ class Target:
     def __init__(self, name, binary, kind=None):
         # `kind` ("cairn" or "etcd") is accepted for callers of the earlier signature (k8s.py).
         self.name, self.binary, self.kind = name, binary, kind
-        self.procs, self.endpoints, self.ports, self.data_dir = [], [], [], None
+        self.procs, self.endpoints, self.ports, self.data_dir, self.cpus = [], [], [], None, None
 
-    def start(self, data_dir, members=1):
-        """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir;
-        returns the client endpoints once every member answers /health."""
+    def start(self, data_dir, members=1, cpus=None):
+        """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir,
+        on the CPUs `cpus` names (taskset's list; default: any); returns the client endpoints
+        once every member answers /health."""
         shutil.rmtree(data_dir, ignore_errors=True)
         data_dir.mkdir(parents=True)
         self.data_dir = data_dir
+        self.cpus = cpus
         self.ports = [(free_port(), free_port()) for _ in range(members)]
         return self._launch()
 
@@ -119,6 +121,8 @@ class Target:
                    # quota, as cairn's, is 2 GiB), and etcd's default snapshot count.
                    "--quota-backend-bytes", str(8 << 30),
                    "--snapshot-count", "10000"]
+            if self.cpus is not None:
+                cmd = ["taskset", "-c", self.cpus] + cmd
             logf = open(self.data_dir / f"m{i}.log", "a")
             self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf))
             logf.close()

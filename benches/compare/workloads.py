@@ -43,6 +43,8 @@ class Workload:
     owns_target: bool = False
     # Runs in the first round only (a search is long, and its result a single number).
     once: bool = False
+    # (the server's CPUs, the load generator's), as taskset lists; None: both anywhere.
+    cpus: tuple = None
 
 
 @dataclass
@@ -70,8 +72,10 @@ class BenchFailed(Exception):
     pass
 
 
-def bench_cmd(ctx, endpoints, args, seconds=None, latency_log=None):
+def bench_cmd(ctx, endpoints, args, seconds=None, latency_log=None, cpus=None):
     cmd = [str(ctx.bench_bin), "--endpoints", ",".join(endpoints), "--json"]
+    if cpus is not None:
+        cmd = ["taskset", "-c", cpus] + cmd
     if seconds is not None:
         cmd += ["--seconds", f"{seconds:g}"]
     if latency_log is not None:
@@ -79,9 +83,9 @@ def bench_cmd(ctx, endpoints, args, seconds=None, latency_log=None):
     return cmd + args
 
 
-def bench(ctx, endpoints, args, seconds=None, latency_log=None, timeout=1800):
-    """Runs cairn-bench to the end; its JSON report."""
-    cmd = bench_cmd(ctx, endpoints, args, seconds, latency_log)
+def bench(ctx, endpoints, args, seconds=None, latency_log=None, timeout=1800, cpus=None):
+    """Runs cairn-bench to the end (on the CPUs `cpus` names, if given); its JSON report."""
+    cmd = bench_cmd(ctx, endpoints, args, seconds, latency_log, cpus)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return bench_output(cmd, p.returncode, p.stdout, p.stderr)
 
@@ -157,17 +161,28 @@ def throughput(args, logged=False):
     return run
 
 
-def watch_fanout(ctx, t, endpoints, name):
+def watch_fanout(bench_cpus=None):
     """1,000 watchers of a prefix while 10 writers put as fast as they are answered: events
-    delivered per second, and put-to-event latency (which grows when delivery falls behind)."""
-    args = ["--conns", "10", "--clients", "10", "watch", "--watchers", "1000", "--streams", "10"]
-    cpu_before = t.cpu_seconds()
-    out = bench(ctx, endpoints, args, seconds=ctx.seconds)
-    cpu = t.cpu_seconds() - cpu_before
-    events = out.get("ok") or 0
-    return {"ops": out.get("ops_per_sec"), "p99": ms(out.get("p99_us")),
-            "cpu_us": cpu * 1e6 / events if events else None,
-            "puts": out.get("put_ops_per_sec"), "raw": out}
+    delivered per second, put-to-event latency (which grows when delivery falls behind), and
+    the server's CPU time per event delivered. With `bench_cpus`, the load generator runs on
+    those CPUs only (the workload's `cpus` keep the server on the others)."""
+
+    def run(ctx, t, endpoints, name):
+        args = ["--conns", "10", "--clients", "10", "watch", "--watchers", "1000", "--streams", "10"]
+        cpu_before = t.cpu_seconds()
+        out = bench(ctx, endpoints, args, seconds=ctx.seconds, cpus=bench_cpus)
+        cpu = t.cpu_seconds() - cpu_before
+        events = out.get("ok") or 0
+        return {"ops": out.get("ops_per_sec"), "p99": ms(out.get("p99_us")),
+                "cpu_us": cpu * 1e6 / events if events else None,
+                "puts": out.get("put_ops_per_sec"), "raw": out}
+
+    return run
+
+
+WATCH = [Figure("ops", "events delivered", "events/s", True),
+         Figure("p99", "put-to-event p99 latency", "ms", False),
+         Figure("cpu_us", "server CPU per event (its puts' included)", "µs", False)]
 
 
 def lease_expiry(ctx, t, endpoints, name):
@@ -319,10 +334,9 @@ def workloads(keys, expiry_leases):
                             logged=True)),
         Workload("txn-put-100", "txn-put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "txn-put", "--key-space-size", "100000"])),
-        Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers",
-                 [Figure("ops", "events delivered", "events/s", True),
-                  Figure("p99", "put-to-event p99 latency", "ms", False),
-                  Figure("cpu_us", "server CPU per event (its puts' included)", "µs", False)], watch_fanout),
+        Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers", WATCH, watch_fanout()),
+        Workload("watch-pinned-1000", "the same, the server on one core and the load generator on the other",
+                 WATCH, watch_fanout(bench_cpus="1"), cpus=("0", "1")),
         Workload("keepalive-10k", "lease keep-alive, 10,000 leases, 100 streams",
                  [Figure("ops", "renewals", "ops/s", True), Figure("p99", "p99 latency", "ms", False),
                   Figure("cpu_us", "server CPU per renewal", "µs", False)],
