@@ -183,14 +183,35 @@ struct Group {
     watchers: Vec<(u64, i64, bool)>,
 }
 
-/// Adds watcher `id` to the group of its share.
-fn join(groups: &mut Vec<Group>, events: Arc<[Event]>, member: (u64, i64, bool)) {
-    match groups.iter_mut().find(|g| Arc::ptr_eq(&g.events, &events)) {
-        Some(g) => g.watchers.push(member),
-        None => groups.push(Group {
+/// One sink's deliveries of a batch, being gathered: the watchers of each share.
+#[derive(Default)]
+struct Groups {
+    /// The shares many watchers may take (the whole batch, with or without previous values):
+    /// at most two, so finding one is cheap however many watchers there are.
+    shared: Vec<Group>,
+    /// Parts built for one watcher alone.
+    own: Vec<Group>,
+}
+
+impl Groups {
+    /// Adds a watcher (its ID, `next_rev` and `quiet` before) to the group of its share.
+    fn join(&mut self, events: Arc<[Event]>, member: (u64, i64, bool), shared: bool) {
+        let group = Group {
             events,
             watchers: vec![member],
-        }),
+        };
+        if !shared {
+            self.own.push(group);
+            return;
+        }
+        match self.shared.iter_mut().find(|g| Arc::ptr_eq(&g.events, &group.events)) {
+            Some(g) => g.watchers.push(member),
+            None => self.shared.push(group),
+        }
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Group> + '_ {
+        self.shared.drain(..).chain(self.own.drain(..))
     }
 }
 
@@ -225,6 +246,12 @@ impl<'a> Shares<'a> {
             whole: None,
             whole_bare: None,
         }
+    }
+
+    /// Whether `part` is one of the shares many watchers take.
+    fn is_shared(&self, part: &Arc<[Event]>) -> bool {
+        let same = |share: &Option<Arc<[Event]>>| share.as_ref().is_some_and(|s| Arc::ptr_eq(s, part));
+        same(&self.whole) || same(&self.whole_bare)
     }
 
     /// Watcher `w`'s part; `None` (and nothing allocated) if it takes nothing, as most
@@ -410,7 +437,7 @@ impl WatchHub {
         self.notified = self.notified.max(revision);
         let buffer = self.buffer;
         let mut shares = Shares::new(events);
-        let mut groups = Vec::new();
+        let mut groups = Groups::default();
         self.sinks.retain(|_, sink| {
             for (id, w) in &mut sink.watchers {
                 if !w.synced || w.next_rev > revision {
@@ -421,10 +448,11 @@ impl WatchHub {
                 w.next_rev = revision + 1;
                 if let Some(mine) = mine {
                     w.quiet = false;
-                    join(&mut groups, mine, before);
+                    let shared = shares.is_shared(&mine);
+                    groups.join(mine, before, shared);
                 }
             }
-            for g in groups.drain(..) {
+            for g in groups.drain() {
                 let delivery = Delivery {
                     watchers: g.watchers.iter().map(|m| m.0).collect(),
                     response: WatchResponse::Events {
@@ -499,7 +527,7 @@ impl WatchHub {
         let buffer = self.buffer;
         let mut moved = false;
         let mut shares = Shares::new(events);
-        let mut groups = Vec::new();
+        let mut groups = Groups::default();
         self.sinks.retain(|_, sink| {
             let due = |w: &Watcher| !w.synced && (need.from..=seen).contains(&w.next_rev);
             for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| due(w)) {
@@ -509,11 +537,14 @@ impl WatchHub {
                 w.next_rev = seen + 1;
                 w.synced = seen >= need.to && seen >= notified;
                 match mine {
-                    Some(mine) => join(&mut groups, mine, before),
+                    Some(mine) => {
+                        let shared = shares.is_shared(&mine);
+                        groups.join(mine, before, shared);
+                    }
                     None => moved = true,
                 }
             }
-            for g in groups.drain(..) {
+            for g in groups.drain() {
                 let delivery = Delivery {
                     watchers: g.watchers.iter().map(|m| m.0).collect(),
                     response: WatchResponse::Events {
@@ -619,6 +650,23 @@ mod tests {
         }
     }
 
+    /// A watch of `key` alone.
+    fn on(key: &[u8], prev_kv: bool) -> WatchRequest {
+        WatchRequest {
+            key: key.to_vec(),
+            prev_kv,
+            ..WatchRequest::default()
+        }
+    }
+
+    /// A put of "k" at `revision` that carries its previous value.
+    fn put_over(revision: i64) -> Event {
+        Event {
+            prev_kv: Some(put(revision - 1).kv),
+            ..put(revision)
+        }
+    }
+
     /// A sink of one watcher: what it receives.
     fn alone(hub: &mut WatchHub, request: &WatchRequest, current: i64) -> Receiver<Delivery> {
         let (sink, rx) = hub.sink(None);
@@ -720,24 +768,10 @@ mod tests {
     fn watchers_taking_the_same_events_share_one_copy() {
         // Two plain watchers and one with prev_kv on "k"; a put of "k" with its previous value.
         let mut hub = WatchHub::new(16, 100);
-        let request = |prev_kv| WatchRequest {
-            key: b"k".to_vec(),
-            prev_kv,
-            ..WatchRequest::default()
-        };
-        let plain: Vec<_> = (0..2).map(|_| alone(&mut hub, &request(false), 1)).collect();
-        let with_prev = alone(&mut hub, &request(true), 1);
-        let other = alone(
-            &mut hub,
-            &WatchRequest {
-                key: b"x".to_vec(),
-                ..WatchRequest::default()
-            },
-            1,
-        );
-        let mut event = put(2);
-        event.prev_kv = Some(put(1).kv);
-        hub.notify(2, &[event]);
+        let plain: Vec<_> = (0..2).map(|_| alone(&mut hub, &on(b"k", false), 1)).collect();
+        let with_prev = alone(&mut hub, &on(b"k", true), 1);
+        let other = alone(&mut hub, &on(b"x", false), 1);
+        hub.notify(2, &[put_over(2)]);
         let got = |rx: &Receiver<Delivery>| match rx.try_recv().map(|d| d.response) {
             Ok(WatchResponse::Events { events, .. }) => events,
             other => panic!("{other:?}"),
@@ -768,26 +802,11 @@ mod tests {
     fn a_sink_gets_one_delivery_per_share_naming_its_watchers() {
         let mut hub = WatchHub::new(16, 100);
         let (sink, rx) = hub.sink(None);
-        let k = |prev_kv| WatchRequest {
-            key: b"k".to_vec(),
-            prev_kv,
-            ..WatchRequest::default()
-        };
-        let a = hub.watch(sink, &k(false), 1, 0);
-        let b = hub.watch(sink, &k(false), 1, 0);
-        let p = hub.watch(sink, &k(true), 1, 0);
-        let x = hub.watch(
-            sink,
-            &WatchRequest {
-                key: b"x".to_vec(),
-                ..WatchRequest::default()
-            },
-            1,
-            0,
-        );
-        let mut event = put(2);
-        event.prev_kv = Some(put(1).kv);
-        hub.notify(2, &[event]);
+        let a = hub.watch(sink, &on(b"k", false), 1, 0);
+        let b = hub.watch(sink, &on(b"k", false), 1, 0);
+        let p = hub.watch(sink, &on(b"k", true), 1, 0);
+        let x = hub.watch(sink, &on(b"x", false), 1, 0);
+        hub.notify(2, &[put_over(2)]);
         let got = deliveries(&rx);
         // The plain watchers share a delivery; the one with previous values gets its own.
         assert_eq!(got, vec![(vec![a, b], vec![2]), (vec![p], vec![2])]);
@@ -797,6 +816,23 @@ mod tests {
             deliveries(&rx),
             vec![(vec![a, p], vec![3])],
             "{x} takes nothing; {b} is gone"
+        );
+        // A revision of two keys: the watchers of "k" share the whole of it only if they take
+        // all of it; the watcher of "x" takes a part of its own.
+        let mut of_x = put(4);
+        of_x.kv.key = Bytes::from_static(b"x");
+        hub.notify(4, &[put(4), of_x]);
+        let got: Vec<(Vec<u64>, usize)> = rx
+            .try_iter()
+            .map(|d| match d.response {
+                WatchResponse::Events { events, .. } => (d.watchers, events.len()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![(vec![a], 1), (vec![p], 1), (vec![x], 1)],
+            "three parts, one each"
         );
     }
 
