@@ -284,7 +284,11 @@ fn a_slow_group_loses_nothing_for_any_of_its_watchers() {
         }
     }
     let got = group_events(&group, 200 + expected_some.len());
-    assert_eq!(got[&all], (2..=201).collect::<Vec<i64>>(), "complete, in order, exactly once");
+    assert_eq!(
+        got[&all],
+        (2..=201).collect::<Vec<i64>>(),
+        "complete, in order, exactly once"
+    );
     assert_eq!(got[&some], expected_some);
 }
 
