@@ -841,10 +841,7 @@ mod tests {
         // A buffer of 2 per watcher, two watchers: four deliveries fit.
         let mut hub = WatchHub::new(2, 100);
         let (sink, rx) = hub.sink(None);
-        let k = WatchRequest {
-            key: b"k".to_vec(),
-            ..WatchRequest::default()
-        };
+        let k = on(b"k", false);
         let (a, b) = (hub.watch(sink, &k, 1, 0), hub.watch(sink, &k, 1, 0));
         for r in 2..=7 {
             hub.notify(r, &[put(r)]);
@@ -881,10 +878,7 @@ mod tests {
     fn a_dropped_sink_takes_its_watchers_and_a_gone_receiver_drops_the_sink() {
         let mut hub = WatchHub::new(16, 100);
         let (sink, _rx) = hub.sink(None);
-        let k = WatchRequest {
-            key: b"k".to_vec(),
-            ..WatchRequest::default()
-        };
+        let k = on(b"k", false);
         hub.watch(sink, &k, 1, 0);
         hub.watch(sink, &k, 1, 0);
         let gone = watch_k(&mut hub, 0, 1);
