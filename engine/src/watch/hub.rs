@@ -158,11 +158,13 @@ impl std::fmt::Debug for Sink {
 }
 
 impl Sink {
-    /// Queues `delivery` unless the sink holds `buffer` deliveries per watcher already.
-    fn send(&self, delivery: Delivery, buffer: usize) -> Sent {
-        if self.tx.len() >= buffer.saturating_mul(self.watchers.len().max(1)) {
-            return Sent::Full;
-        }
+    /// Whether the sink holds `buffer` deliveries per watcher already.
+    fn full(&self, buffer: usize) -> bool {
+        self.tx.len() >= buffer.saturating_mul(self.watchers.len().max(1))
+    }
+
+    /// Queues `delivery`, whatever the sink holds, and wakes its consumer.
+    fn push(&self, delivery: Delivery) -> Sent {
         match self.tx.send(delivery) {
             Ok(()) => {
                 if let Some(wake) = &self.wake {
@@ -173,14 +175,55 @@ impl Sink {
             Err(_) => Sent::Gone,
         }
     }
+
+    /// Queues `delivery` unless the sink is full.
+    fn send(&self, delivery: Delivery, buffer: usize) -> Sent {
+        if self.full(buffer) {
+            return Sent::Full;
+        }
+        self.push(delivery)
+    }
+
+    /// Queues a delivery of `events` up to `revision` per group, while there is room; the
+    /// watchers of a group that finds the sink full are put back as they were, unsynced
+    /// (catch-up resends what they missed). `None` if the consumer is gone, else whether any
+    /// group was delivered.
+    fn hand_out(&mut self, groups: &mut Groups, revision: i64, buffer: usize) -> Option<bool> {
+        let mut delivered = false;
+        for g in groups.drain() {
+            if self.full(buffer) {
+                for (id, (next_rev, quiet)) in g.ids.iter().zip(g.before) {
+                    if let Some(w) = self.watchers.get_mut(id) {
+                        w.next_rev = next_rev;
+                        w.quiet = quiet;
+                        w.synced = false;
+                    }
+                }
+                continue;
+            }
+            let delivery = Delivery {
+                watchers: g.ids,
+                response: WatchResponse::Events {
+                    events: g.events,
+                    revision,
+                },
+            };
+            if matches!(self.push(delivery), Sent::Gone) {
+                return None;
+            }
+            delivered = true;
+        }
+        Some(delivered)
+    }
 }
 
 /// The watchers of one sink that take the same share of a batch: one delivery.
 struct Group {
     events: Arc<[Event]>,
-    /// Each watcher's ID, and its `next_rev` and `quiet` before the delivery (restored if the
-    /// sink is full).
-    watchers: Vec<(u64, i64, bool)>,
+    /// The watchers' IDs, ascending.
+    ids: Vec<u64>,
+    /// Each one's `next_rev` and `quiet` before the delivery (restored if the sink is full).
+    before: Vec<(i64, bool)>,
 }
 
 /// One sink's deliveries of a batch, being gathered: the watchers of each share.
@@ -194,19 +237,27 @@ struct Groups {
 }
 
 impl Groups {
-    /// Adds a watcher (its ID, `next_rev` and `quiet` before) to the group of its share.
-    fn join(&mut self, events: Arc<[Event]>, member: (u64, i64, bool), shared: bool) {
-        let group = Group {
-            events,
-            watchers: vec![member],
+    /// Adds watcher `id` (with its `next_rev` and `quiet` before) to the group of its share.
+    fn join(&mut self, events: Arc<[Event]>, id: u64, before: (i64, bool), shared: bool) {
+        let found = if shared {
+            self.shared.iter_mut().find(|g| Arc::ptr_eq(&g.events, &events))
+        } else {
+            None
         };
-        if !shared {
-            self.own.push(group);
+        if let Some(g) = found {
+            g.ids.push(id);
+            g.before.push(before);
             return;
         }
-        match self.shared.iter_mut().find(|g| Arc::ptr_eq(&g.events, &group.events)) {
-            Some(g) => g.watchers.push(member),
-            None => self.shared.push(group),
+        let group = Group {
+            events,
+            ids: vec![id],
+            before: vec![before],
+        };
+        if shared {
+            self.shared.push(group);
+        } else {
+            self.own.push(group);
         }
     }
 
@@ -392,11 +443,7 @@ impl WatchHub {
                 },
             };
             // The sink's own limit does not apply: the watcher was never in it.
-            if s.tx.send(news).is_ok() {
-                if let Some(wake) = &s.wake {
-                    wake();
-                }
-            }
+            let _ = s.push(news);
             return id;
         }
         s.watchers.insert(
@@ -443,31 +490,16 @@ impl WatchHub {
                 if !w.synced || w.next_rev > revision {
                     continue; // catching up, or starting later
                 }
-                let before = (*id, w.next_rev, w.quiet);
+                let before = (w.next_rev, w.quiet);
                 let mine = shares.part(w);
                 w.next_rev = revision + 1;
                 if let Some(mine) = mine {
                     w.quiet = false;
                     let shared = shares.is_shared(&mine);
-                    groups.join(mine, before, shared);
+                    groups.join(mine, *id, before, shared);
                 }
             }
-            for g in groups.drain() {
-                let delivery = Delivery {
-                    watchers: g.watchers.iter().map(|m| m.0).collect(),
-                    response: WatchResponse::Events {
-                        events: g.events,
-                        revision,
-                    },
-                };
-                match sink.send(delivery, buffer) {
-                    Sent::Delivered => {}
-                    // They fall behind; catch-up will resend this revision from history.
-                    Sent::Full => restore(sink, &g.watchers),
-                    Sent::Gone => return false,
-                }
-            }
-            true
+            sink.hand_out(&mut groups, revision, buffer).is_some()
         });
         self.recount();
     }
@@ -531,7 +563,7 @@ impl WatchHub {
         self.sinks.retain(|_, sink| {
             let due = |w: &Watcher| !w.synced && (need.from..=seen).contains(&w.next_rev);
             for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| due(w)) {
-                let before = (*id, w.next_rev, w.quiet);
+                let before = (w.next_rev, w.quiet);
                 let mine = shares.part(w);
                 w.quiet &= mine.is_none();
                 w.next_rev = seen + 1;
@@ -539,26 +571,18 @@ impl WatchHub {
                 match mine {
                     Some(mine) => {
                         let shared = shares.is_shared(&mine);
-                        groups.join(mine, before, shared);
+                        groups.join(mine, *id, before, shared);
                     }
                     None => moved = true,
                 }
             }
-            for g in groups.drain() {
-                let delivery = Delivery {
-                    watchers: g.watchers.iter().map(|m| m.0).collect(),
-                    response: WatchResponse::Events {
-                        events: g.events,
-                        revision: seen,
-                    },
-                };
-                match sink.send(delivery, buffer) {
-                    Sent::Delivered => moved = true,
-                    Sent::Full => restore(sink, &g.watchers),
-                    Sent::Gone => return false,
+            match sink.hand_out(&mut groups, seen, buffer) {
+                Some(delivered) => {
+                    moved |= delivered;
+                    true
                 }
+                None => false,
             }
-            true
         });
         self.recount();
         moved
@@ -610,18 +634,6 @@ impl WatchHub {
 
     pub(crate) fn len(&self) -> usize {
         self.sinks.values().map(|s| s.watchers.len()).sum()
-    }
-}
-
-/// Puts the watchers of a delivery the sink had no room for back as they were, unsynced:
-/// catch-up resends what they missed.
-fn restore(sink: &mut Sink, members: &[(u64, i64, bool)]) {
-    for &(id, next_rev, quiet) in members {
-        if let Some(w) = sink.watchers.get_mut(&id) {
-            w.next_rev = next_rev;
-            w.quiet = quiet;
-            w.synced = false;
-        }
     }
 }
 
