@@ -23,8 +23,10 @@ fi
 # Debian starts etcd-server as a service on 2379; the tests run their own on free ports, but a
 # stray member there would confuse anyone running cairn by hand afterwards.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop etcd >/dev/null 2>&1 || true; fi
-etcdctl version | head -1
-etcd --version | head -1
+# sed reads to the end: `head -1` would close the pipe early and, under pipefail, fail the run
+# with SIGPIPE (exit 141) whenever the version command writes after head has gone.
+etcdctl version | sed -n 1p
+etcd --version | sed -n 1p
 
 step "cargo fmt --check"
 cargo fmt --all --check
