@@ -17,8 +17,9 @@ virtualenv under benches/compare/.env, and cairn and cairn-bench built in releas
     benches/compare/compare.py --dir /tmp/cmp --only put-100,million --keys 100000
 
 Workloads (--only takes a comma-separated list; each entry selects the names containing it):
-put-serial, put-100, range-l-100, range-s-100, txn-put-100, watch-1000, watch-pinned-1000 (the
-same with the server and the load generator on a core each), keepalive-10k, expiry, million,
+put-serial, put-100, range-l-100, range-s-100, range-s-pinned-100 and watch-1000,
+watch-pinned-1000 (each the one before with the server and the load generator on a core each),
+keepalive-10k, expiry, million,
 cluster-put-100, k8s-1, k8s-3 (the last two, the largest Kubernetes-shaped cluster each target
 carries, are searches run in the first round only: see k8s.py).
 

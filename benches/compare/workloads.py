@@ -140,16 +140,17 @@ THROUGHPUT = [Figure("ops", "throughput", "ops/s", True), Figure("p99", "p99 lat
               Figure("cpu_us", "server CPU per request", "µs", False)]
 
 
-def throughput(args, logged=False):
+def throughput(args, logged=False, bench_cpus=None):
     """A cairn-bench workload run for --seconds: requests answered per second, their p99, and
     the server's CPU time per answered request (user and system, all its processes). On two
     cores the load generator takes about as much CPU as the server, so throughput understates
-    differences between servers; CPU per request shows them."""
+    differences between servers; CPU per request shows them. With `bench_cpus`, the load
+    generator runs on those CPUs only (the workload's `cpus` keep the server on the others)."""
 
     def run(ctx, t, endpoints, name):
         log_file = ctx.log_path(name, t) if logged else None
         cpu_before = t.cpu_seconds()
-        out = bench(ctx, endpoints, args, seconds=ctx.seconds, latency_log=log_file)
+        out = bench(ctx, endpoints, args, seconds=ctx.seconds, latency_log=log_file, cpus=bench_cpus)
         cpu = t.cpu_seconds() - cpu_before
         if logged:
             ctx.keep(name, t, {"latency_log": str(log_file)})
@@ -332,6 +333,10 @@ def workloads(keys, expiry_leases):
         Workload("range-s-100", "serializable range, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "s"],
                             logged=True)),
+        Workload("range-s-pinned-100", "the same, the server on one core and the load generator on the other",
+                 THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "s"],
+                            bench_cpus="1"), cpus=("0", "1")),
         Workload("txn-put-100", "txn-put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "txn-put", "--key-space-size", "100000"])),
         Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers", WATCH, watch_fanout()),
