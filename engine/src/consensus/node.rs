@@ -185,6 +185,17 @@ impl std::task::Wake for Nudge {
     }
 }
 
+/// Where the node thread hands what it has to apply, in order: to the apply thread, which may
+/// lend the node thread its state for a small batch (the engine's `Handoff`).
+pub(crate) trait ApplyQueue: Send {
+    /// Hands `work` over, after everything handed before; fails once the apply side is gone.
+    fn send(&self, work: ToApply) -> Result<()>;
+
+    /// As `send`, but a small batch of entries may be applied on the calling thread, if the
+    /// apply side is idle: for a node thread with nothing else to do.
+    fn send_or_apply(&self, work: ToApply) -> Result<()>;
+}
+
 /// What the apply thread is handed.
 pub(crate) enum ToApply {
     /// Committed entries, in order, each with the membership change it applied, if any.
@@ -197,6 +208,9 @@ pub(crate) enum ToApply {
     /// A snapshot raft accepted: the staged state replaces the live one (after everything
     /// handed over before it is applied), durably, before the answer.
     Install { staged: Staged, reply: Sender<Result<()>> },
+    /// Nothing to apply: a batch applied on the node thread began a compaction, for the apply
+    /// thread to sweep.
+    Sweep,
 }
 
 /// Tunables of the node.
@@ -227,7 +241,7 @@ impl Node {
         log: RaftLog,
         wal: Arc<Wal>,
         transport: Arc<dyn Transport>,
-        apply: Sender<ToApply>,
+        apply: Box<dyn ApplyQueue>,
         status: Arc<Status>,
         snapshots: SnapshotSource,
     ) -> Result<Node> {
@@ -375,7 +389,7 @@ struct NodeThread {
     log: RaftLog,
     wal: Arc<Wal>,
     transport: Arc<dyn Transport>,
-    apply: Sender<ToApply>,
+    apply: Box<dyn ApplyQueue>,
     /// Readies appended to the WAL and not known durable yet, in order.
     persisting: VecDeque<Persisting>,
     /// Set once an append failed: nothing after it is passed on.
@@ -613,9 +627,7 @@ impl NodeThread {
             )));
         };
         let (done, answer) = bounded(1);
-        self.apply
-            .send(ToApply::Install { staged, reply: done })
-            .map_err(|_| Error::Closed)?;
+        self.apply.send(ToApply::Install { staged, reply: done })?;
         let installed = answer.recv().map_err(|_| Error::Closed).and_then(|r| r);
         if let Err(e) = installed {
             let _ = reply.send(Err(e.clone()));
@@ -714,10 +726,11 @@ impl NodeThread {
             })
     }
 
-    /// Applies conf changes among `entries` to raft, and hands them all to the apply thread.
-    fn committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+    /// Applies conf changes among `entries` to raft; returns them all, to hand to the apply
+    /// thread.
+    fn committed(&mut self, entries: Vec<Entry>) -> Result<Option<ToApply>> {
         if entries.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {
@@ -736,7 +749,7 @@ impl NodeThread {
             };
             out.push((e, cs));
         }
-        self.apply.send(ToApply::Entries(out)).map_err(|_| Error::Closed)
+        Ok(Some(ToApply::Entries(out)))
     }
 
     fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI, context: bytes::Bytes) -> Result<ConfApplied> {
@@ -798,7 +811,26 @@ impl NodeThread {
         } else {
             self.log.conf_state()
         };
-        self.committed(rd.take_committed_entries())?;
+        let committed = self.committed(rd.take_committed_entries())?;
+        if !self.inputs.is_empty() {
+            // Busy: the apply thread applies them while this thread goes on.
+            if let Some(work) = committed {
+                self.apply.send(work)?;
+            }
+            return self.append_ready(rd, installed, conf_before);
+        }
+        // Nothing else waits for this thread: the new entries go to the WAL first, so their
+        // fsync runs while these are applied, on this thread if the batch is small.
+        let appended = self.append_ready(rd, installed, conf_before);
+        if let Some(work) = committed {
+            self.apply.send_or_apply(work)?;
+        }
+        appended
+    }
+
+    /// The rest of a Ready: its read states answered, its entries and HardState into the log
+    /// and the WAL, without waiting for the WAL.
+    fn append_ready(&mut self, mut rd: raft::Ready, installed: Option<u64>, conf_before: ConfState) -> Result<()> {
         let sole_voter = self.log.conf_state() != conf_before
             && self.log.conf_state().voters == [self.config.id]
             && self.raw.raft.state != StateRole::Leader;

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cairn_wal::Wal;
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use parking_lot::{Mutex, RwLock};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use raft::eraftpb::EntryType;
 
 use super::checkpointing::{write_and_release, Checkpointing, Encoded};
@@ -17,7 +17,7 @@ use super::propose::{Answer, Waiters};
 use super::watch::Fed;
 use super::State;
 use crate::consensus::log::RaftLog;
-use crate::consensus::node::{Input, Status, ToApply};
+use crate::consensus::node::{ApplyQueue, Input, Status, ToApply};
 use crate::consensus::transfer::Staged;
 use crate::error::{Error, Result};
 use crate::mvcc::index::KeyRange;
@@ -233,105 +233,158 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
     Ok((encoded, old.file_paths()))
 }
 
-pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
-    let Applier {
-        state,
-        hub,
-        feed,
-        watchers,
-        wal,
-        dir,
-        checkpoint_entries,
-        compaction_batch,
-        checkpointing,
-        swept,
-        waiters,
-        applied,
-        node,
-        status,
-        log,
-        defragmenting,
-    } = a;
-    let everything = KeyRange::new(&[0], &[0]);
-    let mut since_checkpoint = 0u64;
-    // The state is encoded here, under the lock; writing and fsyncing the file happen on the
-    // checkpointer thread while requests go on being applied. One at a time: while one is
-    // being written, the next waits for more entries.
-    let writing = Arc::new(AtomicBool::new(false));
-    let (to_write, written) = bounded::<Encoded>(1);
-    let checkpointer = {
-        let (dir, wal, checkpointing, writing) = (dir.clone(), wal.clone(), checkpointing.clone(), writing.clone());
-        std::thread::Builder::new()
-            .name("cairn-checkpoint".into())
-            .spawn(move || {
-                for encoded in written {
-                    if let Err(e) = write_and_release(&dir, &encoded, &wal, &checkpointing) {
-                        tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
-                    }
-                    writing.store(false, Ordering::Release);
-                }
-            })
-    };
-    let (to_write, checkpointer) = match checkpointer {
-        Ok(thread) => (Some(to_write), Some(thread)),
-        Err(e) => {
-            tracing::error!(error = %e, "no checkpoint thread; checkpoints only on close");
-            (None, None)
+/// The node thread's way to the apply thread ([`ApplyQueue`]). Work is applied in the order it
+/// is handed over. A small batch of entries that finds the node thread with no other input and
+/// the apply thread with nothing queued and nothing in hand is applied on the node thread
+/// itself: one thread hand-off fewer per write when writes come one or a few at a time (the
+/// serial put's path), while under load, and for everything else, the apply thread applies and
+/// the node thread goes on with the next Ready.
+pub(super) struct Handoff {
+    tx: Sender<ToApply>,
+    shared: Arc<Shared>,
+}
+
+/// What the apply thread shares with the node thread's [`Handoff`].
+pub(super) struct Shared {
+    /// Handed to the apply thread and not yet applied. Only the node thread adds to it, so
+    /// when it reads 0 everything handed over before is applied.
+    queued: AtomicUsize,
+    /// How to apply: the apply thread's, lent to the node thread for a small batch. None
+    /// until the apply thread starts, and after it stops.
+    applying: Mutex<Option<Applying>>,
+    state: Arc<RwLock<State>>,
+}
+
+/// Batches of at most this many entries, and this many bytes, may be applied on the node
+/// thread.
+const HERE_ENTRIES: usize = 8;
+const HERE_BYTES: usize = 64 << 10;
+
+impl Handoff {
+    /// A handoff to an apply thread not started yet; `apply_loop` takes the receiver and the
+    /// shared part.
+    pub(super) fn new(state: Arc<RwLock<State>>) -> (Handoff, Receiver<ToApply>, Arc<Shared>) {
+        let (tx, rx) = unbounded();
+        let shared = Arc::new(Shared {
+            queued: AtomicUsize::new(0),
+            applying: Mutex::new(None),
+            state,
+        });
+        let handoff = Handoff {
+            tx,
+            shared: shared.clone(),
+        };
+        (handoff, rx, shared)
+    }
+
+    fn queue(&self, work: ToApply) -> Result<()> {
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(work).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            Error::Closed
+        })
+    }
+
+    /// Applies `batch` here if the apply thread has nothing queued, is not applying, and the
+    /// state lock is free at once (a long read holding it must not stall the node thread:
+    /// ticks and heartbeats wait on it); gives the batch back otherwise.
+    fn apply_here(&self, batch: Entries) -> Option<Entries> {
+        let bytes: usize = batch.iter().map(|(e, _)| e.data.len()).sum();
+        if batch.len() > HERE_ENTRIES || bytes > HERE_BYTES || self.shared.queued.load(Ordering::Acquire) != 0 {
+            return Some(batch);
         }
-    };
-    loop {
-        // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
-        // write waits behind it for long.
-        let (compacting, unfinished) = {
-            let st = state.read();
-            (st.store.compaction_pending(), st.store.compaction_unfinished())
+        let Some(mut lent) = self.shared.applying.try_lock() else {
+            return Some(batch);
         };
-        let p = if compacting {
-            if !state.write().store.compaction_step(compaction_batch) {
-                let _signal = swept.0.lock();
-                swept.1.notify_all();
-            }
-            match rx.try_recv() {
-                Ok(p) => p,
-                Err(TryRecvError::Empty) => continue,
-                Err(TryRecvError::Disconnected) => break,
-            }
-        } else if unfinished {
-            // Paused by a snapshot: look again now and then, requests or not.
-            match rx.recv_timeout(std::time::Duration::from_millis(50)) {
-                Ok(p) => p,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        } else {
-            match rx.recv() {
-                Ok(p) => p,
-                Err(_) => break,
-            }
+        let Some(applying) = lent.as_mut() else {
+            return Some(batch);
         };
-        let batch = match p {
-            ToApply::Entries(batch) => batch,
+        let Some(st) = self.shared.state.try_write() else {
+            return Some(batch);
+        };
+        if applying.entries(st, batch) {
+            // The batch began a compaction: the apply thread sweeps it, between batches.
+            if self.queue(ToApply::Sweep).is_err() {
+                tracing::warn!("no apply thread to sweep a compaction");
+            }
+        }
+        None
+    }
+}
+
+impl ApplyQueue for Handoff {
+    fn send(&self, work: ToApply) -> Result<()> {
+        self.queue(work)
+    }
+
+    fn send_or_apply(&self, work: ToApply) -> Result<()> {
+        match work {
+            ToApply::Entries(batch) => match self.apply_here(batch) {
+                None => Ok(()),
+                Some(batch) => self.queue(ToApply::Entries(batch)),
+            },
+            work => self.queue(work),
+        }
+    }
+}
+
+type Entries = Vec<(raft::eraftpb::Entry, Option<crate::consensus::ConfApplied>)>;
+
+/// How work is applied, on the apply thread or lent to the node thread: the state it applies
+/// to and everything it answers and feeds.
+pub(super) struct Applying {
+    state: Arc<RwLock<State>>,
+    hub: Arc<Mutex<WatchHub>>,
+    feed: Sender<Fed>,
+    watchers: Arc<AtomicUsize>,
+    wal: Arc<Wal>,
+    dir: PathBuf,
+    checkpoint_entries: u64,
+    checkpointing: Arc<Checkpointing>,
+    waiters: Arc<Waiters>,
+    applied: Arc<AppliedIndex>,
+    node: Sender<Input>,
+    status: Arc<Status>,
+    log: RaftLog,
+    defragmenting: Arc<Mutex<()>>,
+    everything: KeyRange,
+    /// Entries applied since the last checkpoint was encoded.
+    since_checkpoint: u64,
+    /// Set while the checkpointer thread writes one: the next waits for more entries.
+    writing: Arc<AtomicBool>,
+    /// To the checkpointer thread; None if it could not start.
+    to_write: Option<Sender<Encoded>>,
+}
+
+impl Applying {
+    /// Applies anything but entries.
+    fn other(&mut self, work: ToApply) {
+        match work {
+            ToApply::Entries(batch) => {
+                let state = self.state.clone();
+                // A compaction it begins is swept by the apply loop, which is the caller.
+                self.entries(state.write(), batch);
+            }
+            ToApply::Sweep => {}
             ToApply::Dropped { id, error } => {
-                status.proposals_failed.fetch_add(1, Ordering::Relaxed);
-                if let Some(w) = waiters.lock().remove(&id) {
+                self.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
+                if let Some(w) = self.waiters.lock().remove(&id) {
                     let _ = w.send(Err(error));
                 }
-                continue;
             }
             ToApply::BecameLeader { term } => {
                 // A new leader extends what the old one granted; it never expires early.
-                state.write().lessor.restart_clocks();
-                status.leases_term.store(term, Ordering::Release);
-                continue;
+                self.state.write().lessor.restart_clocks();
+                self.status.leases_term.store(term, Ordering::Release);
             }
             ToApply::Install { staged, reply } => {
                 let installed = {
-                    let _one = defragmenting.lock();
-                    install(&state, &hub, staged)
+                    let _one = self.defragmenting.lock();
+                    install(&self.state, &self.hub, staged)
                 };
                 let outcome = installed.and_then(|(encoded, old_files)| {
                     let index = encoded.applied;
-                    write_and_release(&dir, &encoded, &wal, &checkpointing)?;
+                    write_and_release(&self.dir, &encoded, &self.wal, &self.checkpointing)?;
                     for path in old_files {
                         if let Err(e) = crate::backend::delete_gradually(&path, false) {
                             tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
@@ -340,20 +393,24 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
                     Ok(index)
                 });
                 if let Ok(index) = outcome {
-                    let st = state.read();
-                    log.publish_applied(index, st.applied_term, st.membership.to_conf_state());
+                    let st = self.state.read();
+                    self.log
+                        .publish_applied(index, st.applied_term, st.membership.to_conf_state());
                     drop(st);
-                    applied.set(index);
-                    let _ = node.send(Input::Applied(index));
-                    since_checkpoint = 0;
+                    self.applied.set(index);
+                    let _ = self.node.send(Input::Applied(index));
+                    self.since_checkpoint = 0;
                 }
                 let _ = reply.send(outcome.map(|_| ()));
-                continue;
             }
-        };
+        }
+    }
+
+    /// Applies committed entries under the state lock `st`, then answers their waiters and
+    /// tells the node thread; returns whether a compaction is left to sweep.
+    fn entries(&mut self, mut st: RwLockWriteGuard<'_, State>, batch: Entries) -> bool {
         let mut answers = Vec::new();
         let mut encoded = None;
-        let mut st = state.write();
         for (entry, conf) in batch {
             if entry.index <= st.applied_index {
                 // In the state already: a snapshot from the leader was newer than its
@@ -390,21 +447,21 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
             st.applied_index = entry.index;
             st.applied_term = entry.term;
             let after = st.store.current_revision();
-            if after > before && watchers.load(Ordering::Relaxed) > 0 {
+            if after > before && self.watchers.load(Ordering::Relaxed) > 0 {
                 // Queued under the state lock, so in revision order, and a watcher created
                 // after this revision skips it. Never waits: a full queue drops the revision,
                 // and the watchers due it catch up from history (see `WatchHub::notify`).
-                match st.store.events(after, after, &everything, 0, true) {
+                match st.store.events(after, after, &self.everything, 0, true) {
                     Ok(events) => {
-                        let _ = feed.try_send((after, events));
+                        let _ = self.feed.try_send((after, events));
                     }
                     Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
                 }
             }
-            since_checkpoint += 1;
-            let due = checkpoint_entries > 0 && since_checkpoint >= checkpoint_entries;
-            if due && encoded.is_none() && to_write.is_some() && !writing.load(Ordering::Acquire) {
-                since_checkpoint = 0;
+            self.since_checkpoint += 1;
+            let due = self.checkpoint_entries > 0 && self.since_checkpoint >= self.checkpoint_entries;
+            if due && encoded.is_none() && self.to_write.is_some() && !self.writing.load(Ordering::Acquire) {
+                self.since_checkpoint = 0;
                 // A small record: the layout and the leases.
                 match st.checkpoint() {
                     Ok(e) => encoded = Some(e),
@@ -413,31 +470,139 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, a: Applier) {
             }
         }
         let index = st.applied_index;
-        log.publish_applied(index, st.applied_term, st.membership.to_conf_state());
+        let compacting = st.store.compaction_pending();
+        self.log
+            .publish_applied(index, st.applied_term, st.membership.to_conf_state());
         drop(st);
-        applied.set(index);
-        let _ = node.send(Input::Applied(index));
+        self.applied.set(index);
+        let _ = self.node.send(Input::Applied(index));
         {
-            let mut waiting = waiters.lock();
+            let mut waiting = self.waiters.lock();
             for (id, outcome) in answers {
                 if let Some(w) = waiting.remove(&id) {
                     let _ = w.send(outcome);
                 }
             }
         }
-        if let (Some(e), Some(tx)) = (encoded, to_write.as_ref()) {
+        if let (Some(e), Some(tx)) = (encoded, self.to_write.as_ref()) {
             let index = e.applied;
-            writing.store(true, Ordering::Release);
+            self.writing.store(true, Ordering::Release);
             if tx.send(e).is_err() {
-                writing.store(false, Ordering::Release);
+                self.writing.store(false, Ordering::Release);
             }
-            let _ = node.send(Input::Compact {
-                index: index.saturating_sub(checkpointing.catch_up),
+            let _ = self.node.send(Input::Compact {
+                index: index.saturating_sub(self.checkpointing.catch_up),
             });
         }
+        compacting
+    }
+}
+
+/// The apply thread: applies what the node thread hands over, in order, and sweeps
+/// compactions between batches.
+pub(super) fn apply_loop(rx: Receiver<ToApply>, shared: Arc<Shared>, a: Applier) {
+    let Applier {
+        state,
+        hub,
+        feed,
+        watchers,
+        wal,
+        dir,
+        checkpoint_entries,
+        compaction_batch,
+        checkpointing,
+        swept,
+        waiters,
+        applied,
+        node,
+        status,
+        log,
+        defragmenting,
+    } = a;
+    // The state is encoded under the lock; writing and fsyncing the file happen on the
+    // checkpointer thread while requests go on being applied. One at a time: while one is
+    // being written, the next waits for more entries.
+    let writing = Arc::new(AtomicBool::new(false));
+    let (to_write, written) = bounded::<Encoded>(1);
+    let checkpointer = {
+        let (dir, wal, checkpointing, writing) = (dir.clone(), wal.clone(), checkpointing.clone(), writing.clone());
+        std::thread::Builder::new()
+            .name("cairn-checkpoint".into())
+            .spawn(move || {
+                for encoded in written {
+                    if let Err(e) = write_and_release(&dir, &encoded, &wal, &checkpointing) {
+                        tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
+                    }
+                    writing.store(false, Ordering::Release);
+                }
+            })
+    };
+    let (to_write, checkpointer) = match checkpointer {
+        Ok(thread) => (Some(to_write), Some(thread)),
+        Err(e) => {
+            tracing::error!(error = %e, "no checkpoint thread; checkpoints only on close");
+            (None, None)
+        }
+    };
+    *shared.applying.lock() = Some(Applying {
+        state: state.clone(),
+        hub,
+        feed,
+        watchers,
+        wal,
+        dir,
+        checkpoint_entries,
+        checkpointing,
+        waiters,
+        applied,
+        node,
+        status,
+        log,
+        defragmenting,
+        everything: KeyRange::new(&[0], &[0]),
+        since_checkpoint: 0,
+        writing,
+        to_write,
+    });
+    loop {
+        // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
+        // write waits behind it for long.
+        let (compacting, unfinished) = {
+            let st = state.read();
+            (st.store.compaction_pending(), st.store.compaction_unfinished())
+        };
+        let work = if compacting {
+            if !state.write().store.compaction_step(compaction_batch) {
+                let _signal = swept.0.lock();
+                swept.1.notify_all();
+            }
+            match rx.try_recv() {
+                Ok(work) => work,
+                Err(TryRecvError::Empty) => continue,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        } else if unfinished {
+            // Paused by a snapshot: look again now and then, requests or not.
+            match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                Ok(work) => work,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(work) => work,
+                Err(_) => break,
+            }
+        };
+        if let Some(applying) = shared.applying.lock().as_mut() {
+            applying.other(work);
+        }
+        // Only now: the node thread applies a batch itself only once nothing handed over
+        // before is left.
+        shared.queued.fetch_sub(1, Ordering::AcqRel);
     }
     // Let a checkpoint being written finish before the final one is taken.
-    drop(to_write);
+    drop(shared.applying.lock().take());
     if let Some(thread) = checkpointer {
         let _ = thread.join();
     }

@@ -41,10 +41,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use cairn_wal::Wal;
-use crossbeam_channel::{bounded, unbounded, Sender};
+use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
-use apply::{apply_loop, AppliedIndex, Applier, Swept};
+use apply::{apply_loop, AppliedIndex, Applier, Handoff, Swept};
 use checkpointing::{checkpoint_and_release, Checkpointing};
 use leases::checker_loop;
 use maintenance::write_snapshot;
@@ -239,7 +239,7 @@ impl Engine {
         });
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let waiters: Arc<Waiters> = Arc::default();
-        let (apply_tx, apply_rx) = unbounded();
+        let (handoff, apply_rx, apply_shared) = Handoff::new(state.clone());
         let status = Arc::new(Status::default());
         let snapshots = {
             let state = state.clone();
@@ -250,7 +250,7 @@ impl Engine {
             log.clone(),
             wal.clone(),
             transport,
-            apply_tx,
+            Box::new(handoff),
             status.clone(),
             snapshots,
         )?;
@@ -277,7 +277,7 @@ impl Engine {
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn(move || apply_loop(apply_rx, applier))
+                .spawn(move || apply_loop(apply_rx, apply_shared, applier))
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
         };
         let watch_thread = {
