@@ -179,6 +179,68 @@ fn a_lone_compaction_is_swept() {
     ));
 }
 
+/// Writes whatever it is given, but holds the first write until told to go on: a snapshot
+/// kept running (so its pin on the store's history held) for as long as a test needs.
+struct HeldWriter {
+    started: Option<std::sync::mpsc::Sender<()>>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl std::io::Write for HeldWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(started) = self.started.take() {
+            let _ = started.send(());
+            let _ = self.go.recv();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A compaction that begins while a snapshot pins the history waits for it, and is swept once
+/// the snapshot ends, with nothing else written.
+#[test]
+fn a_compaction_during_a_snapshot_is_swept_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(Engine::open(dir.path(), small()).unwrap());
+    for i in 0..20 {
+        engine.put(put("k", &format!("v{i}"))).unwrap();
+    }
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (go, held) = std::sync::mpsc::channel();
+    let snapshot = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let mut out = HeldWriter {
+                started: Some(started),
+                go: held,
+            };
+            engine.snapshot(&mut out)
+        })
+    };
+    has_started.recv().unwrap();
+    engine.compact(15).unwrap();
+    go.send(()).unwrap();
+    snapshot.join().unwrap().unwrap();
+    let (done, swept) = std::sync::mpsc::channel();
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(engine.wait_compacted());
+        })
+    };
+    // A bound on a hang, not a timing assertion.
+    let outcome = swept.recv_timeout(std::time::Duration::from_secs(60));
+    assert!(
+        matches!(outcome, Ok(Ok(()))),
+        "the compaction was not swept: {outcome:?}"
+    );
+    waiter.join().unwrap();
+}
+
 #[test]
 fn etcd_errors_come_back() {
     let dir = tempfile::tempdir().unwrap();

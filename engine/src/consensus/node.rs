@@ -192,7 +192,8 @@ pub(crate) trait ApplyQueue: Send {
     fn send(&self, work: ToApply) -> Result<()>;
 
     /// As `send`, but a small batch of entries may be applied on the calling thread, if the
-    /// apply side is idle: for a node thread with nothing else to do.
+    /// apply side is idle: for the node thread of a group's sole member with nothing else to
+    /// do.
     fn send_or_apply(&self, work: ToApply) -> Result<()>;
 }
 
@@ -812,8 +813,11 @@ impl NodeThread {
             self.log.conf_state()
         };
         let committed = self.committed(rd.take_committed_entries())?;
-        if !self.inputs.is_empty() {
-            // Busy: the apply thread applies them while this thread goes on.
+        let conf = self.log.conf_state();
+        let alone = conf.voters == [self.config.id] && conf.learners.is_empty() && conf.voters_outgoing.is_empty();
+        if !alone || !self.inputs.is_empty() {
+            // Busy, or with peers waiting on this thread's heartbeats and appends: the apply
+            // thread applies them while this thread goes on.
             if let Some(work) = committed {
                 self.apply.send(work)?;
             }

@@ -234,11 +234,13 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
 }
 
 /// The node thread's way to the apply thread ([`ApplyQueue`]). Work is applied in the order it
-/// is handed over. A small batch of entries that finds the node thread with no other input and
-/// the apply thread with nothing queued and nothing in hand is applied on the node thread
-/// itself: one thread hand-off fewer per write when writes come one or a few at a time (the
-/// serial put's path), while under load, and for everything else, the apply thread applies and
-/// the node thread goes on with the next Ready.
+/// is handed over. On a group's sole member, a small batch of entries that finds the node
+/// thread with no other input and the apply thread with nothing queued and nothing in hand is
+/// applied on the node thread itself: one thread hand-off fewer per write when writes come one
+/// or a few at a time (the serial put's path). Under load, in a group of several (where a node
+/// thread held up by an apply would delay heartbeats), for a batch that would encode a
+/// checkpoint (which flushes the data files), and for everything else, the apply thread
+/// applies and the node thread goes on with the next Ready.
 pub(super) struct Handoff {
     tx: Sender<ToApply>,
     shared: Arc<Shared>,
@@ -299,6 +301,10 @@ impl Handoff {
         let Some(applying) = lent.as_mut() else {
             return Some(batch);
         };
+        if applying.checkpoint_due(batch.len()) {
+            // Encoding one flushes the data files: never on the node thread.
+            return Some(batch);
+        }
         let Some(st) = self.shared.state.try_write() else {
             return Some(batch);
         };
@@ -357,6 +363,11 @@ pub(super) struct Applying {
 }
 
 impl Applying {
+    /// Whether applying `entries` more would encode a checkpoint.
+    fn checkpoint_due(&self, entries: usize) -> bool {
+        self.checkpoint_entries > 0 && self.since_checkpoint + entries as u64 >= self.checkpoint_entries
+    }
+
     /// Applies anything but entries.
     fn other(&mut self, work: ToApply) {
         match work {
@@ -470,7 +481,9 @@ impl Applying {
             }
         }
         let index = st.applied_index;
-        let compacting = st.store.compaction_pending();
+        // Unfinished, not only pending: a compaction paused by a snapshot still needs the apply
+        // loop, which looks again now and then.
+        let compacting = st.store.compaction_unfinished();
         self.log
             .publish_applied(index, st.applied_term, st.membership.to_conf_state());
         drop(st);
