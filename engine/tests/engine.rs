@@ -149,6 +149,25 @@ fn serial_writes_and_bursts_interleave_in_log_order() {
     }
 }
 
+/// Asserts that the compactions so far are swept (`wait_compacted` returns), failing after a
+/// minute rather than hanging: a bound on a hang, not a timing assertion (a sweep of a few
+/// revisions takes milliseconds).
+fn assert_swept(engine: &Arc<Engine>) {
+    let (done, swept) = std::sync::mpsc::channel();
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(engine.wait_compacted());
+        })
+    };
+    let outcome = swept.recv_timeout(std::time::Duration::from_secs(60));
+    assert!(
+        matches!(outcome, Ok(Ok(()))),
+        "the compaction was not swept: {outcome:?}"
+    );
+    waiter.join().unwrap();
+}
+
 /// A compaction applied on the node thread (one request, nothing else going on) is still
 /// swept by the apply thread.
 #[test]
@@ -159,20 +178,7 @@ fn a_lone_compaction_is_swept() {
         engine.put(put("k", &format!("v{i}"))).unwrap();
     }
     engine.compact(15).unwrap();
-    let (done, swept) = std::sync::mpsc::channel();
-    let waiter = {
-        let engine = engine.clone();
-        std::thread::spawn(move || {
-            let _ = done.send(engine.wait_compacted());
-        })
-    };
-    // A bound on a hang, not a timing assertion: the sweep of 20 revisions takes milliseconds.
-    let outcome = swept.recv_timeout(std::time::Duration::from_secs(60));
-    assert!(
-        matches!(outcome, Ok(Ok(()))),
-        "the compaction was not swept: {outcome:?}"
-    );
-    waiter.join().unwrap();
+    assert_swept(&engine);
     assert!(matches!(
         engine.range(&RangeRequest::all().at_revision(10)),
         Err(Error::Compacted { .. })
@@ -225,20 +231,7 @@ fn a_compaction_during_a_snapshot_is_swept_after_it() {
     engine.compact(15).unwrap();
     go.send(()).unwrap();
     snapshot.join().unwrap().unwrap();
-    let (done, swept) = std::sync::mpsc::channel();
-    let waiter = {
-        let engine = engine.clone();
-        std::thread::spawn(move || {
-            let _ = done.send(engine.wait_compacted());
-        })
-    };
-    // A bound on a hang, not a timing assertion.
-    let outcome = swept.recv_timeout(std::time::Duration::from_secs(60));
-    assert!(
-        matches!(outcome, Ok(Ok(()))),
-        "the compaction was not swept: {outcome:?}"
-    );
-    waiter.join().unwrap();
+    assert_swept(&engine);
 }
 
 #[test]

@@ -172,7 +172,7 @@ fn apply(state: &mut State, request: &Request) -> Answer {
     }
 }
 
-/// What the apply thread needs besides its queue.
+/// What applying needs from the engine, besides the queue and the compaction sweep's settings.
 pub(super) struct Applier {
     pub(super) state: Arc<RwLock<State>>,
     pub(super) hub: Arc<Mutex<WatchHub>>,
@@ -183,9 +183,7 @@ pub(super) struct Applier {
     pub(super) wal: Arc<Wal>,
     pub(super) dir: PathBuf,
     pub(super) checkpoint_entries: u64,
-    pub(super) compaction_batch: usize,
     pub(super) checkpointing: Arc<Checkpointing>,
-    pub(super) swept: Arc<Swept>,
     pub(super) waiters: Arc<Waiters>,
     pub(super) applied: Arc<AppliedIndex>,
     /// To tell the node thread what was applied and what a checkpoint covers.
@@ -339,20 +337,7 @@ type Entries = Vec<(raft::eraftpb::Entry, Option<crate::consensus::ConfApplied>)
 /// How work is applied, on the apply thread or lent to the node thread: the state it applies
 /// to and everything it answers and feeds.
 pub(super) struct Applying {
-    state: Arc<RwLock<State>>,
-    hub: Arc<Mutex<WatchHub>>,
-    feed: Sender<Fed>,
-    watchers: Arc<AtomicUsize>,
-    wal: Arc<Wal>,
-    dir: PathBuf,
-    checkpoint_entries: u64,
-    checkpointing: Arc<Checkpointing>,
-    waiters: Arc<Waiters>,
-    applied: Arc<AppliedIndex>,
-    node: Sender<Input>,
-    status: Arc<Status>,
-    log: RaftLog,
-    defragmenting: Arc<Mutex<()>>,
+    with: Applier,
     everything: KeyRange,
     /// Entries applied since the last checkpoint was encoded.
     since_checkpoint: u64,
@@ -365,37 +350,37 @@ pub(super) struct Applying {
 impl Applying {
     /// Whether applying `entries` more would encode a checkpoint.
     fn checkpoint_due(&self, entries: usize) -> bool {
-        self.checkpoint_entries > 0 && self.since_checkpoint + entries as u64 >= self.checkpoint_entries
+        self.with.checkpoint_entries > 0 && self.since_checkpoint + entries as u64 >= self.with.checkpoint_entries
     }
 
     /// Applies anything but entries.
     fn other(&mut self, work: ToApply) {
         match work {
             ToApply::Entries(batch) => {
-                let state = self.state.clone();
+                let state = self.with.state.clone();
                 // A compaction it begins is swept by the apply loop, which is the caller.
                 self.entries(state.write(), batch);
             }
             ToApply::Sweep => {}
             ToApply::Dropped { id, error } => {
-                self.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
-                if let Some(w) = self.waiters.lock().remove(&id) {
+                self.with.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
+                if let Some(w) = self.with.waiters.lock().remove(&id) {
                     let _ = w.send(Err(error));
                 }
             }
             ToApply::BecameLeader { term } => {
                 // A new leader extends what the old one granted; it never expires early.
-                self.state.write().lessor.restart_clocks();
-                self.status.leases_term.store(term, Ordering::Release);
+                self.with.state.write().lessor.restart_clocks();
+                self.with.status.leases_term.store(term, Ordering::Release);
             }
             ToApply::Install { staged, reply } => {
                 let installed = {
-                    let _one = self.defragmenting.lock();
-                    install(&self.state, &self.hub, staged)
+                    let _one = self.with.defragmenting.lock();
+                    install(&self.with.state, &self.with.hub, staged)
                 };
                 let outcome = installed.and_then(|(encoded, old_files)| {
                     let index = encoded.applied;
-                    write_and_release(&self.dir, &encoded, &self.wal, &self.checkpointing)?;
+                    write_and_release(&self.with.dir, &encoded, &self.with.wal, &self.with.checkpointing)?;
                     for path in old_files {
                         if let Err(e) = crate::backend::delete_gradually(&path, false) {
                             tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
@@ -404,12 +389,13 @@ impl Applying {
                     Ok(index)
                 });
                 if let Ok(index) = outcome {
-                    let st = self.state.read();
-                    self.log
+                    let st = self.with.state.read();
+                    self.with
+                        .log
                         .publish_applied(index, st.applied_term, st.membership.to_conf_state());
                     drop(st);
-                    self.applied.set(index);
-                    let _ = self.node.send(Input::Applied(index));
+                    self.with.applied.set(index);
+                    let _ = self.with.node.send(Input::Applied(index));
                     self.since_checkpoint = 0;
                 }
                 let _ = reply.send(outcome.map(|_| ()));
@@ -458,19 +444,19 @@ impl Applying {
             st.applied_index = entry.index;
             st.applied_term = entry.term;
             let after = st.store.current_revision();
-            if after > before && self.watchers.load(Ordering::Relaxed) > 0 {
+            if after > before && self.with.watchers.load(Ordering::Relaxed) > 0 {
                 // Queued under the state lock, so in revision order, and a watcher created
                 // after this revision skips it. Never waits: a full queue drops the revision,
                 // and the watchers due it catch up from history (see `WatchHub::notify`).
                 match st.store.events(after, after, &self.everything, 0, true) {
                     Ok(events) => {
-                        let _ = self.feed.try_send((after, events));
+                        let _ = self.with.feed.try_send((after, events));
                     }
                     Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
                 }
             }
             self.since_checkpoint += 1;
-            let due = self.checkpoint_entries > 0 && self.since_checkpoint >= self.checkpoint_entries;
+            let due = self.with.checkpoint_entries > 0 && self.since_checkpoint >= self.with.checkpoint_entries;
             if due && encoded.is_none() && self.to_write.is_some() && !self.writing.load(Ordering::Acquire) {
                 self.since_checkpoint = 0;
                 // A small record: the layout and the leases.
@@ -484,13 +470,14 @@ impl Applying {
         // Unfinished, not only pending: a compaction paused by a snapshot still needs the apply
         // loop, which looks again now and then.
         let compacting = st.store.compaction_unfinished();
-        self.log
+        self.with
+            .log
             .publish_applied(index, st.applied_term, st.membership.to_conf_state());
         drop(st);
-        self.applied.set(index);
-        let _ = self.node.send(Input::Applied(index));
+        self.with.applied.set(index);
+        let _ = self.with.node.send(Input::Applied(index));
         {
-            let mut waiting = self.waiters.lock();
+            let mut waiting = self.with.waiters.lock();
             for (id, outcome) in answers {
                 if let Some(w) = waiting.remove(&id) {
                     let _ = w.send(outcome);
@@ -503,8 +490,8 @@ impl Applying {
             if tx.send(e).is_err() {
                 self.writing.store(false, Ordering::Release);
             }
-            let _ = self.node.send(Input::Compact {
-                index: index.saturating_sub(self.checkpointing.catch_up),
+            let _ = self.with.node.send(Input::Compact {
+                index: index.saturating_sub(self.with.checkpointing.catch_up),
             });
         }
         compacting
@@ -513,32 +500,26 @@ impl Applying {
 
 /// The apply thread: applies what the node thread hands over, in order, and sweeps
 /// compactions between batches.
-pub(super) fn apply_loop(rx: Receiver<ToApply>, shared: Arc<Shared>, a: Applier) {
-    let Applier {
-        state,
-        hub,
-        feed,
-        watchers,
-        wal,
-        dir,
-        checkpoint_entries,
-        compaction_batch,
-        checkpointing,
-        swept,
-        waiters,
-        applied,
-        node,
-        status,
-        log,
-        defragmenting,
-    } = a;
+pub(super) fn apply_loop(
+    rx: Receiver<ToApply>,
+    shared: Arc<Shared>,
+    with: Applier,
+    compaction_batch: usize,
+    swept: Arc<Swept>,
+) {
+    let state = with.state.clone();
     // The state is encoded under the lock; writing and fsyncing the file happen on the
     // checkpointer thread while requests go on being applied. One at a time: while one is
     // being written, the next waits for more entries.
     let writing = Arc::new(AtomicBool::new(false));
     let (to_write, written) = bounded::<Encoded>(1);
     let checkpointer = {
-        let (dir, wal, checkpointing, writing) = (dir.clone(), wal.clone(), checkpointing.clone(), writing.clone());
+        let (dir, wal, checkpointing, writing) = (
+            with.dir.clone(),
+            with.wal.clone(),
+            with.checkpointing.clone(),
+            writing.clone(),
+        );
         std::thread::Builder::new()
             .name("cairn-checkpoint".into())
             .spawn(move || {
@@ -558,20 +539,7 @@ pub(super) fn apply_loop(rx: Receiver<ToApply>, shared: Arc<Shared>, a: Applier)
         }
     };
     *shared.applying.lock() = Some(Applying {
-        state: state.clone(),
-        hub,
-        feed,
-        watchers,
-        wal,
-        dir,
-        checkpoint_entries,
-        checkpointing,
-        waiters,
-        applied,
-        node,
-        status,
-        log,
-        defragmenting,
+        with,
         everything: KeyRange::new(&[0], &[0]),
         since_checkpoint: 0,
         writing,

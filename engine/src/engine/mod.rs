@@ -265,9 +265,7 @@ impl Engine {
                 wal: wal.clone(),
                 dir: dir.clone(),
                 checkpoint_entries: config.checkpoint_entries,
-                compaction_batch: config.compaction_batch,
                 checkpointing: checkpointing.clone(),
-                swept: swept.clone(),
                 waiters: waiters.clone(),
                 applied: applied.clone(),
                 node: node.tx.clone(),
@@ -277,7 +275,10 @@ impl Engine {
             };
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn(move || apply_loop(apply_rx, apply_shared, applier))
+                .spawn({
+                    let (batch, swept) = (config.compaction_batch, swept.clone());
+                    move || apply_loop(apply_rx, apply_shared, applier, batch, swept)
+                })
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
         };
         let watch_thread = {
