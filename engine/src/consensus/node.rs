@@ -209,8 +209,8 @@ pub(crate) enum ToApply {
     /// A snapshot raft accepted: the staged state replaces the live one (after everything
     /// handed over before it is applied), durably, before the answer.
     Install { staged: Staged, reply: Sender<Result<()>> },
-    /// Nothing to apply: a batch applied on the node thread began a compaction, for the apply
-    /// thread to sweep.
+    /// Nothing to apply: a batch applied on the node thread left a compaction unfinished, for
+    /// the apply thread to sweep.
     Sweep,
 }
 

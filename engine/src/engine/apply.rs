@@ -1,7 +1,9 @@
 //! The apply thread: committed entries applied to the state in log order, their waiters
 //! answered, each new revision's events handed to the watch hub, compaction swept in bounded
 //! steps between batches, and periodic checkpoints encoded (and written by a checkpointer
-//! thread beside it); and a snapshot from the leader installed in place of the state.
+//! thread beside it); and a snapshot from the leader installed in place of the state. On a
+//! group's sole member, the node thread applies a small batch itself when the apply thread is
+//! idle ([`Handoff`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
