@@ -469,17 +469,26 @@ pub(crate) async fn connect(g: &Global) -> Result<Vec<Channel>, Failure> {
 
 /// Opens a connection to endpoint `i` (wrapping around the list).
 pub(crate) async fn connect_to(g: &Global, i: usize) -> Result<Channel, Failure> {
+    connect_url(endpoint_url(g, i)?).await
+}
+
+/// The URL of endpoint `i` (wrapping around the list).
+pub(crate) fn endpoint_url(g: &Global, i: usize) -> Result<String, Failure> {
     let endpoint = g
         .endpoints
         .get(i % g.endpoints.len().max(1))
         .ok_or_else(|| Failure("no --endpoints given".to_string()))?;
-    let url = if endpoint.contains("://") {
+    Ok(if endpoint.contains("://") {
         endpoint.clone()
     } else {
         format!("http://{endpoint}")
-    };
+    })
+}
+
+/// Opens a connection to `url`.
+pub(crate) async fn connect_url(url: String) -> Result<Channel, Failure> {
     Endpoint::from_shared(url.clone())
-        .context(|| format!("bad endpoint `{endpoint}`"))?
+        .context(|| format!("bad endpoint `{url}`"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .connect()
