@@ -78,24 +78,20 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
             continue;
         }
         let (watching, prefix) = (Arc::clone(&watching), prefix.clone());
-        let (received, stopped) = (Arc::clone(&received), stopped.clone());
-        let tally = Tally::new()?;
-        let (opened, open) = tokio::sync::oneshot::channel();
-        let reader = reading.handle().spawn(async move {
-            match open_watchers(&watching, s, n, &prefix).await {
-                Ok(stream) => {
-                    let _ = opened.send(Ok(()));
-                    Some(read_events(stream, epoch.at, logged, received, stopped, tally).await)
-                }
-                Err(e) => {
-                    let _ = opened.send(Err(e));
-                    None
-                }
-            }
-        });
-        open.await
-            .map_err(|_| Failure(format!("watch stream {s}: its reader ended")))??;
-        readers.push(reader);
+        let stream = reading
+            .handle()
+            .spawn(async move { open_watchers(&watching, s, n, &prefix).await })
+            .await
+            .map_err(|e| Failure(format!("watch stream {s}: {e}")))??;
+        let reader = read_events(
+            stream,
+            epoch.at,
+            logged,
+            Arc::clone(&received),
+            stopped.clone(),
+            Tally::new()?,
+        );
+        readers.push(reading.handle().spawn(reader));
     }
 
     // The writers have a connection of their own, as in etcd's benchmark: their requests do
@@ -129,11 +125,7 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
     let mut last_event = None;
     let mut responses = 0;
     for r in readers {
-        let read = r
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| Failure("a watch stream reader failed".to_string()))?;
+        let read = r.await.context(|| "a watch stream reader failed".to_string())?;
         events.absorb(read.tally)?;
         last_event = last_event.max(read.last);
         responses += read.responses;
