@@ -28,6 +28,9 @@ if command -v systemctl >/dev/null 2>&1; then systemctl stop etcd >/dev/null 2>&
 etcdctl version | sed -n 1p
 etcd --version | sed -n 1p
 
+step "Go, for the etcd Go clients (tests/goclients)"
+go version
+
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
@@ -38,6 +41,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "the patched h2 (server/vendor/h2/PATCHED.md): any :authority is accepted"
+cargo test --manifest-path server/vendor/h2/Cargo.toml --target-dir target/vendor-h2 --locked --lib cairn_patch
 
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked

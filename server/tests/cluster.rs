@@ -2,6 +2,9 @@
 //! the real etcdctl: writes through any member; the leader killed with SIGKILL while writes go
 //! on, then restarted to catch up; and a fourth member added as a learner with
 //! `etcdctl member add --learner`, started with `--initial-cluster-state existing`, promoted.
+//! And etcd's Go client at 3.5.0, 3.5.9 and 3.6 (tests/goclients) each running a
+//! put/get/watch/lease round against a cluster: 3.5.0 and 3.5.9 send the HTTP/2
+//! `:authority` as `#initially=[<endpoints>]`, which cairn must accept as Go's server does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
@@ -131,10 +134,7 @@ fn etcdctl(endpoints: &[&Member], args: &[&str]) -> Output {
         Path::new(ETCDCTL).exists(),
         "{ETCDCTL} is missing: run tests/run-all.sh, which installs Debian's etcd-client"
     );
-    // host:port, not a URL: etcdctl 3.4's per-endpoint commands (endpoint status, ...) send a
-    // URL endpoint as the HTTP/2 :authority, which cairn's HTTP/2 server refuses as malformed
-    // (etcd's Go server tolerates it). See docs/compatibility.md.
-    let endpoints: Vec<String> = endpoints.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect();
+    let endpoints: Vec<String> = endpoints.iter().map(|m| m.client_url()).collect();
     Command::new(ETCDCTL)
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", endpoints.join(",")))
@@ -216,10 +216,9 @@ fn member_id(member: &Member) -> String {
     format!("{:x}", status[0]["Status"]["header"]["member_id"].as_u64().unwrap())
 }
 
-#[test]
-fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
-    let root = tempfile::tempdir().unwrap();
-    let mut members: Vec<Member> = ["m1", "m2", "m3"].iter().map(|n| Member::new(root.path(), n)).collect();
+/// Starts members named `names` as one new cluster, and waits until each is healthy.
+fn start_cluster(root: &Path, names: &[&str]) -> (Vec<Member>, String) {
+    let mut members: Vec<Member> = names.iter().map(|n| Member::new(root, n)).collect();
     let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
     let initial = initial.join(",");
     for m in &mut members {
@@ -228,6 +227,13 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     for m in &members {
         m.wait_healthy();
     }
+    (members, initial)
+}
+
+#[test]
+fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut members, initial) = start_cluster(root.path(), &["m1", "m2", "m3"]);
 
     // Writes through any member reach every member.
     for (i, m) in members.iter().enumerate() {
@@ -312,4 +318,65 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let list = ok(etcdctl(&[&fourth], &["member", "list"]));
     assert_eq!(list.lines().count(), 4, "{list}");
     assert!(!list.contains("true"), "nobody is a learner any more: {list}");
+}
+
+/// Builds tests/goclients' round against the etcd Go client `version` ("v3.6" is its go.mod,
+/// the others its `<version>.mod`), with the module sums committed there.
+fn build_round(version: &str, out: &Path) -> PathBuf {
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/goclients");
+    let binary = out.join(format!("round-{version}"));
+    let mut go = Command::new("go");
+    go.current_dir(&module)
+        .env("GOTOOLCHAIN", "local")
+        .args(["build", "-mod=readonly"]);
+    if version != "v3.6" {
+        go.arg(format!("-modfile={version}.mod"));
+    }
+    let built = go.arg("-o").arg(&binary).arg(".").output();
+    let built = built.unwrap_or_else(|e| panic!("cannot run go ({e}): tests/run-all.sh needs Go 1.26"));
+    assert!(
+        built.status.success(),
+        "building the {version} round failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
+
+/// etcd's Go client 3.5.0 sends `#initially=[<url>]` as the `:authority` even for one
+/// endpoint, 3.5.1 to 3.5.9 for several (etcd #13192, #16324): a kube-apiserver 1.22 to 1.27
+/// with several `--etcd-servers` does; etcdctl 3.4 sends a whole URL. Every version must run
+/// its round; the last runs send such authorities explicitly with grpc-go's `WithAuthority`.
+#[test]
+fn every_etcd_go_client_version_runs_a_round_against_a_cluster() {
+    let root = tempfile::tempdir().unwrap();
+    let (members, _) = start_cluster(root.path(), &["g1", "g2", "g3"]);
+    let all: Vec<String> = members.iter().map(Member::client_url).collect();
+    let all = all.join(",");
+    let one = members[1].client_url();
+    let runs = [
+        ("v3.5.0", one.clone(), None),
+        ("v3.5.9", all.clone(), None),
+        ("v3.6", all.clone(), None),
+        ("v3.6", one.clone(), Some(format!("#initially=[{all}]"))),
+        ("v3.6", one.clone(), Some(one.clone())),
+    ];
+    let rounds: std::collections::HashMap<&str, PathBuf> = ["v3.5.0", "v3.5.9", "v3.6"]
+        .into_iter()
+        .map(|version| (version, build_round(version, root.path())))
+        .collect();
+    for (i, (version, endpoints, authority)) in runs.into_iter().enumerate() {
+        let mut command = Command::new(&rounds[version]);
+        command.arg(format!("--endpoints={endpoints}"));
+        command.arg(format!("--prefix=round{i}/"));
+        if let Some(authority) = &authority {
+            command.arg(format!("--authority={authority}"));
+        }
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "the {version} client against {endpoints} (authority {authority:?}): {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
