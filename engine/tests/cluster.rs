@@ -509,3 +509,125 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     put_through(c.member(behind), "after-restart", "z");
     assert_same_everywhere(&c);
 }
+
+/// Runs `future` on this thread until it is ready; panics if it is not within [`PATIENCE`]
+/// (a request never answered), so a test fails instead of hanging.
+fn within_patience<F: std::future::IntoFuture>(future: F) -> F::Output {
+    use std::future::Future as _;
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future.into_future());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "a request was never answered");
+        std::thread::park_timeout(left);
+    }
+}
+
+/// What one client thread saw: answers before and after the leader was cut off.
+#[derive(Debug, Default)]
+struct Answers {
+    before: usize,
+    after: usize,
+    errors: Vec<Error>,
+}
+
+/// etcd answers every request within its request timeout, whatever raft drops: a write
+/// forwarded to a leader that is gone, a ReadIndex round with no leader to answer it. Async
+/// writes and linearizable reads (what the server awaits) run on every member while the
+/// leader is cut off; each must come back, done or failed with an error a client retries on.
+/// A proposal raft lost used to leave its future waiting forever.
+#[test]
+fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    let c = Cluster::new(7);
+    let leader = c.leader(&MEMBERS);
+    let others: Vec<u64> = MEMBERS.iter().copied().filter(|m| *m != leader).collect();
+    let cut = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let (done_tx, done_rx) = mpsc::channel::<(u64, &str, Answers)>();
+    let (answered_tx, answered_rx) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        for id in MEMBERS {
+            for kind in ["put", "read"] {
+                let (engine, done_tx, answered_tx) = (c.member(id), done_tx.clone(), answered_tx.clone());
+                let (cut, stop) = (&cut, &stop);
+                s.spawn(move || {
+                    let mut seen = Answers::default();
+                    let mut i = 0;
+                    while !stop.load(Ordering::Acquire) {
+                        let after = cut.load(Ordering::Acquire);
+                        i += 1;
+                        let answer = match kind {
+                            "put" => match engine.put_async(put(&format!("m{id}/{i}"), "v")) {
+                                Ok(pending) => within_patience(pending).map(|_| ()),
+                                Err(e) => Err(e),
+                            },
+                            _ => within_patience(engine.range_async(&RangeRequest::all())).map(|_| ()),
+                        };
+                        match answer {
+                            Ok(()) => {}
+                            Err(e @ (Error::Timeout | Error::LeaderChanged | Error::NoLeader)) => seen.errors.push(e),
+                            Err(e) => panic!("{kind} through member {id}: {e}"),
+                        }
+                        if after {
+                            seen.after += 1;
+                            let _ = answered_tx.send(());
+                        } else {
+                            seen.before += 1;
+                        }
+                    }
+                    let _ = done_tx.send((id, kind, seen));
+                });
+            }
+        }
+        drop(done_tx);
+        // Let requests flow, then cut the leader off from the others with requests in flight
+        // everywhere.
+        put_through(c.member(leader), "warm", "up");
+        cut.store(true, Ordering::Release);
+        c.net.partition(&[leader], &MEMBERS);
+        // Every thread answers at least three requests begun after the cut: with the fault
+        // answered within request_timeout, each gets there.
+        for _ in 0..(3 * 2 * MEMBERS.len()) {
+            answered_rx
+                .recv_timeout(PATIENCE)
+                .expect("requests after the cut went unanswered");
+        }
+        let deadline = Instant::now() + PATIENCE;
+        let mut finished = Vec::new();
+        while finished.len() < 2 * MEMBERS.len() {
+            stop.store(true, Ordering::Release);
+            let left = deadline.saturating_duration_since(Instant::now());
+            match done_rx.recv_timeout(left) {
+                Ok(f) => finished.push(f),
+                Err(_) => panic!("requests never answered; finished: {finished:?}"),
+            }
+        }
+        for (id, kind, seen) in &finished {
+            assert!(seen.before > 0, "member {id}'s {kind}s ran before the cut: {seen:?}");
+        }
+        // The cut-off leader cannot commit: its requests failed rather than hung.
+        let cut_off: Vec<_> = finished.iter().filter(|(id, _, _)| *id == leader).collect();
+        assert!(
+            cut_off.iter().all(|(_, _, seen)| !seen.errors.is_empty()),
+            "the cut-off leader answered errors: {cut_off:?}"
+        );
+    });
+    c.net.heal();
+    c.leader(&MEMBERS);
+    put_through(c.member(others[0]), "healed", "yes");
+    assert_same_everywhere(&c);
+}

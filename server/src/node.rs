@@ -69,6 +69,16 @@ impl Node {
         }
     }
 
+    /// Awaits a request sent on to the leader for at most the engine's request timeout: a
+    /// leader that went away without closing its connection must not leave the client
+    /// waiting ("etcdserver: request timed out", as etcd answers).
+    pub async fn forwarded<T>(&self, call: impl std::future::Future<Output = Result<T, Status>>) -> Result<T, Status> {
+        match tokio::time::timeout(self.engine.request_timeout(), call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(crate::errors::status(&cairn_engine::Error::Timeout)),
+        }
+    }
+
     /// Runs `f`, which may block (a ReadIndex round, a proposal, a defragmentation), on the
     /// blocking pool, and maps its error to etcd's status.
     pub async fn blocking<T: Send + 'static>(

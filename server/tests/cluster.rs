@@ -380,3 +380,119 @@ fn every_etcd_go_client_version_runs_a_round_against_a_cluster() {
         );
     }
 }
+
+/// What the calls of one task through one member came back with.
+#[derive(Debug, Default)]
+struct Calls {
+    before_kill: usize,
+    after_kill: usize,
+    errors: Vec<String>,
+}
+
+/// etcd answers every request within its request timeout (7 s by default), with "request
+/// timed out" or sooner "leader changed", whatever raft drops. Puts and linearizable ranges,
+/// sent without any client-side retry, are in flight through every member when the leader is
+/// SIGKILLed: each call must come back, done or with one of etcd's retryable errors (a call
+/// through the killed member may also fail at the transport), never left hanging.
+#[test]
+fn every_request_in_flight_when_the_leader_is_killed_is_answered() {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest, RangeRequest};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let root = tempfile::tempdir().unwrap();
+    let (mut members, _) = start_cluster(root.path(), &["f1", "f2", "f3"]);
+    let leader = leader_of(&members[0]);
+    let killed = members.iter().position(|m| member_id(m) == leader).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let kill = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered_after_kill = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            for kind in ["put", "range"] {
+                let mut client = KvClient::connect(m.client_url()).await.unwrap();
+                let (kill, stop, answered) = (kill.clone(), stop.clone(), answered_after_kill.clone());
+                let through_killed = i == killed;
+                tasks.push(tokio::spawn(async move {
+                    let mut calls = Calls::default();
+                    let mut n = 0;
+                    while !stop.load(Ordering::Acquire) {
+                        let after = kill.load(Ordering::Acquire);
+                        n += 1;
+                        let call = async {
+                            match kind {
+                                "put" => client
+                                    .put(PutRequest {
+                                        key: format!("m{i}/{n}").into_bytes().into(),
+                                        value: b"v".to_vec().into(),
+                                        ..PutRequest::default()
+                                    })
+                                    .await
+                                    .map(|_| ()),
+                                _ => client
+                                    .range(RangeRequest {
+                                        key: b"m".to_vec().into(),
+                                        range_end: b"n".to_vec().into(),
+                                        count_only: true,
+                                        ..RangeRequest::default()
+                                    })
+                                    .await
+                                    .map(|_| ()),
+                            }
+                        };
+                        match tokio::time::timeout(PATIENCE, call).await {
+                            Err(_) => panic!("a {kind} through member {i} was never answered"),
+                            Ok(Ok(())) => {}
+                            Ok(Err(status)) => {
+                                let etcd_retryable = status.code() == tonic::Code::Unavailable
+                                    && [
+                                        "etcdserver: request timed out",
+                                        "etcdserver: leader changed",
+                                        "etcdserver: no leader",
+                                    ]
+                                    .contains(&status.message());
+                                assert!(
+                                    etcd_retryable || through_killed,
+                                    "a {kind} through member {i}: {status:?}"
+                                );
+                                calls.errors.push(status.message().to_string());
+                                if through_killed {
+                                    // Its member is gone: nothing more to ask it.
+                                    return calls;
+                                }
+                            }
+                        }
+                        if after {
+                            calls.after_kill += 1;
+                            answered.fetch_add(1, Ordering::AcqRel);
+                        } else {
+                            calls.before_kill += 1;
+                        }
+                    }
+                    calls
+                }));
+            }
+        }
+        // Requests flow through every member, then the leader dies under them.
+        eventually(&[&members[0]], &["put", "warm", "up"]);
+        kill.store(true, Ordering::Release);
+        members[killed].kill();
+        // The two others elect a leader and answer again: a dozen calls begun after the kill
+        // come back.
+        let deadline = Instant::now() + PATIENCE;
+        while answered_after_kill.load(Ordering::Acquire) < 12 {
+            assert!(Instant::now() < deadline, "calls after the kill went unanswered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.store(true, Ordering::Release);
+        for task in tasks {
+            let calls = task.await.unwrap();
+            assert!(calls.before_kill > 0, "{calls:?}");
+        }
+    });
+}

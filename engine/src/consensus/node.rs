@@ -310,7 +310,8 @@ impl Node {
     }
 }
 
-/// Reads waiting for one ReadIndex round.
+/// Reads waiting for one ReadIndex round, with when the first of them arrived (what its
+/// timeout counts from).
 type Round = (Instant, Vec<oneshot::Sender<Result<u64>>>);
 
 /// ReadIndex rounds: reads that arrive while a round is out wait for the next one, so many
@@ -319,10 +320,18 @@ type Round = (Instant, Vec<oneshot::Sender<Result<u64>>>);
 struct ReadRounds {
     next_ctx: u64,
     waiting: Vec<oneshot::Sender<Result<u64>>>,
+    /// When the first of `waiting` arrived.
+    waiting_since: Option<Instant>,
     out: HashMap<u64, Round>,
 }
 
 impl ReadRounds {
+    /// A read joins the next round.
+    fn wait(&mut self, reply: oneshot::Sender<Result<u64>>) {
+        self.waiting_since.get_or_insert_with(Instant::now);
+        self.waiting.push(reply);
+    }
+
     fn start(&mut self, raw: &mut RawNode<RaftLog>) {
         if self.waiting.is_empty() || !self.out.is_empty() {
             return;
@@ -335,8 +344,8 @@ impl ReadRounds {
         self.next_ctx += 1;
         let ctx = self.next_ctx;
         raw.read_index(ctx.to_le_bytes().to_vec());
-        self.out
-            .insert(ctx, (Instant::now(), std::mem::take(&mut self.waiting)));
+        let since = self.waiting_since.take().unwrap_or_else(Instant::now);
+        self.out.insert(ctx, (since, std::mem::take(&mut self.waiting)));
     }
 
     /// Asks again for rounds still out: raft-rs drops a ReadIndex a leader cannot serve yet
@@ -358,14 +367,16 @@ impl ReadRounds {
         }
     }
 
-    /// Fails rounds older than `timeout`, and every round and waiting read with `error` when
-    /// given (leadership lost).
+    /// Fails rounds, and reads waiting for one, older than `timeout` (raft may drop a round
+    /// again and again: no leader, or one that cannot serve it yet), and every round and
+    /// waiting read with `error` when given (leadership lost).
     fn expire(&mut self, timeout: Duration, error: Option<&Error>) {
         let now = Instant::now();
+        let too_old = |since: Instant| now.duration_since(since) >= timeout;
         self.out.retain(|_, (started, waiters)| {
             let failed = match error {
                 Some(e) => Some(e.clone()),
-                None => (now.duration_since(*started) >= timeout).then_some(Error::Timeout),
+                None => too_old(*started).then_some(Error::Timeout),
             };
             match failed {
                 Some(e) => {
@@ -377,10 +388,15 @@ impl ReadRounds {
                 None => true,
             }
         });
-        if let Some(e) = error {
+        let failed = match error {
+            Some(e) => Some(e.clone()),
+            None => self.waiting_since.is_some_and(too_old).then_some(Error::Timeout),
+        };
+        if let Some(e) = failed {
             for w in self.waiting.drain(..) {
                 let _ = w.send(Err(e.clone()));
             }
+            self.waiting_since = None;
         }
     }
 }
@@ -534,7 +550,7 @@ impl NodeThread {
                 Some(e) => {
                     let _ = reply.send(Err(e.clone()));
                 }
-                None => self.reads.waiting.push(reply),
+                None => self.reads.wait(reply),
             },
             Input::ConfChange { id, change } => {
                 if let Err(error) = self.propose_conf_change(id, change) {

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cairn_wal::Wal;
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -37,16 +38,18 @@ pub(super) struct AppliedIndex {
 #[derive(Default)]
 struct Applied {
     index: u64,
-    /// Async readers waiting for an index: answered (in any order) once it is applied.
-    waiting: Vec<(u64, oneshot::Sender<()>)>,
+    /// Async readers waiting for an index, with their deadlines: answered (in any order)
+    /// once it is applied, or [`Error::Timeout`] once past the deadline
+    /// ([`AppliedIndex::expire`]).
+    waiting: Vec<(u64, Instant, oneshot::Sender<Result<()>>)>,
 }
 
 impl AppliedIndex {
     pub(super) fn set(&self, index: u64) {
         let mut st = self.state.lock();
         st.index = index;
-        for (_, reader) in st.waiting.extract_if(.., |(at, _)| *at <= index) {
-            let _ = reader.send(());
+        for (_, _, reader) in st.waiting.extract_if(.., |(at, _, _)| *at <= index) {
+            let _ = reader.send(Ok(()));
         }
         drop(st);
         self.changed.notify_all();
@@ -58,8 +61,8 @@ impl AppliedIndex {
     }
 
     /// Waits until `index` is applied; false on timeout.
-    pub(super) fn wait(&self, index: u64, timeout: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
+    pub(super) fn wait(&self, index: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
         while st.index < index {
             if self.changed.wait_until(&mut st, deadline).timed_out() {
@@ -69,16 +72,25 @@ impl AppliedIndex {
         true
     }
 
-    /// None if `index` is applied already; otherwise a receiver answered once it is (or
-    /// failing if the engine goes away first).
-    pub(super) fn reached(&self, index: u64) -> Option<oneshot::Receiver<()>> {
+    /// None if `index` is applied already; otherwise a receiver answered once it is, with
+    /// [`Error::Timeout`] if that is not before `deadline` (or failing if the engine goes
+    /// away first).
+    pub(super) fn reached(&self, index: u64, deadline: Instant) -> Option<oneshot::Receiver<Result<()>>> {
         let mut st = self.state.lock();
         if st.index >= index {
             return None;
         }
         let (tx, rx) = oneshot::channel();
-        st.waiting.push((index, tx));
+        st.waiting.push((index, deadline, tx));
         Some(rx)
+    }
+
+    /// Answers [`Error::Timeout`] to the async readers past their deadline.
+    fn expire(&self, now: Instant) {
+        let mut st = self.state.lock();
+        for (_, _, reader) in st.waiting.extract_if(.., |(_, deadline, _)| *deadline <= now) {
+            let _ = reader.send(Err(Error::Timeout));
+        }
     }
 }
 
@@ -261,6 +273,8 @@ pub(super) struct Shared {
 /// thread.
 const HERE_ENTRIES: usize = 8;
 const HERE_BYTES: usize = 64 << 10;
+/// How often the apply thread answers proposals past their deadline ([`Waiters::expire`]).
+const WAITER_SWEEP: Duration = Duration::from_millis(100);
 
 impl Handoff {
     /// A handoff to an apply thread not started yet; `apply_loop` takes the receiver and the
@@ -366,9 +380,7 @@ impl Applying {
             ToApply::Sweep => {}
             ToApply::Dropped { id, error } => {
                 self.with.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
-                if let Some(w) = self.with.waiters.lock().remove(&id) {
-                    let _ = w.send(Err(error));
-                }
+                self.with.waiters.answer([(id, Err(error))]);
             }
             ToApply::BecameLeader { term } => {
                 // A new leader extends what the old one granted; it never expires early.
@@ -478,14 +490,7 @@ impl Applying {
         drop(st);
         self.with.applied.set(index);
         let _ = self.with.node.send(Input::Applied(index));
-        {
-            let mut waiting = self.with.waiters.lock();
-            for (id, outcome) in answers {
-                if let Some(w) = waiting.remove(&id) {
-                    let _ = w.send(outcome);
-                }
-            }
-        }
+        self.with.waiters.answer(answers);
         if let (Some(e), Some(tx)) = (encoded, self.to_write.as_ref()) {
             let index = e.applied;
             self.writing.store(true, Ordering::Release);
@@ -510,6 +515,7 @@ pub(super) fn apply_loop(
     swept: Arc<Swept>,
 ) {
     let state = with.state.clone();
+    let (waiters, applied) = (with.waiters.clone(), with.applied.clone());
     // The state is encoded under the lock; writing and fsyncing the file happen on the
     // checkpointer thread while requests go on being applied. One at a time: while one is
     // being written, the next waits for more entries.
@@ -547,7 +553,18 @@ pub(super) fn apply_loop(
         writing,
         to_write,
     });
+    let mut swept_waiters = Instant::now();
     loop {
+        // Proposals raft lost, and async reads waiting for an index this member does not
+        // reach, are answered once past their deadline, whatever else goes on.
+        if swept_waiters.elapsed() >= WAITER_SWEEP {
+            applied.expire(Instant::now());
+            let expired = waiters.expire(Instant::now());
+            if expired > 0 {
+                tracing::debug!(expired, "proposals unanswered past the request timeout: timed out");
+            }
+            swept_waiters = Instant::now();
+        }
         // A compaction sweeps a bounded batch of keys between requests, and while idle, so no
         // write waits behind it for long.
         let (compacting, unfinished) = {
@@ -566,15 +583,16 @@ pub(super) fn apply_loop(
             }
         } else if unfinished {
             // Paused by a snapshot: look again now and then, requests or not.
-            match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            match rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(work) => work,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         } else {
-            match rx.recv() {
+            match rx.recv_timeout(WAITER_SWEEP) {
                 Ok(work) => work,
-                Err(_) => break,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
             }
         };
         if let Some(applying) = shared.applying.lock().as_mut() {

@@ -2,6 +2,8 @@
 //! read-only txns from the local state, linearizable (after a read barrier) unless
 //! serializable. Reads and the barrier come blocking or async (no thread waits).
 
+use std::time::Instant;
+
 use super::propose::Pending;
 use super::{Engine, Inner};
 use crate::consensus::node::Input;
@@ -76,8 +78,8 @@ impl Engine {
     }
 
     /// [`Engine::txn`] of a read-only txn, for async code: no thread waits for the read
-    /// barrier. Bound the wait with a timeout of your runtime's (see
-    /// [`Engine::read_barrier_async`]). Fails with [`Error::Internal`] if the txn writes.
+    /// barrier, which fails after `Config::request_timeout` ([`Engine::read_barrier_async`]).
+    /// Fails with [`Error::Internal`] if the txn writes.
     pub async fn read_txn_async(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
         if !request.is_read_only() {
             return Err(Error::Internal("read_txn_async of a txn that writes".to_string()));
@@ -122,8 +124,8 @@ impl Engine {
         request.apply(&self.inner.state.read().store)
     }
 
-    /// [`Engine::range`] for async code: no thread waits for the read barrier. Bound the wait
-    /// with a timeout of your runtime's (see [`Engine::read_barrier_async`]).
+    /// [`Engine::range`] for async code: no thread waits for the read barrier, and a
+    /// linearizable read is answered within `Config::request_timeout` like the blocking call.
     pub async fn range_async(&self, request: &RangeRequest) -> Result<RangeResponse> {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
@@ -140,19 +142,18 @@ impl Engine {
         self.inner.read_barrier()
     }
 
-    /// [`Engine::read_barrier`] for async code, without a thread waiting. The ReadIndex round
-    /// fails on its own after `Config::request_timeout`, but the wait for this member to apply
-    /// up to the round's index has no deadline here (the engine has no timer of its own in
-    /// async code): bound it with your runtime's timeout, `Config::request_timeout` for the
-    /// same behaviour as the blocking call.
+    /// [`Engine::read_barrier`] for async code, without a thread waiting. It fails with
+    /// [`Error::Timeout`] after `Config::request_timeout` (checked every 100 ms), as the
+    /// blocking call does, whatever raft drops.
     pub async fn read_barrier_async(&self) -> Result<()> {
+        let deadline = Instant::now() + self.inner.config.request_timeout;
         let index = match self.inner.read_index()? {
             ReadIndex::Known(index) => index,
             ReadIndex::Round(answer) => answer.await.map_err(|_| Error::Closed)??,
         };
-        match self.inner.applied.reached(index) {
+        match self.inner.applied.reached(index, deadline) {
             None => Ok(()),
-            Some(reached) => reached.await.map_err(|_| Error::Closed),
+            Some(reached) => reached.await.map_err(|_| Error::Closed)?,
         }
     }
 

@@ -365,7 +365,7 @@ impl Engine {
             let _ = t.join();
         }
         // Proposals never committed: their callers get `Closed`.
-        self.inner.waiters.lock().clear();
+        self.inner.waiters.clear();
         // Everything queued is applied: checkpoint it, so the next open replays nothing.
         checkpoint_and_release(
             &self.dir,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cairn_wal::Wal;
 use crossbeam_channel::Sender;
@@ -29,11 +30,76 @@ pub(super) fn wait_answer(rx: oneshot::Receiver<Answer>, timeout: std::time::Dur
 
 /// Proposals waiting for their entry to be applied, by request ID (carried in the entry's
 /// context, so an entry proposed through any member finds its waiter on the member that
-/// proposed it).
-pub(super) type Waiters = Mutex<HashMap<u64, oneshot::Sender<Answer>>>;
+/// proposed it), each with the time by which it is answered whatever happens.
+///
+/// Raft can lose a proposal without a word: one forwarded to a leader that dies, or dropped
+/// by a leader deposed before it committed it. Nothing would ever answer its waiter, so the
+/// apply thread answers every waiter past its deadline with [`Error::Timeout`]
+/// ([`Waiters::expire`]) and forgets it: every write is answered within
+/// `Config::request_timeout` (plus the sweep's interval), awaited or waited for, as etcd
+/// answers "request timed out".
+#[derive(Default)]
+pub(super) struct Waiters {
+    by_id: Mutex<HashMap<u64, Waiter>>,
+}
+
+struct Waiter {
+    reply: oneshot::Sender<Answer>,
+    /// When it is answered [`Error::Timeout`] if nothing answered it before.
+    deadline: Instant,
+}
+
+impl Waiters {
+    fn insert(&self, id: u64, reply: oneshot::Sender<Answer>, deadline: Instant) {
+        self.by_id.lock().insert(id, Waiter { reply, deadline });
+    }
+
+    fn forget(&self, id: u64) {
+        self.by_id.lock().remove(&id);
+    }
+
+    /// Answers the waiters among `answers` still waiting (a request proposed through another
+    /// member has none here); one lock for all of them.
+    pub(super) fn answer(&self, answers: impl IntoIterator<Item = (u64, Answer)>) {
+        let mut waiting = self.by_id.lock();
+        for (id, outcome) in answers {
+            if let Some(w) = waiting.remove(&id) {
+                let _ = w.reply.send(outcome);
+            }
+        }
+    }
+
+    /// Answers [`Error::Timeout`] to every waiter whose deadline is past `now`: its entry may
+    /// still be applied later, or may never be (its outcome is unknown, as with etcd).
+    /// Returns how many.
+    pub(super) fn expire(&self, now: Instant) -> usize {
+        let expired: Vec<Waiter> = self
+            .by_id
+            .lock()
+            .extract_if(|_, w| w.deadline <= now)
+            .map(|(_, w)| w)
+            .collect();
+        let count = expired.len();
+        for w in expired {
+            let _ = w.reply.send(Err(Error::Timeout));
+        }
+        count
+    }
+
+    /// Proposals still waiting.
+    pub(super) fn len(&self) -> usize {
+        self.by_id.lock().len()
+    }
+
+    /// Drops every waiter (the engine closed): each gets [`Error::Closed`].
+    pub(super) fn clear(&self) {
+        self.by_id.lock().clear();
+    }
+}
 
 /// A write that is logged and will be answered once applied: [`Pending::wait`] for it, or
-/// `.await` it.
+/// `.await` it. Either way it is answered within `Config::request_timeout`: applied, failed,
+/// or [`Error::Timeout`] (the outcome unknown) if raft lost or delayed it.
 #[must_use = "a pending write says when it is applied, and how it went"]
 pub struct Pending<T> {
     rx: oneshot::Receiver<Answer>,
@@ -129,9 +195,10 @@ impl Inner {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let tx = self.node_tx()?;
-        self.waiters.lock().insert(id, reply);
+        self.waiters
+            .insert(id, reply, Instant::now() + self.config.request_timeout);
         if tx.send(make(id)).is_err() {
-            self.waiters.lock().remove(&id);
+            self.waiters.forget(id);
             return Err(Error::Closed);
         }
         Ok((answer, self.config.request_timeout))

@@ -66,7 +66,7 @@ impl Engine {
             applied_index,
             is_learner,
             leader_changes: status.leader_changes.load(Ordering::Relaxed),
-            proposals_pending: self.inner.waiters.lock().len() as u64,
+            proposals_pending: self.inner.waiters.len() as u64,
             proposals_failed: status.proposals_failed.load(Ordering::Relaxed),
         }
     }

@@ -90,7 +90,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return ClusterClient::new(channel).member_add(r).await;
+            return self.node.forwarded(ClusterClient::new(channel).member_add(r)).await;
         }
         check_urls(&r.peer_ur_ls)?;
         self.urls_taken(&r.peer_ur_ls, None)?;
@@ -123,7 +123,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return ClusterClient::new(channel).member_remove(r).await;
+            return self.node.forwarded(ClusterClient::new(channel).member_remove(r)).await;
         }
         let (header, members) = self.apply_change(move |e| e.member_remove(r.id)).await?;
         Ok(Response::new(pb::MemberRemoveResponse { header, members }))
@@ -160,7 +160,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return ClusterClient::new(channel).member_promote(r).await;
+            return self.node.forwarded(ClusterClient::new(channel).member_promote(r)).await;
         }
         let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse { header, members }))

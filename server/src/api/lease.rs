@@ -101,7 +101,10 @@ impl Lease for LeaseService {
         let r = request.into_inner();
         // Only the leader's clocks count (a follower's restart on every election).
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return LeaseClient::new(channel).lease_time_to_live(r).await;
+            return self
+                .node
+                .forwarded(LeaseClient::new(channel).lease_time_to_live(r))
+                .await;
         }
         let status = self.node.engine.lease_time_to_live(r.id, r.keys);
         Ok(Response::new(pb::LeaseTimeToLiveResponse {
@@ -136,12 +139,15 @@ async fn keep_alive(node: &Arc<Node>, id: i64) -> Result<i64, Status> {
     match node.forward.route(node)? {
         Route::Here => node.bounded(node.engine.lease_keep_alive_async(id)).await,
         Route::Leader(channel) => {
-            let request = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
-            let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
-            match answers.next().await {
-                Some(answer) => Ok(answer?.ttl),
-                None => Err(crate::errors::status(&cairn_engine::Error::LeaderChanged)),
-            }
+            node.forwarded(async {
+                let request = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
+                let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
+                match answers.next().await {
+                    Some(answer) => Ok(answer?.ttl),
+                    None => Err(crate::errors::status(&cairn_engine::Error::LeaderChanged)),
+                }
+            })
+            .await
         }
     }
 }
