@@ -10,6 +10,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::ids;
 
+mod compat;
+pub use compat::{go_duration, Compat, FEATURE_GATES};
+
 /// An etcd-compatible key-value store: one member of a Raft group, serving etcd's v3 gRPC API.
 #[derive(Debug, Parser)]
 #[command(name = "cairn", version, about)]
@@ -138,10 +141,6 @@ pub struct Flags {
     /// Applied entries between checkpoints (etcd's snapshots).
     #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 10_000)]
     pub snapshot_count: u64,
-    /// Entries a leader keeps before its latest snapshot for followers that are behind; one
-    /// further behind is sent a snapshot.
-    #[arg(long, env = "ETCD_EXPERIMENTAL_SNAPSHOT_CATCHUP_ENTRIES", default_value_t = 5000)]
-    pub experimental_snapshot_catchup_entries: u64,
     /// Time between a leader's heartbeats, in milliseconds.
     #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
     pub heartbeat_interval: u64,
@@ -167,6 +166,10 @@ pub struct Flags {
     /// The log level.
     #[arg(long, env = "ETCD_LOG_LEVEL", value_enum, default_value = "info")]
     pub log_level: LogLevel,
+    /// etcd 3.6's and 3.7's newer flags, their `--experimental-*` aliases, and the flags
+    /// cairn accepts without effect.
+    #[command(flatten)]
+    pub compat: Compat,
 }
 
 /// A flag value that does not make sense, with the flag's name.

@@ -54,6 +54,7 @@ struct Plan {
 
 fn plan(f: &Flags) -> Result<Plan, ServeError> {
     f.check_timing()?;
+    f.compat.check()?;
     let client_urls = flags::url_list("listen-client-urls", &f.listen_client_urls)?;
     let advertise_client_urls = flags::url_list("advertise-client-urls", &f.advertise_client_urls)?;
     let peer_urls = flags::url_list("listen-peer-urls", &f.listen_peer_urls)?;
@@ -114,7 +115,8 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         join_existing: f.initial_cluster_state == ClusterState::Existing,
         wal_dir: f.wal_dir.clone(),
         checkpoint_entries: f.snapshot_count,
-        snapshot_catch_up_entries: f.experimental_snapshot_catchup_entries,
+        snapshot_catch_up_entries: f.compat.snapshot_catchup_entries(),
+        watch_progress_interval: f.compat.watch_progress_interval()?,
         raft_tick: tick,
         election_ticks,
         heartbeat_ticks: 1,
