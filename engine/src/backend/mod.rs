@@ -517,9 +517,11 @@ impl Backend {
             .collect()
     }
 
-    /// Bytes the data files take on disk.
-    pub(crate) fn file_bytes(&self) -> u64 {
-        self.sealed.values().map(|s| s.map.capacity()).sum::<u64>() + self.active.map.capacity()
+    /// Bytes of records the data files hold, history no longer kept included; not the
+    /// space preallocated past the active file's end (an empty member holds a few bytes, not
+    /// `data_file_size`).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.sealed.values().map(|s| s.len).sum::<u64>() + self.active.len
     }
 
     /// Calls `f` with every record of the layout, in order.

@@ -82,8 +82,9 @@ impl Engine {
         self.inner.state.read().installs
     }
 
-    /// Bytes the data files take (etcd's `dbSize`): history kept, plus what compaction freed
-    /// and [`Engine::defragment`] would return.
+    /// Bytes the data files hold (etcd's `dbSize`): history kept, plus what compaction freed
+    /// and [`Engine::defragment`] would return; space preallocated for later writes is not
+    /// counted (kube-apiserver exports this as `apiserver_storage_size_bytes`).
     pub fn size(&self) -> u64 {
         self.inner.state.read().store.size()
     }

@@ -313,10 +313,10 @@ impl Store {
         self.log.bytes()
     }
 
-    /// Bytes the data files take, history no longer kept included (what defragmentation
-    /// returns to the file system).
+    /// Bytes of records the data files hold, history no longer kept included (what
+    /// defragmentation returns to the file system), preallocated space not counted.
     pub fn size(&self) -> u64 {
-        self.backend.file_bytes()
+        self.backend.held_bytes()
     }
 
     /// Keys that exist now.
