@@ -50,6 +50,14 @@ cargo build -p cairn-server --bin cairn --locked
 (cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
     CAIRN_BIN="$PWD/../../target/debug/cairn" cargo test --locked)
 
+step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
+tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
+(cd tests/kubernetes && for target in etcd cairn; do
+    echo "--- against $target"
+    STORAGE_TARGET=$target ETCD_BIN="$PWD/../../target/etcd-3.7/etcd" CAIRN_BIN="$PWD/../../target/debug/cairn" \
+        GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 -timeout 20m ./storage/
+done)
+
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"
 FUZZ_SECONDS="$FUZZ_SECONDS" fuzz/smoke.sh
 

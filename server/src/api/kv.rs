@@ -3,6 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use prost::Message as _;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -12,8 +13,8 @@ use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::kv_server::Kv;
 use crate::{convert, validate};
 
-/// Keys per RangeStream chunk.
-const STREAM_CHUNK: i64 = 1000;
+/// Keys in a RangeStream's first chunk (etcd 3.7's `initialStreamChunkLimit`).
+const FIRST_CHUNK: i64 = 10;
 
 /// The KV service over a [`Node`].
 #[derive(Debug, Clone)]
@@ -136,9 +137,12 @@ fn header_revision(node: &Node, served_at: i64, at_past_revision: bool) -> i64 {
     }
 }
 
-/// Streams a range in chunks of keys at one revision (the first chunk's): every chunk carries
-/// its keys; the last also carries the header, the count and `more`, so merging every chunk
-/// gives the answer of one Range.
+/// Streams a range as etcd 3.7 does: in chunks of keys at one revision (the first chunk's,
+/// pinned for the rest), every chunk carrying its keys and the last also the header, the
+/// count and `more`, so merging every chunk gives the answer of one Range. The first chunk
+/// holds [`FIRST_CHUNK`] keys; each next one twice as many while a chunk encodes to less
+/// than half of `--max-request-bytes`, half as many once one passes twice that. A negative
+/// limit is etcd's "no limit at all": one message.
 fn stream_range(
     node: &Node,
     request: cairn_engine::RangeRequest,
@@ -150,18 +154,23 @@ fn stream_range(
         });
         tx.blocking_send(message).is_ok()
     };
-    let limit = request.limit;
+    let total_limit = if request.limit > 0 { request.limit } else { i64::MAX };
+    let target = i64::try_from(node.limits.request.max_request_bytes).unwrap_or(i64::MAX);
     let mut chunk = cairn_engine::RangeRequest {
-        limit: if limit > 0 {
-            limit.min(STREAM_CHUNK)
+        limit: if request.limit < 0 {
+            0
         } else {
-            STREAM_CHUNK
+            FIRST_CHUNK.min(total_limit)
         },
-        sort_order: cairn_engine::SortOrder::None,
         ..request.clone()
     };
+    // etcd 3.7 reads keys only from its index, which has no leases (unless sorting by
+    // value): RangeStream came with 3.7, so it answers as 3.7 does; Range keeps the lease
+    // (as 3.4 to 3.6 answer).
+    let keys_without_lease = request.keys_only && request.sort_target != cairn_engine::SortTarget::Value;
     let mut sent = 0i64;
-    let mut count = None;
+    // The count and the header's revision, from the first chunk's read.
+    let mut first: Option<(i64, i64)> = None;
     loop {
         let answer = match node.engine.range(&chunk) {
             Ok(answer) => answer,
@@ -170,36 +179,84 @@ fn stream_range(
                 return;
             }
         };
-        let total = *count.get_or_insert(answer.count);
+        let (total, header_rev) = *first.get_or_insert_with(|| {
+            (
+                answer.count,
+                header_revision(node, answer.revision, request.revision > 0),
+            )
+        });
         sent += answer.kvs.len() as i64;
         let next = answer.kvs.last().map(|kv| {
             let mut k = kv.key.to_vec();
             k.push(0);
             k
         });
-        let reached_limit = limit > 0 && sent >= limit;
-        let last = !answer.more || reached_limit || next.is_none();
+        let last = !answer.more || sent >= total_limit || next.is_none();
+        let mut kvs: Vec<_> = answer.kvs.into_iter().map(convert::kv).collect();
+        if keys_without_lease {
+            kvs.iter_mut().for_each(|kv| kv.lease = 0);
+        }
         let mut message = pb::RangeResponse {
-            kvs: answer.kvs.into_iter().map(convert::kv).collect(),
+            kvs,
             ..pb::RangeResponse::default()
         };
         if last {
-            message.header = Some(node.header(header_revision(node, answer.revision, request.revision > 0)));
+            message.header = Some(node.header(header_rev));
             message.count = total;
-            message.more = answer.more || (reached_limit && sent < total);
+            message.more = answer.more;
             send(Ok(message));
             return;
         }
+        // What etcd sizes the next chunk by: this one as a whole Range answer.
+        let size = i64::try_from(
+            pb::RangeResponse {
+                header: Some(node.header(answer.revision)),
+                more: true,
+                count: chunk.limit + 1,
+                ..message.clone()
+            }
+            .encoded_len(),
+        )
+        .unwrap_or(i64::MAX);
         if !send(Ok(message)) {
             return;
         }
+        chunk.limit = next_chunk_limit(chunk.limit, size, target).min(total_limit - sent);
         // The next chunk reads the same revision, locally: the first chunk's read was the
         // linearizable one.
         chunk.revision = answer.revision;
         chunk.serializable = true;
         chunk.key = next.unwrap_or_default();
-        if limit > 0 {
-            chunk.limit = (limit - sent).min(STREAM_CHUNK);
-        }
+    }
+}
+
+/// etcd 3.7's chunk sizing: a chunk of `limit` keys that encoded to `size` bytes is followed
+/// by one of twice as many keys if it was under half of `target` (`--max-request-bytes`),
+/// half as many (at least one) if it was over twice `target`, else as many.
+fn next_chunk_limit(limit: i64, size: i64, target: i64) -> i64 {
+    if size < target / 2 {
+        limit.saturating_mul(2)
+    } else if size > target.saturating_mul(2) {
+        (limit / 2).max(1)
+    } else {
+        limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_chunk_limit;
+
+    /// etcd 3.7 (`v3_server.go`): 10 keys first, doubling under half the request limit,
+    /// halving over twice it.
+    #[test]
+    fn chunks_grow_while_small_and_shrink_when_large() {
+        let target = 1_572_864;
+        assert_eq!(next_chunk_limit(10, 1_000, target), 20);
+        assert_eq!(next_chunk_limit(20, 786_431, target), 40);
+        assert_eq!(next_chunk_limit(40, 786_432, target), 40);
+        assert_eq!(next_chunk_limit(40, 3_145_728, target), 40);
+        assert_eq!(next_chunk_limit(40, 3_145_729, target), 20);
+        assert_eq!(next_chunk_limit(1, 10_000_000, target), 1);
     }
 }
