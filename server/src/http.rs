@@ -1,11 +1,13 @@
 //! The HTTP endpoints beside gRPC, on the same client port, as etcd serves them: `/health`,
-//! `/livez`, `/readyz`, `/version` and `/metrics` (Prometheus text, etcd's metric names).
+//! `/livez` and `/readyz` (etcd 3.6's named checks, each also at `/readyz/<check>`, with
+//! `?exclude=<check>` and `?verbose`), `/version` and `/metrics` (Prometheus text, etcd's
+//! metric names).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,14 +31,16 @@ pub fn router(node: Arc<Node>, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/livez", get(livez))
+        .route("/livez/{check}", get(livez_one))
         .route("/readyz", get(readyz))
+        .route("/readyz/{check}", get(readyz_one))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(Http { node, metrics })
 }
 
-/// The checks etcd's health endpoints run, with the names its `exclude` option takes.
-async fn failed_checks(node: &Arc<Node>, params: &HashMap<String, String>, ready: bool) -> Vec<String> {
+/// The checks etcd's `/health` runs, with the names its `exclude` option takes.
+async fn failed_checks(node: &Arc<Node>, params: &HashMap<String, String>) -> Vec<String> {
     let excluded: Vec<&str> = params
         .iter()
         .filter(|(k, _)| k.as_str() == "exclude")
@@ -52,9 +56,6 @@ async fn failed_checks(node: &Arc<Node>, params: &HashMap<String, String>, ready
         if !excluded.contains(&name) && !excluded.contains(&"alarm") {
             failed.push(format!("alarm {name}"));
         }
-    }
-    if !ready {
-        return failed;
     }
     if node.engine.leader().is_none() && !excluded.contains(&"leader") {
         failed.push("no leader".into());
@@ -75,7 +76,7 @@ async fn failed_checks(node: &Arc<Node>, params: &HashMap<String, String>, ready
 
 /// etcd's `/health`: `{"health":"true","reason":""}`, or 503 with the reason.
 async fn health(State(h): State<Http>, Query(params): Query<HashMap<String, String>>) -> Response {
-    let failed = failed_checks(&h.node, &params, true).await;
+    let failed = failed_checks(&h.node, &params).await;
     let healthy = failed.is_empty();
     let body = serde_json::json!({
         "health": if healthy { "true" } else { "false" },
@@ -89,29 +90,106 @@ async fn health(State(h): State<Http>, Query(params): Query<HashMap<String, Stri
     (status, Json(body)).into_response()
 }
 
-/// Plain-text check results, as etcd's `/livez` and `/readyz` give them.
-fn checks_text(failed: &[String], verbose: bool) -> Response {
-    if failed.is_empty() {
-        let body = if verbose { "[+]all checks passed\nok\n" } else { "ok\n" };
-        return (StatusCode::OK, body).into_response();
+/// `/livez`'s checks: the member serves reads from its own state.
+const LIVEZ: &[&str] = &["serializable_read"];
+/// `/readyz`'s checks, in the order they are reported.
+const READYZ: &[&str] = &[
+    "data_corruption",
+    "serializable_read",
+    "linearizable_read",
+    "non_learner",
+];
+
+/// Runs one of etcd's named checks: `Err` says why it failed.
+async fn check(node: &Arc<Node>, name: &str) -> Result<(), String> {
+    match name {
+        "data_corruption" => match node.engine.alarms().contains(&Alarm::Corrupt) {
+            true => Err("alarm activated: CORRUPT".into()),
+            false => Ok(()),
+        },
+        "serializable_read" | "linearizable_read" => {
+            // etcd's probe: one key of the whole key space, keys only.
+            let probe = cairn_engine::RangeRequest {
+                key: vec![0],
+                range_end: vec![0],
+                limit: 1,
+                keys_only: true,
+                serializable: name == "serializable_read",
+                ..cairn_engine::RangeRequest::default()
+            };
+            node.bounded(node.engine.range_async(&probe))
+                .await
+                .map(|_| ())
+                .map_err(|status| status.message().to_string())
+        }
+        "non_learner" => match node.engine.raft_status().is_learner {
+            true => Err("not supported for learner".into()),
+            false => Ok(()),
+        },
+        _ => Ok(()),
     }
-    let mut body: String = failed.iter().map(|f| format!("[-]{f} failed\n")).collect();
-    body.push_str("health check failed\n");
-    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
 }
 
-/// `/livez`: the process serves (the engine has not failed).
-async fn livez(State(h): State<Http>, Query(params): Query<HashMap<String, String>>) -> Response {
-    let failed = failed_checks(&h.node, &params, false).await;
-    // Alarms do not make a member dead; only a stopped engine does.
-    let failed: Vec<String> = failed.into_iter().filter(|f| !f.starts_with("alarm")).collect();
-    checks_text(&failed, params.contains_key("verbose"))
+/// Runs `checks` but those named by `exclude` parameters (names it does not have are
+/// ignored, as etcd ignores them), and answers as etcd does: 200 `ok` (after each check's
+/// line with `?verbose`), or 503 with every check's line.
+async fn run_checks(node: &Arc<Node>, checks: &[&str], params: &[(String, String)]) -> Response {
+    let excluded = |name: &str| params.iter().any(|(k, v)| k == "exclude" && v == name);
+    let verbose = params.iter().any(|(k, _)| k == "verbose");
+    let mut lines = String::new();
+    let mut healthy = true;
+    for name in checks.iter().copied().filter(|c| !excluded(c)) {
+        match check(node, name).await {
+            Ok(()) => lines.push_str(&format!("[+]{name} ok\n")),
+            Err(why) => {
+                healthy = false;
+                lines.push_str(&format!("[-]{name} failed: {why}\n"));
+            }
+        }
+    }
+    let text = [("content-type", "text/plain; charset=utf-8")];
+    if !healthy {
+        lines.push('\n');
+        return (StatusCode::SERVICE_UNAVAILABLE, text, lines).into_response();
+    }
+    let body = if verbose { lines + "ok\n" } else { "ok\n".to_string() };
+    (StatusCode::OK, text, body).into_response()
 }
 
-/// `/readyz`: the member can serve linearizable requests.
-async fn readyz(State(h): State<Http>, Query(params): Query<HashMap<String, String>>) -> Response {
-    let failed = failed_checks(&h.node, &params, true).await;
-    checks_text(&failed, params.contains_key("verbose"))
+/// `/livez`: the process serves reads from its own state.
+async fn livez(State(h): State<Http>, Query(params): Query<Vec<(String, String)>>) -> Response {
+    run_checks(&h.node, LIVEZ, &params).await
+}
+
+/// `/readyz`: no corruption alarm, reads served locally and through the leader, and a
+/// voting member.
+async fn readyz(State(h): State<Http>, Query(params): Query<Vec<(String, String)>>) -> Response {
+    run_checks(&h.node, READYZ, &params).await
+}
+
+/// `/livez/<check>`: that check alone.
+async fn livez_one(
+    State(h): State<Http>,
+    Path(name): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    one_check(&h.node, LIVEZ, &name, &params).await
+}
+
+/// `/readyz/<check>`: that check alone.
+async fn readyz_one(
+    State(h): State<Http>,
+    Path(name): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    one_check(&h.node, READYZ, &name, &params).await
+}
+
+async fn one_check(node: &Arc<Node>, checks: &[&str], name: &str, params: &[(String, String)]) -> Response {
+    match checks.iter().find(|c| **c == name) {
+        Some(c) => run_checks(node, &[c], params).await,
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn version() -> Response {

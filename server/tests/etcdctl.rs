@@ -819,6 +819,25 @@ fn http_health_version_and_metrics() {
     assert_eq!((code, body.trim_end()), (200, "ok"));
     let (code, body) = m.get("/readyz");
     assert_eq!((code, body.trim_end()), (200, "ok"));
+    // etcd 3.6's named checks, one line each with ?verbose, any of them excluded by name.
+    assert_eq!(
+        m.get("/readyz?verbose"),
+        (
+            200,
+            "[+]data_corruption ok\n[+]serializable_read ok\n[+]linearizable_read ok\n[+]non_learner ok\nok\n".into()
+        )
+    );
+    assert_eq!(
+        m.get("/readyz?exclude=linearizable_read&exclude=non_learner&exclude=no_such_check&verbose"),
+        (200, "[+]data_corruption ok\n[+]serializable_read ok\nok\n".into())
+    );
+    assert_eq!(m.get("/livez?verbose"), (200, "[+]serializable_read ok\nok\n".into()));
+    assert_eq!(
+        m.get("/readyz/non_learner?verbose"),
+        (200, "[+]non_learner ok\nok\n".into())
+    );
+    assert_eq!(m.get("/readyz/linearizable_read"), (200, "ok\n".into()));
+    assert_eq!(m.get("/readyz/no_such_check").0, 404);
 
     let (code, body) = m.get("/version");
     assert_eq!(code, 200);
@@ -826,6 +845,8 @@ fn http_health_version_and_metrics() {
     assert_eq!(version["etcdserver"], "3.6.0", "{body}");
     assert!(version["etcdcluster"].is_string(), "{body}");
 
+    // The size counts the data held: something once a key is written.
+    m.ok(&["put", "a", "1"]);
     let (code, metrics) = m.get("/metrics");
     assert_eq!(code, 200);
     assert!(metrics.lines().any(|l| l == "etcd_server_has_leader 1"), "{metrics}");
