@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use cairn_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use cairn_server::pb::etcdserverpb::kv_client::KvClient;
 use cairn_server::pb::etcdserverpb::lease_client::LeaseClient;
+use cairn_server::pb::etcdserverpb::range_request;
 use cairn_server::pb::etcdserverpb::request_op::Request;
 use cairn_server::pb::etcdserverpb::response_op::Response;
 use cairn_server::pb::etcdserverpb::watch_client::WatchClient;
@@ -387,7 +388,38 @@ impl Clients {
             .await
             .unwrap_or(Reply::NoAnswerWithin5s);
         normalize(&mut reply);
+        keys_only_without_lease(op, &mut reply);
         reply
+    }
+}
+
+/// etcd 3.7 answers a keys-only range from its index alone, without the lease (unless it
+/// sorts by value), and cairn answers as 3.7 does; etcd 3.4 still reads the lease. The one
+/// answer where the two versions differ: compared without the lease.
+fn keys_only_without_lease(op: &Op, reply: &mut Reply) {
+    fn range(request: &RangeRequest, response: &mut RangeResponse) {
+        if request.keys_only && request.sort_target != range_request::SortTarget::Value as i32 {
+            response.kvs.iter_mut().for_each(|kv| kv.lease = 0);
+        }
+    }
+    fn txn(request: &TxnRequest, response: &mut TxnResponse) {
+        let ops = if response.succeeded {
+            &request.success
+        } else {
+            &request.failure
+        };
+        for (op, answer) in ops.iter().zip(&mut response.responses) {
+            match (&op.request, &mut answer.response) {
+                (Some(Request::RequestRange(q)), Some(Response::ResponseRange(a))) => range(q, a),
+                (Some(Request::RequestTxn(q)), Some(Response::ResponseTxn(a))) => txn(q, a),
+                _ => {}
+            }
+        }
+    }
+    match (op, reply) {
+        (Op::Range(q), Reply::Range(a)) => range(q, a),
+        (Op::Txn(q), Reply::Txn(a)) => txn(q, a),
+        _ => {}
     }
 }
 

@@ -351,7 +351,21 @@ impl Store {
         self.backend.read(loc)
     }
 
+    /// The key's value as found in the index. Keys only are answered from the index alone,
+    /// without reading the record, so without the lease, as etcd 3.7 answers them (its
+    /// `FastKeysOnly`): kube-apiserver 1.34+ reads every resource's whole prefix keys-only
+    /// each minute, and none of it needs the values' pages.
     fn key_value(&self, key: &[u8], found: Found, keys_only: bool) -> Result<KeyValue> {
+        if keys_only {
+            return Ok(KeyValue {
+                key: Bytes::copy_from_slice(key),
+                create_revision: found.created.main,
+                mod_revision: found.modified.main,
+                version: found.version,
+                value: Bytes::new(),
+                lease: 0,
+            });
+        }
         let record = self.record(found.modified)?;
         if record.is_tombstone() {
             return Err(Error::Internal(format!("revision {} is a tombstone", found.modified)));
@@ -361,11 +375,7 @@ impl Store {
             create_revision: found.created.main,
             mod_revision: found.modified.main,
             version: found.version,
-            value: if keys_only {
-                Bytes::new()
-            } else {
-                Bytes::copy_from_slice(record.value)
-            },
+            value: Bytes::copy_from_slice(record.value),
             lease: record.lease,
         })
     }

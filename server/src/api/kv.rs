@@ -164,10 +164,6 @@ fn stream_range(
         },
         ..request.clone()
     };
-    // etcd 3.7 reads keys only from its index, which has no leases (unless sorting by
-    // value): RangeStream came with 3.7, so it answers as 3.7 does; Range keeps the lease
-    // (as 3.4 to 3.6 answer).
-    let keys_without_lease = request.keys_only && request.sort_target != cairn_engine::SortTarget::Value;
     let mut sent = 0i64;
     // The count and the header's revision, from the first chunk's read.
     let mut first: Option<(i64, i64)> = None;
@@ -192,12 +188,8 @@ fn stream_range(
             k
         });
         let last = !answer.more || sent >= total_limit || next.is_none();
-        let mut kvs: Vec<_> = answer.kvs.into_iter().map(convert::kv).collect();
-        if keys_without_lease {
-            kvs.iter_mut().for_each(|kv| kv.lease = 0);
-        }
         let mut message = pb::RangeResponse {
-            kvs,
+            kvs: answer.kvs.into_iter().map(convert::kv).collect(),
             ..pb::RangeResponse::default()
         };
         if last {
