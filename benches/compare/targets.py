@@ -65,6 +65,14 @@ def ensure_venv():
     return etcd35
 
 
+def ensure_etcd37():
+    """etcd 3.7.3 built from its Go modules (tests/etcd-3.7, Go 1.26 and the module proxy);
+    returns the etcd binary."""
+    out = ROOT / "target" / "etcd-3.7"
+    run([str(ROOT / "tests" / "etcd-3.7" / "build.sh"), str(out)], cwd=ROOT)
+    return out / "etcd"
+
+
 def build():
     run(["cargo", "build", "--release", "--locked", "-p", "cairn-server", "--bin", "cairn",
          "-p", "cairn-benches", "--bin", "cairn-bench"], cwd=ROOT)
