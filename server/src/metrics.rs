@@ -2,7 +2,7 @@
 //! when scraped; the request counters are kept as requests happen.
 
 use prometheus::proto::{Bucket, Histogram, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, IntCounter, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 use crate::node::Node;
 
@@ -27,6 +27,8 @@ pub struct Metrics {
     snapshots_installed: IntGauge,
     /// gRPC requests refused before reaching the engine (too large, too many).
     pub refused: IntCounter,
+    /// gRPC calls started, by type, service and method (etcd's go-grpc-prometheus name).
+    grpc_started: IntCounterVec,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
@@ -43,6 +45,14 @@ impl Metrics {
             "Requests refused before reaching the engine.",
         ))?;
         r.register(Box::new(refused.clone()))?;
+        let grpc_started = IntCounterVec::new(
+            Opts::new(
+                "grpc_server_started_total",
+                "Total number of RPCs started on the server.",
+            ),
+            &["grpc_type", "grpc_service", "grpc_method"],
+        )?;
+        r.register(Box::new(grpc_started.clone()))?;
         Ok(Metrics {
             has_leader: gauge(&r, "etcd_server_has_leader", "Whether a leader exists: 1 is yes, 0 no.")?,
             is_leader: gauge(&r, "etcd_server_is_leader", "Whether this member is the leader.")?,
@@ -88,8 +98,20 @@ impl Metrics {
                 "Snapshots received from the leader and installed since this member started.",
             )?,
             refused,
+            grpc_started,
             registry: r,
         })
+    }
+
+    /// Counts a gRPC call to `path` (`/<service>/<method>`) as started, if it names one of
+    /// etcd's methods (a client's made-up path must not grow the label set).
+    pub fn grpc_call(&self, path: &str) {
+        let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+            return;
+        };
+        if let Some((service, method, kind)) = GRPC_METHODS.iter().find(|(s, m, _)| *s == service && *m == method) {
+            self.grpc_started.with_label_values(&[kind, service, method]).inc();
+        }
     }
 
     fn set(g: &IntGauge, v: u64) {
@@ -135,6 +157,38 @@ impl Metrics {
         String::from_utf8(out).map_err(|e| e.to_string())
     }
 }
+
+/// etcd's client methods, with their kinds as go-grpc-prometheus labels them.
+const GRPC_METHODS: &[(&str, &str, &str)] = &[
+    ("etcdserverpb.KV", "Range", "unary"),
+    ("etcdserverpb.KV", "RangeStream", "server_stream"),
+    ("etcdserverpb.KV", "Put", "unary"),
+    ("etcdserverpb.KV", "DeleteRange", "unary"),
+    ("etcdserverpb.KV", "Txn", "unary"),
+    ("etcdserverpb.KV", "Compact", "unary"),
+    ("etcdserverpb.Watch", "Watch", "bidi_stream"),
+    ("etcdserverpb.Lease", "LeaseGrant", "unary"),
+    ("etcdserverpb.Lease", "LeaseRevoke", "unary"),
+    ("etcdserverpb.Lease", "LeaseKeepAlive", "bidi_stream"),
+    ("etcdserverpb.Lease", "LeaseTimeToLive", "unary"),
+    ("etcdserverpb.Lease", "LeaseLeases", "unary"),
+    ("etcdserverpb.Cluster", "MemberAdd", "unary"),
+    ("etcdserverpb.Cluster", "MemberRemove", "unary"),
+    ("etcdserverpb.Cluster", "MemberUpdate", "unary"),
+    ("etcdserverpb.Cluster", "MemberList", "unary"),
+    ("etcdserverpb.Cluster", "MemberPromote", "unary"),
+    ("etcdserverpb.Maintenance", "Alarm", "unary"),
+    ("etcdserverpb.Maintenance", "Status", "unary"),
+    ("etcdserverpb.Maintenance", "Defragment", "unary"),
+    ("etcdserverpb.Maintenance", "Hash", "unary"),
+    ("etcdserverpb.Maintenance", "HashKV", "unary"),
+    ("etcdserverpb.Maintenance", "Snapshot", "server_stream"),
+    ("etcdserverpb.Maintenance", "MoveLeader", "unary"),
+    ("etcdserverpb.Maintenance", "Downgrade", "unary"),
+    ("etcdserverpb.Auth", "AuthStatus", "unary"),
+    ("grpc.health.v1.Health", "Check", "unary"),
+    ("grpc.health.v1.Health", "Watch", "server_stream"),
+];
 
 /// A Prometheus histogram, in seconds with etcd's buckets (1 ms doubling to 8.192 s), from a
 /// histogram of microseconds.

@@ -233,10 +233,23 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
             api::maintenance::MaintenanceService::new(node.clone())
         ))
         .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())));
+    let counted = metrics.clone();
     routes
         .into_axum_router()
         .merge(crate::http::router(node, metrics))
         .fallback(unknown_path)
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let grpc = request
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                if grpc {
+                    counted.grpc_call(request.uri().path());
+                }
+                next.run(request)
+            },
+        ))
 }
 
 /// An unknown path: a gRPC call to a method cairn does not have is `Unimplemented` (clients

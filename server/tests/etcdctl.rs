@@ -850,6 +850,14 @@ fn http_health_version_and_metrics() {
     let (code, metrics) = m.get("/metrics");
     assert_eq!(code, 200);
     assert!(metrics.lines().any(|l| l == "etcd_server_has_leader 1"), "{metrics}");
+    // gRPC calls started, by method, under etcd's (go-grpc-prometheus) name.
+    let puts = metrics.lines().find(|l| {
+        l.starts_with("grpc_server_started_total{")
+            && l.contains(r#"grpc_method="Put""#)
+            && l.contains(r#"grpc_service="etcdserverpb.KV""#)
+            && l.contains(r#"grpc_type="unary""#)
+    });
+    assert_eq!(puts.and_then(|l| l.rsplit(' ').next()), Some("1"), "{metrics}");
     let size = metrics
         .lines()
         .find_map(|l| l.strip_prefix("etcd_mvcc_db_total_size_in_bytes "))
