@@ -517,11 +517,14 @@ impl Backend {
             .collect()
     }
 
-    /// Bytes of records the data files hold, history no longer kept included; not the
-    /// space preallocated past the active file's end (an empty member holds a few bytes, not
-    /// `data_file_size`).
+    /// Bytes of records the data files hold, history no longer kept included, in whole 4 KiB
+    /// pages per file (at least one: never 0, as etcd's file never is, so ratios of in-use to
+    /// total that tools compute stay defined); not the space preallocated past the active
+    /// file's end (an empty member holds 4 KiB, not `data_file_size`).
     pub(crate) fn held_bytes(&self) -> u64 {
-        self.sealed.values().map(|s| s.len).sum::<u64>() + self.active.len
+        const PAGE: u64 = 4096;
+        let pages = |len: u64| len.div_ceil(PAGE).max(1) * PAGE;
+        self.sealed.values().map(|s| pages(s.len)).sum::<u64>() + pages(self.active.len)
     }
 
     /// Calls `f` with every record of the layout, in order.
