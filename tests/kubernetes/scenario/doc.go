@@ -1,0 +1,13 @@
+// Package scenario runs a real kube-apiserver, kube-controller-manager and
+// kube-scheduler against a three-member cairn cluster and drives them with
+// client-go through a fixed scenario (see ../README.md).
+//
+// Environment:
+//
+//	CAIRN_BIN     path to the cairn binary (required, else the test skips)
+//	KUBE_BIN_DIR  directory holding kube-apiserver, kube-controller-manager,
+//	              kube-scheduler (required, else the test skips)
+//	KUBE_VERSION  label of the Kubernetes release, e.g. 1.37 or 1.34; steps
+//	              that only apply to some releases key off it
+//	SCENARIO_KEEP_LOGS=1  keep the log directory even when the test passes
+package scenario
