@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/cairn-kv/cairn/tests/kubernetes/internal/loopback"
 )
 
 // proc is one child process (a cairn member or a Kubernetes component) whose
@@ -148,24 +149,8 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// freePorts: see loopback.FreePorts.
+var freePorts = loopback.FreePorts
 
 // poll calls cond every interval until it returns true or an error, or timeout
 // passes; it returns the last "why not" message on timeout.

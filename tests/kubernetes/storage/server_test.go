@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-kv/cairn/tests/kubernetes/internal/loopback"
 )
 
 // Environment variables understood by this package (see README.md).
@@ -77,24 +78,8 @@ func targetBinary(t testing.TB) (string, string) {
 	return target, bin
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// freePorts: see loopback.FreePorts.
+var freePorts = loopback.FreePorts
 
 // startServer starts a fresh server and waits until GET /health says healthy.
 // The process is killed in owner's cleanup. A start that fails (e.g. a port
