@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_engine::{
@@ -309,6 +309,12 @@ fn a_group_gets_each_revision_once_for_its_watchers_and_none_for_a_cancelled_one
     let got = group_events(&group, 3);
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids, "not {other}");
     assert!(got.values().all(|r| r == &[revision]));
+    // The wake-up comes right after the delivery is queued, so it may land just after the
+    // receive above: wait for it (bounded), then check there was exactly one.
+    let deadline = Instant::now() + HANG;
+    while wakes.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     assert_eq!(
         wakes.load(Ordering::SeqCst),
         1,
