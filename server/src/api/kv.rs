@@ -199,17 +199,15 @@ fn stream_range(
             send(Ok(message));
             return;
         }
-        // What etcd sizes the next chunk by: this one as a whole Range answer.
-        let size = i64::try_from(
-            pb::RangeResponse {
-                header: Some(node.header(answer.revision)),
-                more: true,
-                count: chunk.limit + 1,
-                ..message.clone()
-            }
-            .encoded_len(),
-        )
-        .unwrap_or(i64::MAX);
+        // What etcd sizes the next chunk by: this one as a whole Range answer (measured with
+        // those fields set, then sent without them).
+        message.header = Some(node.header(answer.revision));
+        message.more = true;
+        message.count = chunk.limit + 1;
+        let size = i64::try_from(message.encoded_len()).unwrap_or(i64::MAX);
+        message.header = None;
+        message.more = false;
+        message.count = 0;
         if !send(Ok(message)) {
             return;
         }
