@@ -48,9 +48,13 @@ impl Kv for KvService {
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
         let request = validate::range(request.into_inner())?;
-        let by_key = request.sort_target == cairn_engine::SortTarget::Key
-            && request.sort_order != cairn_engine::SortOrder::Descend;
-        if !by_key {
+        // etcd 3.7 streams the orders a Range reads in without sorting everything first: an
+        // order left unset (whatever the target; each chunk is then sorted on its own) or
+        // ascending keys.
+        let chunkable = request.sort_order == cairn_engine::SortOrder::None
+            || (request.sort_target == cairn_engine::SortTarget::Key
+                && request.sort_order == cairn_engine::SortOrder::Ascend);
+        if !chunkable {
             return Err(Refusal::StreamSort.into());
         }
         let filtered = [
@@ -165,8 +169,8 @@ fn stream_range(
         ..request.clone()
     };
     let mut sent = 0i64;
-    // The count and the header's revision, from the first chunk's read.
-    let mut first: Option<(i64, i64)> = None;
+    // The header's revision, from the first chunk's read.
+    let mut first: Option<i64> = None;
     loop {
         let answer = match node.engine.range(&chunk) {
             Ok(answer) => answer,
@@ -175,12 +179,7 @@ fn stream_range(
                 return;
             }
         };
-        let (total, header_rev) = *first.get_or_insert_with(|| {
-            (
-                answer.count,
-                header_revision(node, answer.revision, request.revision > 0),
-            )
-        });
+        let header_rev = *first.get_or_insert_with(|| header_revision(node, answer.revision, request.revision > 0));
         sent += answer.kvs.len() as i64;
         let next = answer.kvs.last().map(|kv| {
             let mut k = kv.key.to_vec();
@@ -193,8 +192,29 @@ fn stream_range(
             ..pb::RangeResponse::default()
         };
         if last {
+            // etcd's count: the keys sent, and those after the last one sent when a limit cut
+            // the stream short. (The same as the range's count, but where an unset order with
+            // another target sorted a chunk so that its last key is not its largest.)
+            let mut count = if request.count_only { answer.count } else { sent };
+            if answer.more {
+                let rest = cairn_engine::RangeRequest {
+                    key: next.clone().unwrap_or_default(),
+                    revision: answer.revision,
+                    serializable: true,
+                    count_only: true,
+                    limit: 0,
+                    ..request.clone()
+                };
+                match node.engine.range(&rest) {
+                    Ok(rest) => count += rest.count,
+                    Err(e) => {
+                        send(Err(crate::errors::status(&e)));
+                        return;
+                    }
+                }
+            }
             message.header = Some(node.header(header_rev));
-            message.count = total;
+            message.count = count;
             message.more = answer.more;
             send(Ok(message));
             return;
