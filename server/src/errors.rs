@@ -31,6 +31,9 @@ pub enum Refusal {
     /// RangeStream with revision filters.
     #[error("RangeStream does not support revision filters")]
     StreamFilters,
+    /// A call a learner does not serve: anything but Status, Snapshot and a serializable Range.
+    #[error("etcdserver: rpc not supported for learner")]
+    NotForLearner,
     /// A request the server does not serve (auth, until it has its own issue).
     #[error("etcdserver: authentication is not enabled")]
     AuthNotEnabled,
@@ -42,7 +45,7 @@ impl From<Refusal> for Status {
             Refusal::RequestTooLarge | Refusal::InvalidSortOption | Refusal::InvalidMemberUrls => Code::InvalidArgument,
             Refusal::TooManyRequests => Code::ResourceExhausted,
             Refusal::NoLeader => Code::Unavailable,
-            Refusal::PeerUrlsExist | Refusal::AuthNotEnabled => Code::FailedPrecondition,
+            Refusal::PeerUrlsExist | Refusal::AuthNotEnabled | Refusal::NotForLearner => Code::FailedPrecondition,
             Refusal::StreamSort | Refusal::StreamFilters => Code::Unimplemented,
         };
         Status::new(code, r.to_string())

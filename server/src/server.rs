@@ -234,6 +234,7 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
         ))
         .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())));
     let counted = metrics.clone();
+    let member = node.clone();
     routes
         .into_axum_router()
         .merge(crate::http::router(node, metrics))
@@ -247,10 +248,24 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
                 if grpc {
                     counted.grpc_call(request.uri().path());
                 }
-                next.run(request)
+                let refused = grpc && member.engine.is_learner() && !LEARNER_METHODS.contains(&request.uri().path());
+                async move {
+                    if refused {
+                        return tonic::Status::from(crate::errors::Refusal::NotForLearner).into_http();
+                    }
+                    next.run(request).await
+                }
             },
         ))
 }
+
+/// The gRPC methods a learner serves, as etcd's learners do (a Range only if serializable,
+/// which the KV service checks): every other call on a learner is refused.
+const LEARNER_METHODS: [&str; 3] = [
+    "/etcdserverpb.Maintenance/Status",
+    "/etcdserverpb.Maintenance/Snapshot",
+    "/etcdserverpb.KV/Range",
+];
 
 /// An unknown path: a gRPC call to a method cairn does not have is `Unimplemented` (clients
 /// such as kube-apiserver fall back on that code); any other request is 404, as with etcd.

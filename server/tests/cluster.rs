@@ -1,7 +1,8 @@
 //! A three-process cairn cluster on loopback, bootstrapped with `--initial-cluster`, driven with
 //! the real etcdctl: writes through any member; the leader killed with SIGKILL while writes go
 //! on, then restarted to catch up; and a fourth member added as a learner with
-//! `etcdctl member add --learner`, started with `--initial-cluster-state existing`, promoted.
+//! `etcdctl member add --learner`, started with `--initial-cluster-state existing`, refusing what
+//! etcd's learners refuse, promoted.
 //! And etcd's Go client at 3.5.0, 3.5.9 and 3.6 (tests/goclients) each running a
 //! put/get/watch/lease round against a cluster: 3.5.0 and 3.5.9 send the HTTP/2
 //! `:authority` as `#initially=[<endpoints>]`, which cairn must accept as Go's server does.
@@ -297,6 +298,22 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let joined = format!("{initial},m4={}", fourth.peer_url());
     fourth.start(&joined, "existing");
     wait_value(&fourth, "after-kill", "x");
+    // A learner serves serializable ranges (above) and Status, and refuses every other call
+    // as etcd's learners do.
+    ok(etcdctl(&[&fourth], &["endpoint", "status"]));
+    for refused in [
+        &["put", "k", "v"][..],
+        &["get", "after-kill"],
+        &["lease", "grant", "10"],
+        &["member", "list"],
+    ] {
+        let out = etcdctl(&[&fourth], refused);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("etcdserver: rpc not supported for learner"),
+            "etcdctl {refused:?} on a learner: {stderr}"
+        );
+    }
     let list = ok(etcdctl(&[&members[1]], &["member", "list", "-w", "json"]));
     let list: serde_json::Value = serde_json::from_str(&list).unwrap();
     let learner = list["members"]

@@ -103,6 +103,9 @@ pub(crate) struct Status {
     pub(crate) leader_changes: std::sync::atomic::AtomicU64,
     /// Proposals dropped before they were committed (etcd's `proposals_failed_total`).
     pub(crate) proposals_failed: std::sync::atomic::AtomicU64,
+    /// Whether this member is a learner in the membership it has applied (kept by the apply
+    /// thread; the server refuses most calls on a learner, as etcd does).
+    pub(crate) learner: std::sync::atomic::AtomicBool,
     /// Notified when the leader changes.
     changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
 }

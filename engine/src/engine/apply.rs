@@ -202,12 +202,23 @@ pub(super) struct Applier {
     pub(super) applied: Arc<AppliedIndex>,
     /// To tell the node thread what was applied and what a checkpoint covers.
     pub(super) node: Sender<Input>,
-    /// Where a leader's restarted lease clocks are recorded.
+    /// Where a leader's restarted lease clocks are recorded, and whether this member is a
+    /// learner.
     pub(super) status: Arc<Status>,
+    /// This member's ID.
+    pub(super) member_id: u64,
     /// Where the applied index is published, for snapshots sent to followers.
     pub(super) log: RaftLog,
     /// Held while a snapshot from the leader is installed (no defragmentation meanwhile).
     pub(super) defragmenting: Arc<Mutex<()>>,
+}
+
+impl Applier {
+    /// Publishes whether this member is a learner in the membership `st` holds.
+    fn publish_learner(&self, st: &State) {
+        let learner = st.membership.learners.contains(&self.member_id);
+        self.status.learner.store(learner, Ordering::Relaxed);
+    }
 }
 
 /// Signalled (under its mutex) when a compaction's sweep finishes.
@@ -404,6 +415,7 @@ impl Applying {
                 });
                 if let Ok(index) = outcome {
                     let st = self.with.state.read();
+                    self.with.publish_learner(&st);
                     self.with
                         .log
                         .publish_applied(index, st.applied_term, st.membership.to_conf_state());
@@ -430,6 +442,7 @@ impl Applying {
             }
             if let Some(change) = conf {
                 st.membership.apply(&change);
+                self.with.publish_learner(&st);
                 if let Some(id) = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes) {
                     answers.push((id, Ok((Response::ConfChange, st.store.current_revision()))));
                 }

@@ -241,6 +241,8 @@ impl Engine {
         let waiters: Arc<Waiters> = Arc::default();
         let (handoff, apply_rx, apply_shared) = Handoff::new(state.clone());
         let status = Arc::new(Status::default());
+        let learner = state.read().membership.learners.contains(&config.member_id);
+        status.learner.store(learner, std::sync::atomic::Ordering::Relaxed);
         let snapshots = {
             let state = state.clone();
             Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
@@ -270,6 +272,7 @@ impl Engine {
                 applied: applied.clone(),
                 node: node.tx.clone(),
                 status: status.clone(),
+                member_id: config.member_id,
                 log: log.clone(),
                 defragmenting: defragmenting.clone(),
             };

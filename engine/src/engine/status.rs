@@ -51,13 +51,8 @@ impl Engine {
 
     /// What this member knows of Raft now (etcd's `Status` fields).
     pub fn raft_status(&self) -> RaftStatus {
-        let (applied_index, is_learner) = {
-            let st = self.inner.state.read();
-            (
-                st.applied_index,
-                st.membership.learners.contains(&self.inner.config.member_id),
-            )
-        };
+        let applied_index = self.inner.state.read().applied_index;
+        let is_learner = self.is_learner();
         let status = &self.inner.status;
         RaftStatus {
             leader: self.leader(),
@@ -69,6 +64,12 @@ impl Engine {
             proposals_pending: self.inner.waiters.len() as u64,
             proposals_failed: status.proposals_failed.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether this member is a learner (it receives the log without voting), as far as the
+    /// membership it has applied says; without taking any lock.
+    pub fn is_learner(&self) -> bool {
+        self.inner.status.learner.load(Ordering::Relaxed)
     }
 
     /// This member's ID.

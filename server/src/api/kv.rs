@@ -34,6 +34,9 @@ type RangeStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Sta
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let request = validate::range(request.into_inner())?;
+        if !request.serializable && self.node.engine.is_learner() {
+            return Err(Refusal::NotForLearner.into());
+        }
         let at_past_revision = request.revision > 0;
         // A serializable read only takes the state's read lock; a linearizable one first awaits
         // the read barrier (a ReadIndex round), without holding a thread.
