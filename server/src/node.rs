@@ -39,6 +39,34 @@ pub struct Node {
     pub limits: Limits,
     /// Where leader-only requests go from a follower.
     pub forward: crate::forward::Forwarder,
+    /// Bumped by [`watch_leader`] once this member has had no leader for
+    /// [`NO_LEADER_TIMEOUTS`] election timeouts in a row, and at each timeout after: streams
+    /// that asked for a leader end then.
+    pub leaderless: tokio::sync::watch::Sender<u64>,
+}
+
+/// Election timeouts in a row without a leader after which streams that asked for one
+/// (`hasleader` metadata) are ended with "no leader", as etcd's `maxNoLeaderCnt`. Streams
+/// are dearer to reconnect than a request is to refuse, so they are given longer.
+pub const NO_LEADER_TIMEOUTS: u32 = 3;
+
+/// Checks every election timeout whether `node` knows a leader, and bumps
+/// [`Node::leaderless`] while it has known none for [`NO_LEADER_TIMEOUTS`] of them (etcd's
+/// `monitorLeader`). Runs until the task is dropped.
+pub async fn watch_leader(node: Arc<Node>, election: std::time::Duration) {
+    let mut without = 0u32;
+    let mut ticks = tokio::time::interval(election);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        without = match node.engine.leader() {
+            Some(_) => 0,
+            None => without.saturating_add(1),
+        };
+        if without >= NO_LEADER_TIMEOUTS {
+            node.leaderless.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
 }
 
 impl Node {

@@ -198,11 +198,7 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
     let leader_check = {
         let node = node.clone();
         move |request: tonic::Request<()>| {
-            let wants_leader = request
-                .metadata()
-                .get("hasleader")
-                .is_some_and(|v| v.as_bytes() == b"true");
-            if wants_leader && node.engine.leader().is_none() {
+            if api::wants_leader(request.metadata()) && node.engine.leader().is_none() {
                 return Err(crate::errors::Refusal::NoLeader.into());
             }
             Ok(request)
@@ -352,6 +348,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         member_id,
         limits: plan.limits,
         forward: Default::default(),
+        leaderless: tokio::sync::watch::channel(0).0,
     });
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
     let background = [
@@ -364,6 +361,10 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             node.clone(),
             f.auto_compaction_mode,
             f.auto_compaction_retention.clone(),
+        )),
+        tokio::spawn(crate::node::watch_leader(
+            node.clone(),
+            Duration::from_millis(f.election_timeout),
         )),
     ];
     let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());

@@ -523,3 +523,131 @@ fn every_request_in_flight_when_the_leader_is_killed_is_answered() {
         }
     });
 }
+
+/// etcd ends a stream that asked for a leader (`hasleader` metadata, sent by its clients'
+/// `WithRequireLeader`, as kube-apiserver's watches do) with "no leader" once its member has
+/// had none for three election timeouts, so that the client moves to another member. A
+/// stream that did not ask stays open, and a new one that asks is refused at once.
+#[test]
+fn streams_that_require_a_leader_end_when_their_member_is_cut_off() {
+    use cairn_server::pb::etcdserverpb::{
+        lease_client::LeaseClient, watch_client::WatchClient, watch_request::RequestUnion, LeaseGrantRequest,
+        LeaseKeepAliveRequest, WatchCreateRequest, WatchRequest, WatchResponse,
+    };
+    use tokio_stream::StreamExt;
+
+    fn create(key: &str) -> WatchRequest {
+        WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: key.as_bytes().to_vec().into(),
+                ..WatchCreateRequest::default()
+            })),
+        }
+    }
+    fn require_leader<T>(message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert("hasleader", "true".parse().unwrap());
+        request
+    }
+
+    let root = tempfile::tempdir().unwrap();
+    let (mut members, _) = start_cluster(root.path(), &["s1", "s2", "s3"]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let url = members[0].client_url();
+        let mut watch = WatchClient::connect(url.clone()).await.unwrap();
+        let mut lease = LeaseClient::connect(url).await.unwrap();
+        // Each stream is open once its first answer came back.
+        let (_bound_tx, bound_rx) = tokio::sync::mpsc::unbounded_channel();
+        _bound_tx.send(create("a")).unwrap();
+        let bound_requests = tokio_stream::wrappers::UnboundedReceiverStream::new(bound_rx);
+        let mut bound = watch.watch(require_leader(bound_requests)).await.unwrap().into_inner();
+        let (_free_tx, free_rx) = tokio::sync::mpsc::unbounded_channel();
+        _free_tx.send(create("b")).unwrap();
+        let free_requests = tokio_stream::wrappers::UnboundedReceiverStream::new(free_rx);
+        let mut free = watch.watch(free_requests).await.unwrap().into_inner();
+        for stream in [&mut bound, &mut free] {
+            let created: WatchResponse = stream.next().await.unwrap().unwrap();
+            assert!(created.created, "{created:?}");
+        }
+        let id = lease
+            .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
+        // A follower forwards keep-alives to the leader's client URLs, which the leader
+        // publishes shortly after it starts: until then a keep-alive fails, and is tried again.
+        let deadline = Instant::now() + PATIENCE;
+        let (_keep_tx, mut keep) = loop {
+            let (keep_tx, keep_rx) = tokio::sync::mpsc::unbounded_channel();
+            keep_tx.send(LeaseKeepAliveRequest { id }).unwrap();
+            let keep_requests = tokio_stream::wrappers::UnboundedReceiverStream::new(keep_rx);
+            let mut keep = lease
+                .lease_keep_alive(require_leader(keep_requests))
+                .await
+                .unwrap()
+                .into_inner();
+            match keep.next().await.unwrap() {
+                Ok(answer) => {
+                    assert_eq!(answer.id, id);
+                    break (keep_tx, keep);
+                }
+                Err(status) => assert!(Instant::now() < deadline, "keep-alives kept failing: {status:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+
+        // The member is cut off: the other two are gone.
+        members[1].kill();
+        members[2].kill();
+        for (what, ended) in [
+            (
+                "watch",
+                tokio::time::timeout(PATIENCE, bound.next())
+                    .await
+                    .map(|m| m.map(|r| r.map(|_| ()))),
+            ),
+            (
+                "keep-alive",
+                tokio::time::timeout(PATIENCE, keep.next())
+                    .await
+                    .map(|m| m.map(|r| r.map(|_| ()))),
+            ),
+        ] {
+            let status = match ended {
+                Ok(Some(Err(status))) => status,
+                other => panic!("the {what} stream that asked for a leader went on: {other:?}"),
+            };
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            assert_eq!(status.message(), "etcdserver: no leader");
+        }
+        // The watch that did not ask is still open (nothing was written: no message came).
+        assert!(
+            futures_now(free.next()).is_none(),
+            "the watch that did not ask for a leader ended"
+        );
+        // A new stream that asks is refused at once.
+        let (_again_tx, again_rx) = tokio::sync::mpsc::unbounded_channel::<WatchRequest>();
+        let again = tokio_stream::wrappers::UnboundedReceiverStream::new(again_rx);
+        let refused = match watch.watch(require_leader(again)).await {
+            Ok(response) => response.into_inner().next().await.unwrap().unwrap_err(),
+            Err(status) => status,
+        };
+        assert_eq!(refused.message(), "etcdserver: no leader", "{refused:?}");
+    });
+}
+
+/// The value of `future` if it is ready now, without waiting.
+fn futures_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}

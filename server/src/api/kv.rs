@@ -1,10 +1,8 @@
 //! The KV service: Range, RangeStream, Put, DeleteRange, Txn and Compact.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use prost::Message as _;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::errors::{IntoStatus, Refusal};
@@ -28,7 +26,7 @@ impl KvService {
     }
 }
 
-type RangeStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send>>;
+type RangeStream = super::ResponseStream<pb::RangeStreamResponse>;
 
 #[tonic::async_trait]
 impl Kv for KvService {
@@ -50,6 +48,7 @@ impl Kv for KvService {
     type RangeStreamStream = RangeStream;
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
+        let metadata = request.metadata().clone();
         let request = validate::range(request.into_inner())?;
         // etcd 3.7 streams the orders a Range reads in without sorting everything first: an
         // order left unset (whatever the target; each chunk is then sorted on its own) or
@@ -74,7 +73,8 @@ impl Kv for KvService {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || stream_range(&node, request, &tx));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        let stream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(Response::new(super::leader_bound(&self.node, &metadata, stream)))
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {

@@ -1,9 +1,8 @@
 //! The Lease service: Grant, Revoke, the KeepAlive stream, TimeToLive and Leases.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::async_stream;
@@ -25,7 +24,7 @@ impl LeaseService {
     }
 }
 
-type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
+type KeepAliveStream = super::ResponseStream<pb::LeaseKeepAliveResponse>;
 
 #[tonic::async_trait]
 impl Lease for LeaseService {
@@ -61,6 +60,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let metadata = request.metadata().clone();
         let mut requests = request.into_inner();
         let node = self.node.clone();
         let answers = async_stream(move |tx| async move {
@@ -91,7 +91,7 @@ impl Lease for LeaseService {
                 }
             }
         });
-        Ok(Response::new(answers))
+        Ok(Response::new(super::leader_bound(&self.node, &metadata, answers)))
     }
 
     async fn lease_time_to_live(

@@ -1,12 +1,10 @@
 //! The Maintenance service: Alarm, Status, Defragment, Hash, HashKV, Snapshot and MoveLeader.
 
 use std::io::Write;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use cairn_engine::Alarm;
 use sha2::{Digest, Sha256};
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::node::{Node, API_VERSION};
@@ -44,7 +42,7 @@ fn alarm_error(member: u64, alarm: Alarm) -> String {
     format!("memberID:{member} alarm:{name} ")
 }
 
-type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
+type SnapshotStream = super::ResponseStream<pb::SnapshotResponse>;
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
@@ -150,7 +148,7 @@ impl Maintenance for MaintenanceService {
 
     type SnapshotStream = SnapshotStream;
 
-    async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+    async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
@@ -163,7 +161,12 @@ impl Maintenance for MaintenanceService {
                 let _ = tx.blocking_send(Err(crate::errors::status(&e)));
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        let stream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(Response::new(super::leader_bound(
+            &self.node,
+            request.metadata(),
+            stream,
+        )))
     }
 
     async fn move_leader(

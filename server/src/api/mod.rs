@@ -12,8 +12,65 @@ pub mod lease;
 pub mod maintenance;
 pub mod watch;
 
+/// A boxed response stream.
+pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Whether a call asked that a leader be known (`hasleader: true` metadata, which etcd's
+/// clients send with `WithRequireLeader`).
+pub fn wants_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.get("hasleader").is_some_and(|v| v.as_bytes() == b"true")
+}
+
+/// `stream`, ended with etcd's "no leader" once the member has had none for
+/// [`crate::node::NO_LEADER_TIMEOUTS`] election timeouts, if the call asked for a leader (as
+/// etcd's stream interceptor ends them): a client watching through a member cut off from the
+/// others learns it and goes to another, instead of waiting for events that never come.
+pub fn leader_bound<T: Send + 'static>(
+    node: &crate::node::Node,
+    metadata: &tonic::metadata::MetadataMap,
+    stream: ResponseStream<T>,
+) -> ResponseStream<T> {
+    if !wants_leader(metadata) {
+        return stream;
+    }
+    let mut leaderless = node.leaderless.subscribe();
+    let lost = Box::pin(async move {
+        if leaderless.changed().await.is_err() {
+            // The member is stopping; the stream ends with the server.
+            std::future::pending::<()>().await;
+        }
+    });
+    Box::pin(LeaderBound {
+        stream,
+        lost,
+        ended: false,
+    })
+}
+
+/// See [`leader_bound`].
+struct LeaderBound<T> {
+    stream: ResponseStream<T>,
+    lost: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ended: bool,
+}
+
+impl<T> Stream for LeaderBound<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        if self.ended {
+            return std::task::Poll::Ready(None);
+        }
+        if self.lost.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return std::task::Poll::Ready(Some(Err(crate::errors::Refusal::NoLeader.into())));
+        }
+        self.stream.as_mut().poll_next(cx)
+    }
+}
+
 /// A response stream fed by a task: `produce` gets the sending end.
-pub fn async_stream<T, F, Fut>(produce: F) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>
+pub fn async_stream<T, F, Fut>(produce: F) -> ResponseStream<T>
 where
     T: Send + 'static,
     F: FnOnce(tokio::sync::mpsc::Sender<Result<T, Status>>) -> Fut,

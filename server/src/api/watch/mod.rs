@@ -51,13 +51,14 @@ impl WatchService {
     }
 }
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<WireResponse, Status>> + Send>>;
+type WatchStream = super::ResponseStream<WireResponse>;
 
 #[tonic::async_trait]
 impl WatchApi for WatchService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+        let metadata = request.metadata().clone();
         let requests = request.into_inner();
         let node = self.node.clone();
         // Responses go to the transport a drain at a time: one hand-off per batch, not per
@@ -84,7 +85,7 @@ impl WatchApi for WatchService {
             rx,
             pending: Vec::new().into_iter(),
         });
-        Ok(Response::new(stream))
+        Ok(Response::new(super::leader_bound(&self.node, &metadata, stream)))
     }
 }
 
