@@ -20,8 +20,10 @@ Workloads (--only takes a comma-separated list; each entry selects the names con
 put-serial, put-100, range-l-100, range-s-100, range-s-pinned-100 and watch-1000,
 watch-pinned-1000 (each the one before with the server and the load generator on a core each),
 keepalive-10k, expiry, million,
-cluster-put-100, k8s-1, k8s-3 (the last two, the largest Kubernetes-shaped cluster each target
-carries, are searches run in the first round only: see k8s.py).
+cluster-put-100, apiserver-3 (kube-apiserver 1.37 on three members of cairn and of etcd 3.7 only,
+driven by tests/kubernetes/apiload at a fixed rate), k8s-1, k8s-3 (the last two, the largest
+Kubernetes-shaped cluster each target carries, are searches run in the first round only: see
+k8s.py).
 
 Writes the table to stdout, the plots to <dir>/img, every round's figures and cairn-bench
 reports to <dir>/results.json; with --write-docs, the table and the plots go into
@@ -39,7 +41,8 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ next to the modules in the source tree
-from targets import HERE, ROOT, VENV_PYTHON, Target, build, ensure_etcd34, ensure_etcd37, ensure_venv, log  # noqa: E402
+from targets import (HERE, ROOT, VENV_PYTHON, Target, build, ensure_etcd34, ensure_etcd37, ensure_kube,  # noqa: E402
+                     ensure_venv, log)
 from workloads import Context, workloads  # noqa: E402
 
 BEGIN_MARK = "<!-- compare:begin -->"
@@ -97,6 +100,8 @@ def main():
     ctx = Context(bench_bin=bench_bin, seconds=a.seconds, keys=a.keys, expiry_leases=a.expiry_leases,
                   expiry_ttl=a.expiry_ttl, defrag_baseline=a.defrag_baseline, defrag_budget=a.defrag_budget,
                   k8s_step=a.k8s_step, logs=a.dir / "logs")
+    if any(w.kube for w in chosen_w):
+        ctx.kube_bin_dir, ctx.apiload_bin = ensure_kube()
 
     results = {t.name: {w.name: [] for w in chosen_w} for t in chosen}
     took = {}
@@ -107,6 +112,8 @@ def main():
             if w.once and r > 0:
                 continue
             for t in chosen:
+                if w.targets is not None and t.name not in w.targets:
+                    continue
                 t0 = time.monotonic()
                 out = run_one(ctx, w, t, a.dir / t.name)
                 took.setdefault((w.name, t.name), []).append(time.monotonic() - t0)

@@ -73,6 +73,14 @@ def ensure_etcd37():
     return out / "etcd"
 
 
+def ensure_kube():
+    """kube-apiserver 1.37 and the apiserver-level load tool (tests/kubernetes/apiload), built
+    from their Go modules by tests/kubernetes/run.sh; returns (the binaries' dir, the tool)."""
+    run([str(ROOT / "tests" / "kubernetes" / "run.sh")], cwd=ROOT,
+        env={**os.environ, "BUILD_ONLY": "1", "VERSIONS": "1.37"})
+    return ROOT / "target" / "kubernetes" / "1.37", ROOT / "target" / "kubernetes" / "apiload"
+
+
 def build():
     run(["cargo", "build", "--release", "--locked", "-p", "cairn-server", "--bin", "cairn",
          "-p", "cairn-benches", "--bin", "cairn-bench"], cwd=ROOT)

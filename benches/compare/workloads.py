@@ -45,6 +45,10 @@ class Workload:
     once: bool = False
     # (the server's CPUs, the load generator's), as taskset lists; None: both anywhere.
     cpus: tuple = None
+    # The targets it runs against (their names); None: every one.
+    targets: tuple = None
+    # Needs kube-apiserver and the apiserver-level load tool (targets.ensure_kube).
+    kube: bool = False
 
 
 @dataclass
@@ -57,6 +61,9 @@ class Context:
     defrag_baseline: float
     defrag_budget: float
     k8s_step: float  # measured seconds of each step of the Kubernetes-shaped search
+    # kube-apiserver's binaries and the apiserver-level load tool, when a workload needs them.
+    kube_bin_dir: Path = None
+    apiload_bin: Path = None
     logs: Path  # this round's latency logs
     kept: dict = field(default_factory=dict)  # (workload, target) -> what the plots need
 
@@ -298,6 +305,52 @@ def k8s_search(members):
     return run
 
 
+# --- kube-apiserver on the target: the same client-go load through it -----------------------
+
+# The verbs tests/kubernetes/apiload sends, each at its own fixed rate (its defaults).
+APISERVER_VERBS = [("create", "ConfigMap creates"), ("update", "ConfigMap updates"), ("get", "ConfigMap gets"),
+                   ("list", "paged lists of 500 ConfigMaps (pages of 50)"), ("lease", "Lease renewals")]
+
+
+def apiserver_load(ctx, t, endpoints, name):
+    """kube-apiserver 1.37 on the target's members, and tests/kubernetes/apiload's open-loop
+    client-go load through it (creates, updates, gets, paged lists and Lease renewals, each at
+    a fixed rate, the same for every target): per verb, answers per second and p99 latency;
+    the p99 of all writes and of all reads; the storage's and kube-apiserver's CPU time per
+    request."""
+    cmd = [str(ctx.apiload_bin), "--json", "--kube-bin-dir", str(ctx.kube_bin_dir),
+           "--etcd-servers", ",".join(f"http://{e}" for e in endpoints),
+           "--seconds", f"{max(ctx.seconds, 30):g}", "--warmup", "10"]
+    log("$", " ".join(cmd))
+    cpu_before = t.cpu_seconds()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cpu = t.cpu_seconds() - cpu_before
+    out = bench_output(cmd, p.returncode, p.stdout, p.stderr)
+    verbs = out.get("verbs", {})
+    r = {"write_p99": out.get("write_p99_ms"), "read_p99": out.get("read_p99_ms"), "raw": out}
+    answered = 0
+    for verb, _ in APISERVER_VERBS:
+        v = verbs.get(verb, {})
+        r[f"{verb}_ops"] = v.get("per_sec")
+        r[f"{verb}_p99"] = v.get("p99_ms")
+        answered += v.get("count") or 0
+    # The storage's CPU over the whole run (kube-apiserver's start and the setup included);
+    # per request of the measured window, so a comparison between targets, not an absolute.
+    r["storage_cpu_us"] = cpu * 1e6 / answered if answered else None
+    apiserver_cpu = out.get("apiserver_cpu_seconds")
+    r["apiserver_cpu_us"] = apiserver_cpu * 1e6 / answered if answered and apiserver_cpu else None
+    return r
+
+
+APISERVER = ([Figure("write_p99", "p99 of every write (creates, updates, renewals)", "ms", False),
+              Figure("read_p99", "p99 of every read (gets, paged lists)", "ms", False)]
+             + [f for verb, label in APISERVER_VERBS
+                for f in (Figure(f"{verb}_ops", f"{label}: answered", "ops/s", True),
+                          Figure(f"{verb}_p99", f"{label}: p99", "ms", False))]
+             + [Figure("storage_cpu_us", "storage CPU (all members) per request", "µs", False),
+                Figure("apiserver_cpu_us", "kube-apiserver CPU per request", "µs", False)])
+
+
 def ms_s(seconds):
     return None if seconds is None else seconds * 1000
 
@@ -354,6 +407,8 @@ def workloads(keys, expiry_leases):
                  million_keys),
         Workload("cluster-put-100", "3-member cluster on loopback: put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]), members=3),
+        Workload("apiserver-3", "kube-apiserver 1.37 on a 3-member cluster: client-go load at a fixed rate",
+                 APISERVER, apiserver_load, members=3, targets=("cairn", "etcd-3.7"), kube=True),
         Workload("k8s-1", "Kubernetes-shaped load, 1 member (first round only)", K8S, k8s_search(1),
                  owns_target=True, once=True),
         Workload("k8s-3", "Kubernetes-shaped load, 3 members (first round only)", K8S, k8s_search(3),

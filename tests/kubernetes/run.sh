@@ -5,8 +5,11 @@
 #
 #   tests/kubernetes/run.sh               # 1.37 and 1.34
 #   VERSIONS=1.37 tests/kubernetes/run.sh # one release
+#   BUILD_ONLY=1 VERSIONS=1.37 tests/kubernetes/run.sh
+#                                         # only the binaries, and the apiserver-level
+#                                         # load tool (./apiload) into target/kubernetes/
 #
-# Environment: VERSIONS (default "1.37 1.34"), CAIRN_BIN (default
+# Environment: VERSIONS (default "1.37 1.34"), BUILD_ONLY, CAIRN_BIN (default
 # <repo>/target/debug/cairn, built with cargo if missing), NICE (default
 # "nice -n 19"), GO_TEST_FLAGS (extra flags for go test, e.g. -run).
 set -uo pipefail
@@ -49,6 +52,14 @@ build_kube() {
     k8s.io/kubernetes/cmd/kube-scheduler) || return 1
   echo "== built Kubernetes $v in $((SECONDS - start))s"
 }
+
+if [ -n "${BUILD_ONLY:-}" ]; then
+  for v in $versions; do
+    build_kube "$v" || exit 1
+  done
+  (cd "$here" && GOFLAGS=-mod=readonly $nice_cmd go build -o "$root/target/kubernetes/apiload" ./apiload) || exit 1
+  exit 0
+fi
 
 cairn_bin="${CAIRN_BIN:-$root/target/debug/cairn}"
 if [ ! -x "$cairn_bin" ]; then

@@ -3,180 +3,33 @@ package scenario
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cairn-kv/cairn/tests/kubernetes/internal/controlplane"
 	"github.com/cairn-kv/cairn/tests/kubernetes/internal/loopback"
 )
 
-// proc is one child process (a cairn member or a Kubernetes component) whose
-// stdout and stderr go to a log file. It can be SIGKILLed and started again
-// with the same arguments.
-type proc struct {
-	name    string
-	bin     string
-	args    []string
-	logPath string
-
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	waitErr error
-}
-
-func (p *proc) start() error {
-	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(logFile, "=== %s start %s: %s %s\n", p.name, time.Now().Format(time.RFC3339Nano), p.bin, strings.Join(p.args, " "))
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	// Kill the child if the test binary dies without running its cleanups.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("starting %s: %w", p.name, err)
-	}
-	exited := make(chan struct{})
-	p.mu.Lock()
-	p.cmd, p.exited, p.waitErr = cmd, exited, nil
-	p.mu.Unlock()
-	go func() {
-		err := cmd.Wait()
-		logFile.Close()
-		p.mu.Lock()
-		p.waitErr = err
-		p.mu.Unlock()
-		close(exited)
-	}()
-	return nil
-}
-
-func (p *proc) exitedCh() chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exited
-}
-
-func (p *proc) alive() bool {
-	ch := p.exitedCh()
-	if ch == nil {
-		return false
-	}
-	select {
-	case <-ch:
-		return false
-	default:
-		return true
-	}
-}
-
-func (p *proc) exitErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.waitErr
-}
-
-func (p *proc) pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil || p.cmd.Process == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (p *proc) kill() {
-	if !p.alive() {
-		return
-	}
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	_ = cmd.Process.Kill()
-	<-p.exitedCh()
-}
-
-// stop sends SIGTERM, then SIGKILL after a grace period.
-func (p *proc) stop() {
-	if !p.alive() {
-		return
-	}
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exitedCh():
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-p.exitedCh()
-	}
-}
-
-func tailFile(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	for i, l := range lines {
-		if len(l) > 400 {
-			lines[i] = l[:400] + "…"
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-// freePorts: see loopback.FreePorts.
-var freePorts = loopback.FreePorts
-
-// poll calls cond every interval until it returns true or an error, or timeout
-// passes; it returns the last "why not" message on timeout.
-func poll(timeout, interval time.Duration, cond func() (bool, string, error)) error {
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, why, err := cond()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		last = why
-		if time.Now().After(deadline) {
-			return fmt.Errorf("condition not met after %v (last: %s)", timeout, last)
-		}
-		time.Sleep(interval)
-	}
-}
+// Shorter names for the shared helpers the steps use.
+var (
+	poll      = controlplane.Poll
+	tailFile  = controlplane.TailFile
+	freePorts = loopback.FreePorts
+)
 
 // ---------------------------------------------------------------- cairn
 
 type cairnMember struct {
-	*proc
+	*controlplane.Proc
 	clientURL string
 	peerURL   string
 }
@@ -206,13 +59,13 @@ func startCairnCluster(bin, dir string) (*cairnCluster, error) {
 			clientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
 			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
 		}
-		m.proc = &proc{name: "cairn-" + name, bin: bin, logPath: filepath.Join(dir, "cairn-"+name+".log")}
+		m.Proc = &controlplane.Proc{Name: "cairn-" + name, Bin: bin, LogPath: filepath.Join(dir, "cairn-"+name+".log")}
 		initial = append(initial, name+"="+m.peerURL)
 		c.members = append(c.members, m)
 	}
 	for i, m := range c.members {
 		name := fmt.Sprintf("m%d", i+1)
-		m.args = []string{
+		m.Args = []string{
 			"--name", name,
 			"--data-dir", filepath.Join(dir, "cairn-"+name+".data"),
 			"--listen-client-urls", m.clientURL,
@@ -226,7 +79,7 @@ func startCairnCluster(bin, dir string) (*cairnCluster, error) {
 			"--election-timeout", "1000",
 			"--watch-progress-notify-interval", "5s",
 		}
-		if err := m.start(); err != nil {
+		if err := m.Start(); err != nil {
 			c.stop()
 			return nil, err
 		}
@@ -234,7 +87,7 @@ func startCairnCluster(bin, dir string) (*cairnCluster, error) {
 	for _, m := range c.members {
 		if err := m.waitHealthy(60 * time.Second); err != nil {
 			c.stop()
-			return nil, fmt.Errorf("%s: %w", m.name, err)
+			return nil, fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
 	return c, nil
@@ -242,15 +95,15 @@ func startCairnCluster(bin, dir string) (*cairnCluster, error) {
 
 func (c *cairnCluster) stop() {
 	for _, m := range c.members {
-		m.stop()
+		m.Stop()
 	}
 }
 
 func (m *cairnMember) waitHealthy(timeout time.Duration) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	return poll(timeout, 100*time.Millisecond, func() (bool, string, error) {
-		if !m.alive() {
-			return false, "", fmt.Errorf("exited before becoming healthy: %v", m.exitErr())
+		if !m.Alive() {
+			return false, "", fmt.Errorf("exited before becoming healthy: %v", m.ExitErr())
 		}
 		resp, err := client.Get(m.clientURL + "/health")
 		if err != nil {
@@ -294,13 +147,13 @@ func newEtcdClient(endpoints ...string) (*clientv3.Client, error) {
 func (c *cairnCluster) leader(ctx context.Context) (int, error) {
 	var why []string
 	for i, m := range c.members {
-		if !m.alive() {
-			why = append(why, m.name+": not running")
+		if !m.Alive() {
+			why = append(why, m.Name+": not running")
 			continue
 		}
 		cli, err := newEtcdClient(m.clientURL)
 		if err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", m.name, err))
+			why = append(why, fmt.Sprintf("%s: %v", m.Name, err))
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -308,38 +161,18 @@ func (c *cairnCluster) leader(ctx context.Context) (int, error) {
 		cancel()
 		cli.Close()
 		if err != nil {
-			why = append(why, fmt.Sprintf("%s: status: %v", m.name, err))
+			why = append(why, fmt.Sprintf("%s: status: %v", m.Name, err))
 			continue
 		}
 		if st.Leader != 0 && st.Leader == st.Header.MemberId {
 			return i, nil
 		}
-		why = append(why, fmt.Sprintf("%s: member %x, leader %x", m.name, st.Header.MemberId, st.Leader))
+		why = append(why, fmt.Sprintf("%s: member %x, leader %x", m.Name, st.Header.MemberId, st.Leader))
 	}
 	return -1, fmt.Errorf("no leader: %s", strings.Join(why, "; "))
 }
 
-// ---------------------------------------------------------------- kube
-
-// httpsGet does GET url with the admin bearer token against the apiserver.
-func httpsGet(ctx context.Context, url, token string, ca *x509.CertPool) (int, string, error) {
-	client := &http.Client{
-		Timeout:   10 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca}},
-	}
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), err
-}
+// ---------------------------------------------------------------- metrics
 
 // metricLines returns the sample lines of a Prometheus text exposition whose
 // metric name is name (any labels), sorted.

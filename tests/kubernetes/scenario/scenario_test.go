@@ -29,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/cairn-kv/cairn/tests/kubernetes/internal/controlplane"
 )
 
 const (
@@ -65,11 +67,11 @@ type harness struct {
 	acked []string // ConfigMaps in nsHA whose create was acknowledged
 }
 
-func (h *harness) procs() []*proc {
-	var out []*proc
+func (h *harness) procs() []*controlplane.Proc {
+	var out []*controlplane.Proc
 	if h.cairn != nil {
 		for _, m := range h.cairn.members {
-			out = append(out, m.proc)
+			out = append(out, m.Proc)
 		}
 	}
 	if h.cp != nil {
@@ -81,7 +83,7 @@ func (h *harness) procs() []*proc {
 func (h *harness) logTails(n int) string {
 	var b strings.Builder
 	for _, p := range h.procs() {
-		fmt.Fprintf(&b, "\n--- %s (pid %d, alive %v) log %s, last %d lines ---\n%s\n", p.name, p.pid(), p.alive(), p.logPath, n, tailFile(p.logPath, n))
+		fmt.Fprintf(&b, "\n--- %s (pid %d, alive %v) log %s, last %d lines ---\n%s\n", p.Name, p.Pid(), p.Alive(), p.LogPath, n, tailFile(p.LogPath, n))
 	}
 	return b.String()
 }
@@ -113,7 +115,7 @@ func TestScenario(t *testing.T) {
 			t.Logf("FAILED; logs kept in %s%s", dir, h.logTails(40))
 		}
 		if h.cp != nil && h.cp.apiserver != nil {
-			if b, err := os.ReadFile(h.cp.apiserver.logPath); err == nil {
+			if b, err := os.ReadFile(h.cp.apiserver.LogPath); err == nil {
 				if n := strings.Count(string(b), "\nE"); n > 0 {
 					t.Logf("kube-apiserver log has %d error lines", n)
 				}
@@ -145,17 +147,17 @@ func TestScenario(t *testing.T) {
 	if err != nil {
 		t.Fatalf("clientv3 to cairn: %v", err)
 	}
-	p, err := generatePKI(dir)
+	p, err := controlplane.GeneratePKI(dir)
 	if err != nil {
 		t.Fatalf("generating PKI: %v", err)
 	}
 	start = time.Now()
-	cp, err := startAPIServer(binDir, dir, h.cairn.clientURLs(), p)
+	cp, err := startControlPlane(binDir, dir, h.cairn.clientURLs(), p)
 	h.cp = cp
 	if err != nil {
 		t.Fatalf("starting the control plane: %v%s", err, h.logTails(40))
 	}
-	t.Logf("kube-apiserver ready after %v at %s", time.Since(start).Round(time.Millisecond), cp.url)
+	t.Logf("kube-apiserver ready after %v at %s", time.Since(start).Round(time.Millisecond), cp.apiserver.URL)
 	if h.kube, err = kubernetes.NewForConfig(cp.restConfig); err != nil {
 		t.Fatal(err)
 	}
@@ -191,12 +193,12 @@ func TestScenario(t *testing.T) {
 		ok := t.Run(s.name, func(t *testing.T) { s.fn(t, h) })
 		t.Logf("step %-30s %-4s %v", s.name, map[bool]string{true: "ok", false: "FAIL"}[ok], time.Since(stepStart).Round(time.Millisecond))
 		for _, pr := range h.procs() {
-			if !pr.alive() {
+			if !pr.Alive() {
 				// A cairn member is down only inside LeaderKill; anything else is a crash.
-				t.Errorf("after step %s: %s (pid %d) is not running: %v", s.name, pr.name, pr.pid(), pr.exitErr())
+				t.Errorf("after step %s: %s (pid %d) is not running: %v", s.name, pr.Name, pr.Pid(), pr.ExitErr())
 			}
 		}
-		if t.Failed() && !h.cp.apiserver.alive() {
+		if t.Failed() && !h.cp.apiserver.Alive() {
 			t.Fatalf("kube-apiserver died; stopping the scenario")
 		}
 	}
@@ -967,7 +969,7 @@ func testWatchList(t *testing.T, h *harness) {
 }
 
 func (h *harness) apiserverMetrics(ctx context.Context) (string, error) {
-	code, body, err := httpsGet(ctx, h.cp.url+"/metrics", h.cp.pki.token, h.cp.pki.caPool)
+	code, body, err := h.cp.apiserver.Get(ctx, "/metrics")
 	if err != nil {
 		return "", err
 	}
@@ -1033,7 +1035,7 @@ func testRangeStream(t *testing.T, h *harness) {
 	for _, m := range h.cairn.members {
 		text, err := m.metrics()
 		if err != nil {
-			t.Errorf("%s /metrics: %v", m.name, err)
+			t.Errorf("%s /metrics: %v", m.Name, err)
 			continue
 		}
 		for _, l := range strings.Split(text, "\n") {
@@ -1042,7 +1044,7 @@ func testRangeStream(t *testing.T, h *harness) {
 			}
 			ll := strings.ToLower(l)
 			if strings.Contains(ll, "rangestream") || strings.Contains(ll, "range_stream") {
-				found = append(found, m.name+": "+l)
+				found = append(found, m.Name+": "+l)
 				var v float64
 				if i := strings.LastIndex(l, " "); i > 0 {
 					fmt.Sscanf(l[i+1:], "%g", &v)
@@ -1163,22 +1165,22 @@ func testLeaderKill(t *testing.T, h *harness) {
 	victim := h.cairn.members[leader]
 	before := len(h.ackedNames())
 	killedAt := time.Now()
-	victim.kill()
-	t.Logf("SIGKILLed leader %s (pid %d) after %d acknowledged creates", victim.name, victim.pid(), before)
+	victim.Kill()
+	t.Logf("SIGKILLed leader %s (pid %d) after %d acknowledged creates", victim.Name, victim.Pid(), before)
 
 	waitAcked(before+30, 90*time.Second, "after killing the leader")
 	t.Logf("30 more creates acknowledged %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 	if nl, err := h.cairn.leader(ctx); err != nil {
 		t.Errorf("no new leader among the survivors: %v", err)
 	} else {
-		t.Logf("new leader: %s", h.cairn.members[nl].name)
+		t.Logf("new leader: %s", h.cairn.members[nl].Name)
 	}
 
-	if err := victim.start(); err != nil {
-		t.Fatalf("restarting %s: %v", victim.name, err)
+	if err := victim.Start(); err != nil {
+		t.Fatalf("restarting %s: %v", victim.Name, err)
 	}
 	if err := victim.waitHealthy(60 * time.Second); err != nil {
-		t.Fatalf("restarted %s not healthy: %v\n%s", victim.name, err, tailFile(victim.logPath, 30))
+		t.Fatalf("restarted %s not healthy: %v\n%s", victim.Name, err, tailFile(victim.LogPath, 30))
 	}
 	mid := len(h.ackedNames())
 	waitAcked(mid+20, 60*time.Second, "after restarting the killed member")
@@ -1200,7 +1202,7 @@ func testLeaderKill(t *testing.T, h *harness) {
 	// The restarted member caught up: every acknowledged key is on it.
 	single, err := newEtcdClient(victim.clientURL)
 	if err != nil {
-		t.Fatalf("clientv3 to %s: %v", victim.name, err)
+		t.Fatalf("clientv3 to %s: %v", victim.Name, err)
 	}
 	defer single.Close()
 	prefix := "/registry/configmaps/" + nsHA + "/"
@@ -1222,7 +1224,7 @@ func testLeaderKill(t *testing.T, h *harness) {
 		if len(missing) == 0 {
 			return true, "", nil
 		}
-		return false, fmt.Sprintf("%s lacks %d acknowledged keys, e.g. %v", victim.name, len(missing), missing[:min(5, len(missing))]), nil
+		return false, fmt.Sprintf("%s lacks %d acknowledged keys, e.g. %v", victim.Name, len(missing), missing[:min(5, len(missing))]), nil
 	})
 	if err != nil {
 		t.Errorf("restarted member did not catch up: %v", err)
