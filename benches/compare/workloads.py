@@ -61,11 +61,11 @@ class Context:
     defrag_baseline: float
     defrag_budget: float
     k8s_step: float  # measured seconds of each step of the Kubernetes-shaped search
+    logs: Path  # this round's latency logs
+    kept: dict = field(default_factory=dict)  # (workload, target) -> what the plots need
     # kube-apiserver's binaries and the apiserver-level load tool, when a workload needs them.
     kube_bin_dir: Path = None
     apiload_bin: Path = None
-    logs: Path  # this round's latency logs
-    kept: dict = field(default_factory=dict)  # (workload, target) -> what the plots need
 
     def log_path(self, workload, target):
         self.logs.mkdir(parents=True, exist_ok=True)
