@@ -58,7 +58,7 @@ tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
         GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 -timeout 20m ./storage/
 done)
 
-step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster (tests/kubernetes; first build ~20 min)"
+step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster (tests/kubernetes; first build ~12 min)"
 tests/kubernetes/run.sh
 
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"
