@@ -235,17 +235,29 @@ func (w *workload) update(ctx context.Context) sample {
 		cm.Data = map[string]string{}
 	}
 	cm.Data["rev"] = strconv.FormatInt(w.revisions.Add(1), 10)
-	cms := w.client.CoreV1().ConfigMaps(namespace)
-	var got *corev1.ConfigMap
+	return updateSlot(ctx, w.client.CoreV1().ConfigMaps(namespace), s, cm.Name, cm)
+}
+
+// typedClient is the part of a typed client updateSlot needs.
+type typedClient[T any] interface {
+	Update(context.Context, T, metav1.UpdateOptions) (T, error)
+	Get(context.Context, string, metav1.GetOptions) (T, error)
+}
+
+// updateSlot sends next, an edited copy of the slot's object, as an Update
+// (the timed sample) and keeps what comes back; after a 409 Conflict it
+// refetches the object (untimed) for the next update.
+func updateSlot[T any](ctx context.Context, c typedClient[T], s *slot[T], name string, next T) sample {
+	var got T
 	res := timed(func() (err error) {
-		got, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		got, err = c.Update(ctx, next, metav1.UpdateOptions{})
 		return err
 	})
 	switch {
 	case res.err == nil:
 		s.obj = got
 	case apierrors.IsConflict(res.err):
-		if fresh, err := cms.Get(ctx, cm.Name, metav1.GetOptions{}); err == nil {
+		if fresh, err := c.Get(ctx, name, metav1.GetOptions{}); err == nil {
 			s.obj = fresh
 		}
 	}
@@ -292,19 +304,5 @@ func (w *workload) renew(ctx context.Context) sample {
 	l := s.obj.DeepCopy()
 	now := metav1.NowMicro()
 	l.Spec.RenewTime = &now
-	leases := w.client.CoordinationV1().Leases(namespace)
-	var got *coordinationv1.Lease
-	res := timed(func() (err error) {
-		got, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-		return err
-	})
-	switch {
-	case res.err == nil:
-		s.obj = got
-	case apierrors.IsConflict(res.err):
-		if fresh, err := leases.Get(ctx, l.Name, metav1.GetOptions{}); err == nil {
-			s.obj = fresh
-		}
-	}
-	return res
+	return updateSlot(ctx, w.client.CoordinationV1().Leases(namespace), s, l.Name, l)
 }
