@@ -52,6 +52,8 @@ cargo build -p cairn-server --bin cairn --locked
 
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
 tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
+# Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.
+(cd tests/kubernetes && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet ./...)
 (cd tests/kubernetes && for target in etcd cairn; do
     echo "--- against $target"
     STORAGE_TARGET=$target ETCD_BIN="$PWD/../../target/etcd-3.7/etcd" CAIRN_BIN="$PWD/../../target/debug/cairn" \
