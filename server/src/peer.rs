@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::pb::peer as pb;
 use crate::pb::peer::peer_client::PeerClient;
 use crate::pb::peer::peer_server::{Peer, PeerServer};
+use crate::tls::Connector;
 
 /// Messages queued for one peer before new ones are dropped.
 const QUEUE: usize = 4096;
@@ -96,6 +97,8 @@ struct Shared {
     engine: RwLock<Weak<Engine>>,
     links: Mutex<HashMap<u64, mpsc::Sender<Bytes>>>,
     inbox: InboxSlot,
+    /// Dials peers (with the peer port's TLS, for https peer URLs).
+    connector: Connector,
 }
 
 impl Shared {
@@ -140,8 +143,9 @@ impl std::fmt::Debug for PeerNetwork {
 }
 
 impl PeerNetwork {
-    /// The transport of member `me` of the cluster `cluster`; call within a tokio runtime.
-    pub fn new(me: u64, cluster: Arc<ClusterId>, initial: &[(u64, Vec<String>)]) -> PeerNetwork {
+    /// The transport of member `me` of the cluster `cluster`, dialing peers with `connector`;
+    /// call within a tokio runtime.
+    pub fn new(me: u64, cluster: Arc<ClusterId>, initial: &[(u64, Vec<String>)], connector: Connector) -> PeerNetwork {
         PeerNetwork {
             shared: Arc::new(Shared {
                 me,
@@ -151,6 +155,7 @@ impl PeerNetwork {
                 engine: RwLock::new(Weak::new()),
                 links: Mutex::new(HashMap::new()),
                 inbox: Arc::new(RwLock::new(None)),
+                connector,
             }),
         }
     }
@@ -202,10 +207,9 @@ impl Transport for GrpcTransport {
             .ok_or_else(|| std::io::Error::other(format!("no peer URL known for member {to:x}")))?
             .clone();
         let (tx, rx) = mpsc::channel::<pb::SnapshotChunk>(4);
+        let connector = self.shared.connector.clone();
         let call = self.shared.runtime.spawn(async move {
-            let mut client = PeerClient::connect(url)
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))?
+            let mut client = PeerClient::new(connector.channel(&url).await.map_err(std::io::Error::other)?)
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX);
             client
@@ -257,8 +261,8 @@ fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// network is gone or the queue is dropped.
 async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>) {
     loop {
-        let (url, cluster_id) = match shared.upgrade() {
-            Some(s) => (s.peer_urls(to).first().cloned(), s.cluster.get()),
+        let (url, cluster_id, connector) = match shared.upgrade() {
+            Some(s) => (s.peer_urls(to).first().cloned(), s.cluster.get(), s.connector.clone()),
             None => return,
         };
         let Some(url) = url else {
@@ -268,8 +272,8 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
             while rx.try_recv().is_ok() {}
             continue;
         };
-        let client = match PeerClient::connect(url.clone()).await {
-            Ok(c) => c.max_encoding_message_size(usize::MAX),
+        let client = match connector.channel(&url).await {
+            Ok(c) => PeerClient::new(c).max_encoding_message_size(usize::MAX),
             Err(e) => {
                 tracing::debug!(to = format_args!("{to:x}"), %url, error = %e, "cannot reach peer");
                 tokio::time::sleep(RECONNECT_PAUSE).await;
@@ -422,19 +426,24 @@ impl Peer for PeerService {
 
 /// Asks the members at `peers` who the member at `my_peer_urls` is: its ID (given by `member
 /// add`) and the cluster's. Tries each peer in turn until `patience` runs out.
-pub async fn discover(peers: &[String], my_peer_urls: &[String], patience: Duration) -> Result<(u64, u64), String> {
+pub async fn discover(
+    connector: &Connector,
+    peers: &[String],
+    my_peer_urls: &[String],
+    patience: Duration,
+) -> Result<(u64, u64), String> {
     let mut mine = my_peer_urls.to_vec();
     mine.sort();
     let deadline = tokio::time::Instant::now() + patience;
     let mut last_error = String::from("no peer to ask");
     loop {
         for url in peers {
-            let answer = match PeerClient::connect(url.clone()).await {
-                Ok(mut client) => client
+            let answer = match connector.channel(url).await {
+                Ok(channel) => PeerClient::new(channel)
                     .members(pb::MembersRequest {})
                     .await
                     .map_err(|s| s.message().to_string()),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             match answer {
                 Ok(r) => {

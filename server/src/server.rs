@@ -1,7 +1,9 @@
 //! Running a member: the engine opened from the flags, the gRPC services and HTTP endpoints on
-//! every client URL, the peer transport on every peer URL, auto-compaction, and a graceful stop
-//! on SIGTERM or SIGINT (in-flight requests finish, then the engine checkpoints and closes).
+//! every client URL, the peer transport on every peer URL, the HTTP endpoints alone on every
+//! metrics URL (each over TLS where its URL is https), auto-compaction, and a graceful stop on
+//! SIGTERM or SIGINT (in-flight requests finish, then the engine checkpoints and closes).
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::node::{Limits, Node};
 use crate::pb::etcdserverpb as pb;
 use crate::peer::PeerNetwork;
+use crate::tls::{Connector, Tls, TlsError, TlsListener};
 
 /// Bytes a gRPC message may exceed `--max-request-bytes` by before the transport refuses it
 /// (etcd's allowance for gRPC framing): up to it, the server answers etcd's "request is too
@@ -34,6 +37,8 @@ pub enum ServeError {
     Open { dir: PathBuf, source: cairn_engine::Error },
     #[error("cannot listen on {url}: {source}")]
     Listen { url: String, source: std::io::Error },
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     #[error("{0}")]
     Other(String),
 }
@@ -50,6 +55,11 @@ struct Plan {
     /// Peer URLs of the initial members, by ID (where to reach them before the log says).
     initial_peers: Vec<(u64, Vec<String>)>,
     limits: Limits,
+    metrics_urls: Vec<String>,
+    /// The client port's TLS (also for https metrics URLs, and for dialing the leader).
+    client_tls: Option<Tls>,
+    /// The peer port's TLS (also for dialing peers).
+    peer_tls: Option<Tls>,
 }
 
 fn plan(f: &Flags) -> Result<Plan, ServeError> {
@@ -95,6 +105,10 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             }),
     };
     retention_ok?;
+    let metrics_urls = match f.security.listen_metrics_urls.trim() {
+        "" => Vec::new(),
+        urls => flags::url_list("listen-metrics-urls", urls)?,
+    };
     let max_request_bytes = usize::try_from(f.max_request_bytes).map_err(|_| BadFlag {
         flag: "max-request-bytes",
         reason: "too large".into(),
@@ -108,6 +122,38 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
     let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
     let initial_attributes = flags::initial_attributes(&members);
     let dir = f.data_dir();
+    let protocols = crate::tls::Protocols::new(
+        &f.security.cipher_suites,
+        &f.security.tls_min_version,
+        &f.security.tls_max_version,
+    )?;
+    let sec = &f.security;
+    let client_tls = port_tls(
+        PortTls {
+            port: "client",
+            files: sec.client_files(),
+            auto: sec.auto_tls,
+            fixtures: dir.join("fixtures").join("client"),
+            validity: sec.self_signed_cert_validity,
+        },
+        &[&client_urls, &advertise_client_urls, &metrics_urls],
+        &protocols,
+    )?;
+    let peer_tls = port_tls(
+        PortTls {
+            port: "peer",
+            files: sec.peer_files(),
+            auto: sec.peer_auto_tls,
+            fixtures: dir.join("fixtures").join("peer"),
+            validity: sec.self_signed_cert_validity,
+        },
+        &[
+            &peer_urls,
+            &advertise_peer_urls,
+            &members.iter().flat_map(|m| m.peer_urls.clone()).collect::<Vec<_>>(),
+        ],
+        &protocols,
+    )?;
     let config = Config {
         member_id: me.id,
         initial_members: ids.clone(),
@@ -145,7 +191,73 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             },
             quota_backend_bytes: quota,
         },
+        metrics_urls,
+        client_tls,
+        peer_tls,
     })
+}
+
+/// One port's TLS flags.
+struct PortTls {
+    port: &'static str,
+    files: crate::tls::Files,
+    /// `--auto-tls` or `--peer-auto-tls`.
+    auto: bool,
+    /// Where a self-signed certificate is kept.
+    fixtures: PathBuf,
+    /// Its validity, in years.
+    validity: u32,
+}
+
+/// A port's TLS, if it has a certificate (its own, or self-signed with auto TLS) or a CA to
+/// dial out with; an https URL among `url_lists` without a certificate is an error.
+fn port_tls(
+    mut p: PortTls,
+    url_lists: &[&[String]],
+    protocols: &crate::tls::Protocols,
+) -> Result<Option<Tls>, ServeError> {
+    let port = p.port;
+    let https = url_lists
+        .iter()
+        .flat_map(|l| l.iter())
+        .any(|u| u.starts_with("https://"));
+    if p.files.cert.is_some() != p.files.key.is_some() {
+        return Err(TlsError::Config(format!("the {port} certificate and key files must be given together")).into());
+    }
+    if !p.files.allowed_cns.is_empty() && !p.files.allowed_hostnames.is_empty() {
+        return Err(TlsError::Config(format!(
+            "the allowed {port} CNs and allowed {port} hostnames are mutually exclusive"
+        ))
+        .into());
+    }
+    if p.auto && p.files.has_cert() {
+        tracing::warn!(port, "ignoring auto TLS since certificates are given");
+    } else if p.auto {
+        let hosts: Vec<String> = url_lists
+            .first()
+            .into_iter()
+            .flat_map(|l| l.iter())
+            .filter_map(|u| socket_of(u).ok().map(|(host, _)| host))
+            .collect();
+        let (cert, key) = crate::tls::self_signed::ensure(&p.fixtures, &hosts, p.validity)?;
+        p.files.cert = Some(cert);
+        p.files.key = Some(key);
+        p.files.self_signed = true;
+    }
+    if !p.files.has_cert() {
+        if https {
+            let flags = if port == "client" {
+                "--cert-file and --key-file, or --auto-tls"
+            } else {
+                "--peer-cert-file and --peer-key-file, or --peer-auto-tls"
+            };
+            return Err(TlsError::Config(format!("an https {port} URL needs a certificate: set {flags}")).into());
+        }
+        if p.files.trusted_ca.is_none() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(Tls::new(p.files, protocols.clone())?))
 }
 
 /// `host:port` of a URL the flags accepted.
@@ -155,9 +267,9 @@ fn socket_of(url: &str) -> Result<(String, u16), ServeError> {
     let port = uri
         .port_u16()
         .ok_or_else(|| ServeError::Other(format!("{url} has no port")))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(ServeError::Other(format!(
-            "{url}: only http:// URLs are served so far (TLS is not implemented)"
+            "{url}: only http:// and https:// URLs are served"
         )));
     }
     Ok((host, port))
@@ -176,14 +288,60 @@ fn no_delay(
     })
 }
 
-async fn bind(url: &str) -> Result<tokio::net::TcpListener, ServeError> {
+/// A listener bound to a URL's address, not yet serving.
+struct Bound {
+    url: String,
+    tcp: tokio::net::TcpListener,
+}
+
+async fn bind(url: &str) -> Result<Bound, ServeError> {
     let (host, port) = socket_of(url)?;
-    tokio::net::TcpListener::bind((host.as_str(), port))
+    let tcp = tokio::net::TcpListener::bind((host.as_str(), port))
         .await
         .map_err(|source| ServeError::Listen {
             url: url.to_string(),
             source,
-        })
+        })?;
+    Ok(Bound {
+        url: url.to_string(),
+        tcp,
+    })
+}
+
+async fn bind_all(urls: &[String]) -> Result<Vec<Bound>, ServeError> {
+    let mut bound = Vec::new();
+    for url in urls {
+        bound.push(bind(url).await?);
+    }
+    Ok(bound)
+}
+
+type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// Serves `router` on a bound listener, through `tls` if its URL is https, until `stop`.
+fn serve_on(
+    bound: Bound,
+    tls: Option<&Tls>,
+    port: &'static str,
+    router: axum::Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<Serving, ServeError> {
+    if !bound.url.starts_with("https://") {
+        let serving = axum::serve(no_delay(bound.tcp), router).with_graceful_shutdown(stop);
+        return Ok(tokio::spawn(async move { serving.await }));
+    }
+    let tls = tls.ok_or_else(|| {
+        TlsError::Config(format!(
+            "{} is https, but the {port} port has no certificate",
+            bound.url
+        ))
+    })?;
+    let listener = TlsListener::new(bound.tcp, tls.clone(), port).map_err(|source| ServeError::Listen {
+        url: bound.url.clone(),
+        source,
+    })?;
+    let serving = axum::serve(listener, router).with_graceful_shutdown(stop);
+    Ok(tokio::spawn(async move { serving.await }))
 }
 
 /// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints, as one router.
@@ -308,23 +466,24 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         plan.config.initial_attributes.clear();
     }
     let cluster = Arc::new(crate::peer::ClusterId::new(cluster_id));
-    let peers = PeerNetwork::new(member_id, cluster.clone(), &plan.initial_peers);
+    let peers = PeerNetwork::new(
+        member_id,
+        cluster.clone(),
+        &plan.initial_peers,
+        Connector::new(plan.peer_tls.clone()),
+    );
     // Bind first: a port in use is reported before anything is opened.
-    let mut client_listeners = Vec::new();
-    for url in &plan.client_urls {
-        client_listeners.push(bind(url).await?);
-    }
-    let mut peer_listeners = Vec::new();
-    for url in &plan.peer_urls {
-        peer_listeners.push(bind(url).await?);
-    }
+    let client_listeners = bind_all(&plan.client_urls).await?;
+    let peer_listeners = bind_all(&plan.peer_urls).await?;
+    let metrics_listeners = bind_all(&plan.metrics_urls).await?;
     // A new member of an existing cluster starts hearing from the leader only once its peer
     // listener is up: serve peers before opening the engine, which waits to catch up.
     let inbox = peers.inbox_slot();
-    for listener in peer_listeners {
+    for bound in peer_listeners {
         let router = crate::peer::router(inbox.clone(), cluster.clone());
+        let serving = serve_on(bound, plan.peer_tls.as_ref(), "peer", router, std::future::pending())?;
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(no_delay(listener), router).await {
+            if let Ok(Err(e)) = serving.await {
                 tracing::error!(error = %e, "the peer listener failed");
             }
         });
@@ -347,7 +506,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         cluster: cluster.clone(),
         member_id,
         limits: plan.limits,
-        forward: Default::default(),
+        forward: crate::forward::Forwarder::new(Connector::new(plan.client_tls.clone())),
         leaderless: tokio::sync::watch::channel(0).0,
     });
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
@@ -367,6 +526,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             Duration::from_millis(f.election_timeout),
         )),
     ];
+    let http_only = crate::http::router(node.clone(), metrics.clone());
     let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());
     tracing::info!(
         name = %f.name,
@@ -378,16 +538,22 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
-    for listener in client_listeners {
-        let mut stop = stop_rx.clone();
-        let router = router.clone();
-        servers.push(tokio::spawn(async move {
-            axum::serve(no_delay(listener), router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        }));
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    for bound in client_listeners {
+        let tls = plan.client_tls.as_ref();
+        servers.push(serve_on(bound, tls, "client", router.clone(), stop(stop_rx.clone()))?);
+    }
+    for bound in metrics_listeners {
+        let tls = plan.client_tls.as_ref();
+        servers.push(serve_on(
+            bound,
+            tls,
+            "metrics",
+            http_only.clone(),
+            stop(stop_rx.clone()),
+        )?);
     }
     stop_signal().await;
     tracing::info!("stopping: finishing requests in flight");
@@ -448,7 +614,8 @@ async fn identity(plan: &Plan, member_dir: &std::path::Path) -> Result<(u64, u64
         .find(|(id, _)| *id == plan.member_id)
         .map(|(_, urls)| urls.clone())
         .unwrap_or_default();
-    let (member, cluster) = discover(&others, &mine, JOIN_PATIENCE)
+    let connector = Connector::new(plan.peer_tls.clone());
+    let (member, cluster) = discover(&connector, &others, &mine, JOIN_PATIENCE)
         .await
         .map_err(|e| ServeError::Other(format!("cannot join the existing cluster: {e}")))?;
     tracing::info!(

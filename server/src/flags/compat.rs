@@ -62,8 +62,6 @@ pub struct Compat {
     pub experimental_txn_mode_write_with_shared_buffer: Option<bool>,
     #[arg(long, env = "ETCD_EXPERIMENTAL_STOP_GRPC_SERVICE_ON_DEFRAG", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub experimental_stop_grpc_service_on_defrag: Option<bool>,
-    #[arg(long, env = "ETCD_EXPERIMENTAL_PEER_SKIP_CLIENT_SAN_VERIFICATION", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub experimental_peer_skip_client_san_verification: Option<bool>,
     #[arg(long, env = "ETCD_EXPERIMENTAL_ENABLE_DISTRIBUTED_TRACING", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub experimental_enable_distributed_tracing: Option<bool>,
     #[arg(long, env = "ETCD_ENABLE_DISTRIBUTED_TRACING", hide = true, num_args = 0..=1, default_missing_value = "true")]
@@ -247,10 +245,6 @@ impl Compat {
             (
                 "experimental-stop-grpc-service-on-defrag",
                 self.experimental_stop_grpc_service_on_defrag.is_some(),
-            ),
-            (
-                "experimental-peer-skip-client-san-verification",
-                self.experimental_peer_skip_client_san_verification.is_some(),
             ),
             (
                 "experimental-enable-distributed-tracing",

@@ -5,6 +5,9 @@
 //! directory, printed when a test fails while the member runs. Dropping a [`Member`] kills its
 //! process (SIGKILL); [`Member::stop`] asks it to stop (SIGTERM) instead.
 
+// Each test binary that includes this module uses part of it.
+#![allow(dead_code)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -34,6 +37,10 @@ pub struct Member {
     pub data_dir: PathBuf,
     pub client_port: u16,
     pub peer_port: u16,
+    /// Client and peer URLs are https (the test gives the certificate flags); health is then
+    /// read on a plaintext `--listen-metrics-urls` port.
+    pub https: bool,
+    pub metrics_port: u16,
     /// Flags beyond the name, data directory and URLs, given again on a restart.
     extra: Vec<String>,
     log: PathBuf,
@@ -61,12 +68,24 @@ impl Member {
     /// data directory that does not exist yet (to restore a snapshot into it, say, for a member
     /// with that peer URL).
     pub fn start_prepared(name: &str, extra: &[&str], prepare: impl Fn(&Path, &str)) -> Member {
+        Member::start_with(name, extra, false, prepare)
+    }
+
+    /// Like [`Member::start`], with https client and peer URLs: `extra` gives the certificate
+    /// flags. Health is read on a plaintext metrics URL.
+    pub fn start_https(name: &str, extra: &[&str]) -> Member {
+        Member::start_with(name, extra, true, |_, _| {})
+    }
+
+    fn start_with(name: &str, extra: &[&str], https: bool, prepare: impl Fn(&Path, &str)) -> Member {
         let root = tempfile::tempdir().unwrap();
         let mut member = Member {
             name: name.to_string(),
             data_dir: root.path().join("data"),
             client_port: 0,
             peer_port: 0,
+            https,
+            metrics_port: 0,
             extra: extra.iter().map(|s| (*s).to_string()).collect(),
             log: root.path().join(format!("{name}.log")),
             child: None,
@@ -74,6 +93,7 @@ impl Member {
         };
         for attempt in 1..=START_ATTEMPTS {
             (member.client_port, member.peer_port) = free_ports();
+            member.metrics_port = free_ports().0;
             if member.data_dir.exists() {
                 std::fs::remove_dir_all(&member.data_dir).unwrap();
             }
@@ -118,6 +138,14 @@ impl Member {
             .args(["--advertise-client-urls", &self.client_url()])
             .args(["--listen-peer-urls", &self.peer_url()])
             .args(["--initial-advertise-peer-urls", &self.peer_url()])
+            .args(if self.https {
+                vec![
+                    "--listen-metrics-urls".to_string(),
+                    format!("http://127.0.0.1:{}", self.metrics_port),
+                ]
+            } else {
+                vec![]
+            })
             .args(&self.extra)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -142,7 +170,12 @@ impl Member {
                 }
                 return Err(StartFailure::Other(format!("process {pid} exited with {status}")));
             }
-            if let Ok((200, body)) = http_get(self.client_port, "/health") {
+            let health_port = if self.https {
+                self.metrics_port
+            } else {
+                self.client_port
+            };
+            if let Ok((200, body)) = http_get(health_port, "/health") {
                 if body.contains(r#""health":"true""#) {
                     return Ok(());
                 }
@@ -198,8 +231,16 @@ impl Member {
         }
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme(), self.client_port)
     }
 
     /// The client endpoint as `host:port`, without a scheme.
@@ -208,7 +249,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("{}://127.0.0.1:{}", self.scheme(), self.peer_port)
     }
 
     /// What the member wrote to stderr so far.

@@ -1,0 +1,139 @@
+//! etcd's TLS flags for the client and peer ports, the versions and suites both use, and the
+//! metrics port (`--listen-metrics-urls`).
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args};
+
+use crate::tls::Files;
+
+/// The flags of this module.
+#[derive(Debug, Args)]
+pub struct Security {
+    /// The client port's certificate (PEM, the chain after it).
+    #[arg(long, env = "ETCD_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// The client port's private key (PEM).
+    #[arg(long, env = "ETCD_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The certificate this member presents when it dials a client URL (default: --cert-file).
+    #[arg(long, env = "ETCD_CLIENT_CERT_FILE")]
+    pub client_cert_file: Option<PathBuf>,
+    /// The key for --client-cert-file.
+    #[arg(long, env = "ETCD_CLIENT_KEY_FILE")]
+    pub client_key_file: Option<PathBuf>,
+    /// Clients must present a certificate signed by --trusted-ca-file.
+    #[arg(long, env = "ETCD_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub client_cert_auth: bool,
+    /// Revoked client certificates (a CRL, PEM or DER).
+    #[arg(long, env = "ETCD_CLIENT_CRL_FILE")]
+    pub client_crl_file: Option<PathBuf>,
+    /// Client certificates must be valid for one of these hostnames or addresses (comma-separated).
+    #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", default_value = "")]
+    pub client_cert_allowed_hostname: String,
+    /// The CAs that sign client certificates (PEM).
+    #[arg(long, env = "ETCD_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Serve clients with a generated self-signed certificate.
+    #[arg(long, env = "ETCD_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub auto_tls: bool,
+
+    /// The peer port's certificate (PEM), also presented when dialing peers.
+    #[arg(long, env = "ETCD_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// The peer port's private key (PEM).
+    #[arg(long, env = "ETCD_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// The certificate presented when dialing peers (default: --peer-cert-file).
+    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_FILE")]
+    pub peer_client_cert_file: Option<PathBuf>,
+    /// The key for --peer-client-cert-file.
+    #[arg(long, env = "ETCD_PEER_CLIENT_KEY_FILE")]
+    pub peer_client_key_file: Option<PathBuf>,
+    /// Peers must present a certificate signed by --peer-trusted-ca-file.
+    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub peer_client_cert_auth: bool,
+    /// The CAs that sign peer certificates (PEM).
+    #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Talk to peers with a generated self-signed certificate.
+    #[arg(long, env = "ETCD_PEER_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub peer_auto_tls: bool,
+    /// Revoked peer certificates (a CRL, PEM or DER).
+    #[arg(long, env = "ETCD_PEER_CRL_FILE")]
+    pub peer_crl_file: Option<PathBuf>,
+    /// Peer certificates must have one of these common names (comma-separated).
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", default_value = "")]
+    pub peer_cert_allowed_cn: String,
+    /// Peer certificates must be valid for one of these hostnames or addresses (comma-separated).
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME", default_value = "")]
+    pub peer_cert_allowed_hostname: String,
+    /// Do not check that a peer certificate's SANs name the address it connects from.
+    #[arg(long, env = "ETCD_PEER_SKIP_CLIENT_SAN_VERIFICATION", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub peer_skip_client_san_verification: bool,
+    /// etcd 3.5's name for --peer-skip-client-san-verification.
+    #[arg(long, env = "ETCD_EXPERIMENTAL_PEER_SKIP_CLIENT_SAN_VERIFICATION", hide = true, action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub experimental_peer_skip_client_san_verification: bool,
+
+    /// Validity of --auto-tls and --peer-auto-tls certificates, in years.
+    #[arg(long, env = "ETCD_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
+    pub self_signed_cert_validity: u32,
+    /// TLS 1.2 cipher suites, by Go's names, comma-separated (empty: rustls's defaults).
+    #[arg(long, env = "ETCD_CIPHER_SUITES", default_value = "")]
+    pub cipher_suites: String,
+    /// The oldest TLS version accepted: TLS1.2 or TLS1.3.
+    #[arg(long, env = "ETCD_TLS_MIN_VERSION", default_value = "TLS1.2")]
+    pub tls_min_version: String,
+    /// The newest TLS version accepted: TLS1.2 or TLS1.3 (empty: the newest).
+    #[arg(long, env = "ETCD_TLS_MAX_VERSION", default_value = "")]
+    pub tls_max_version: String,
+    /// URLs that serve /metrics and the health endpoints alone, comma-separated.
+    #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
+    pub listen_metrics_urls: String,
+}
+
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Security {
+    /// The client port's files and rules, as flags give them (before `--auto-tls`).
+    pub fn client_files(&self) -> Files {
+        Files {
+            cert: self.cert_file.clone(),
+            key: self.key_file.clone(),
+            client_cert: self.client_cert_file.clone(),
+            client_key: self.client_key_file.clone(),
+            trusted_ca: self.trusted_ca_file.clone(),
+            client_cert_auth: self.client_cert_auth,
+            crl: self.client_crl_file.clone(),
+            allowed_cns: Vec::new(),
+            allowed_hostnames: list(&self.client_cert_allowed_hostname),
+            self_signed: false,
+            check_client_san: false,
+        }
+    }
+
+    /// The peer port's files and rules, as flags give them (before `--peer-auto-tls`).
+    pub fn peer_files(&self) -> Files {
+        Files {
+            cert: self.peer_cert_file.clone(),
+            key: self.peer_key_file.clone(),
+            client_cert: self.peer_client_cert_file.clone(),
+            client_key: self.peer_client_key_file.clone(),
+            trusted_ca: self.peer_trusted_ca_file.clone(),
+            client_cert_auth: self.peer_client_cert_auth,
+            crl: self.peer_crl_file.clone(),
+            allowed_cns: list(&self.peer_cert_allowed_cn),
+            allowed_hostnames: list(&self.peer_cert_allowed_hostname),
+            self_signed: false,
+            check_client_san: !(self.peer_skip_client_san_verification
+                || self.experimental_peer_skip_client_san_verification),
+        }
+    }
+}
