@@ -8,12 +8,12 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (5)
+//! 8       4     format version, u32 LE (6; 5, without the auth store, is read too)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
 //! 24      len   body: postcard of (applied index and term, membership with each member's
 //!               attributes, recent request IDs,
-//!               layout epoch, store meta, leases, alarms)
+//!               layout epoch, store meta, leases, alarms, auth store)
 //! ```
 //!
 //! The store meta is the revision, the compacted revision and the data files' layout (each
@@ -36,7 +36,9 @@ use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
+/// The version before the auth store: its body is version 6's without the last field.
+const VERSION_NO_AUTH: u32 = 5;
 const HEADER_LEN: usize = 24;
 const NAME: &str = "checkpoint";
 const TMP_NAME: &str = "checkpoint.tmp";
@@ -56,6 +58,8 @@ pub(crate) struct Checkpoint {
     pub(crate) store: StoreMeta,
     pub(crate) leases: Vec<LeaseRecord>,
     pub(crate) alarms: Vec<Alarm>,
+    /// Users, roles and permissions (its permission cache is rebuilt on load).
+    pub(crate) auth: crate::auth::AuthStore,
 }
 
 impl Checkpoint {
@@ -94,7 +98,8 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
     };
-    if u32_at(8) != Some(VERSION) {
+    let version = u32_at(8);
+    if version != Some(VERSION) && version != Some(VERSION_NO_AUTH) {
         return Err(bad("unknown format version"));
     }
     let crc = u32_at(12).unwrap_or_default();
@@ -109,6 +114,14 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
         .ok_or_else(|| bad("body cut short"))?;
     if crc32fast::hash(body) != crc {
         return Err(bad("checksum mismatch"));
+    }
+    if version == Some(VERSION_NO_AUTH) {
+        // postcard writes fields one after another: an empty auth store appended makes it a
+        // version 6 body.
+        let mut upgraded = body.to_vec();
+        let empty = postcard::to_allocvec(&crate::auth::AuthStore::default()).map_err(|e| bad(&e.to_string()))?;
+        upgraded.extend_from_slice(&empty);
+        return postcard::from_bytes(&upgraded).map_err(|e| bad(&e.to_string()));
     }
     postcard::from_bytes(body).map_err(|e| bad(&e.to_string()))
 }
@@ -146,4 +159,43 @@ pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>> {
 /// Whether `dir` holds an engine already (a checkpoint or a log).
 pub(crate) fn in_use(dir: &Path) -> bool {
     dir.join(NAME).exists() || dir.join("wal").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_from_before_the_auth_store_opens_with_auth_empty() {
+        let c = Checkpoint {
+            applied_index: 7,
+            applied_term: 2,
+            membership: Membership::default(),
+            recent: RecentRequests::default(),
+            epoch: 1,
+            store: StoreMeta {
+                current: 5,
+                compacted: 1,
+                layout: Vec::new(),
+            },
+            leases: Vec::new(),
+            alarms: vec![Alarm::NoSpace],
+            auth: crate::auth::AuthStore::default(),
+        };
+        let v6 = encode(&c).unwrap();
+        // Version 5: the same body without its last field, the (empty) auth store.
+        let empty_auth = postcard::to_allocvec(&crate::auth::AuthStore::default()).unwrap();
+        let body = &v6[HEADER_LEN..v6.len() - empty_auth.len()];
+        let mut v5 = Vec::new();
+        v5.extend_from_slice(MAGIC);
+        v5.extend_from_slice(&VERSION_NO_AUTH.to_le_bytes());
+        v5.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        v5.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        v5.extend_from_slice(body);
+        assert_eq!(decode(&v5, "v5").unwrap(), c);
+        assert_eq!(decode(&v6, "v6").unwrap(), c);
+        let mut v4 = v5.clone();
+        v4[8] = 4;
+        assert!(decode(&v4, "v4").is_err());
+    }
 }

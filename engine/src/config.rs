@@ -61,6 +61,8 @@ pub struct Config {
     /// Lease grants below this TTL, in seconds, are raised to it (etcd: ceil(1.5 × election
     /// timeout), 2 s by default).
     pub min_lease_ttl: i64,
+    /// How long a simple auth token lives unused (etcd's `--auth-token-ttl`). Default 300 s.
+    pub simple_token_ttl: Duration,
     /// How often expired leases are looked for; `None` leaves it to explicit
     /// `Engine::expire_leases` calls (tests with a manual clock). Default 500 ms.
     pub lease_check_interval: Option<Duration>,
@@ -109,6 +111,7 @@ impl Default for Config {
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,
             min_lease_ttl: 2,
+            simple_token_ttl: Duration::from_secs(300),
             lease_check_interval: Some(Duration::from_millis(500)),
             lease_checkpoint_interval: Some(Duration::from_secs(300)),
             lease_revoke_batch: 1000,

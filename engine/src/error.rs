@@ -7,6 +7,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// An auth request or permission check failed (each of etcd's auth errors).
+    #[error("{0}")]
+    Auth(#[from] crate::auth::AuthError),
     /// The key is empty (etcd: "key is not provided").
     #[error("key is not provided")]
     EmptyKey,

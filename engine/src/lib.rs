@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 mod backend;
 mod checkpoint;
 mod clock;
@@ -42,6 +43,7 @@ mod request;
 mod snapshot;
 mod watch;
 
+pub use auth::{Access, AuthChange, AuthError, AuthStore, Permission, Role, User};
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;

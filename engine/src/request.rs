@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::AuthChange;
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
 
 const FORMAT_V1: u8 = 1;
@@ -49,6 +50,21 @@ pub(crate) enum Request {
         activate: bool,
         alarm: Alarm,
     },
+    /// A change to the auth store.
+    Auth(AuthChange),
+    /// A simple token for `name`: `prefix` and the entry's index, registered on every member
+    /// if the auth store is still at `checked_revision` (where the password was checked).
+    Authenticate {
+        name: String,
+        prefix: String,
+        checked_revision: u64,
+    },
+    /// `request`, permitted by the auth store at `auth_revision`: refused if the store has
+    /// changed since (etcd's "revision of auth store is old").
+    Guarded {
+        auth_revision: u64,
+        request: Box<Request>,
+    },
 }
 
 /// A member-wide alarm (etcd's `AlarmType`).
@@ -78,6 +94,12 @@ pub(crate) enum Response {
     ConfChange,
     /// A member's attributes changed.
     Member,
+    /// An auth change was applied.
+    Auth,
+    /// A simple token was registered.
+    Authenticated {
+        token: String,
+    },
 }
 
 /// Why a logged payload could not be decoded.

@@ -1,10 +1,10 @@
 //! Snapshots: the complete state as a stream, written and read in bounded memory.
 //!
 //! ```text
-//! "CAIRNSNP" | format version u32 LE (4)
+//! "CAIRNSNP" | format version u32 LE (5; 4, without the auth store, is read too)
 //! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
 //!   1 meta     postcard of (applied index and term, membership with attributes, recent request IDs,
-//!              revision, compacted revision, leases, alarms)
+//!              revision, compacted revision, leases, alarms, auth store)
 //!   2 records  data-file records (see `backend::record`), back to back, in revision order
 //!   3 end      the number of records, u64 LE
 //! ```
@@ -25,7 +25,9 @@ use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
+/// The version before the auth store: its meta is version 5's without the last field.
+const VERSION_NO_AUTH: u32 = 4;
 const META: u32 = 1;
 const RECORDS: u32 = 2;
 const END: u32 = 3;
@@ -46,6 +48,8 @@ pub(crate) struct SnapshotMeta {
     pub(crate) compacted: i64,
     pub(crate) leases: Vec<LeaseRecord>,
     pub(crate) alarms: Vec<Alarm>,
+    /// Users, roles and permissions.
+    pub(crate) auth: crate::auth::AuthStore,
 }
 
 fn write_error(e: std::io::Error) -> Error {
@@ -143,12 +147,20 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
     if &header[..8] != MAGIC {
         return Err(Error::Snapshot("not a cairn snapshot (bad magic)".into()));
     }
-    if header[8..] != VERSION.to_le_bytes() {
+    let without_auth = header[8..] == VERSION_NO_AUTH.to_le_bytes();
+    if header[8..] != VERSION.to_le_bytes() && !without_auth {
         return Err(Error::Snapshot("unknown snapshot format version".into()));
     }
     let mut body = Vec::new();
     if read_frame(input, &mut body)? != META {
         return Err(Error::Snapshot("the meta frame is missing".into()));
+    }
+    if without_auth {
+        // postcard writes fields one after another: an empty auth store appended makes it a
+        // version 5 meta.
+        let empty = postcard::to_allocvec(&crate::auth::AuthStore::default())
+            .map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
+        body.extend_from_slice(&empty);
     }
     let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
     let mut count = 0u64;

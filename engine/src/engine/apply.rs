@@ -19,6 +19,7 @@ use super::checkpointing::{write_and_release, Checkpointing, Encoded};
 use super::propose::{Answer, Waiters};
 use super::watch::Fed;
 use super::State;
+use crate::auth::{AuthChange, AuthError};
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{ApplyQueue, Input, Status, ToApply};
 use crate::consensus::transfer::Staged;
@@ -97,12 +98,14 @@ impl AppliedIndex {
 /// Applies one request; its errors are the request's answer, not the engine's. Everything that
 /// depends on configuration was decided when it was proposed, so replay reaches the same state
 /// whatever the configuration is now.
-fn apply(state: &mut State, request: &Request) -> Answer {
+fn apply(state: &mut State, request: &Request, index: u64) -> Answer {
     let State {
         store,
         lessor,
         alarms,
         membership,
+        auth,
+        tokens,
         ..
     } = state;
     if alarms.contains(&Alarm::NoSpace) {
@@ -183,6 +186,36 @@ fn apply(state: &mut State, request: &Request) -> Answer {
             }
             Ok((Response::Alarm, store.current_revision()))
         }
+        Request::Auth(change) => {
+            auth.apply(change)?;
+            match change {
+                AuthChange::UserDelete { name } | AuthChange::UserChangePassword { name, .. } => {
+                    tokens.get_mut().invalidate_user(name);
+                }
+                AuthChange::Disable => tokens.get_mut().clear(),
+                _ => {}
+            }
+            Ok((Response::Auth, store.current_revision()))
+        }
+        Request::Authenticate {
+            name,
+            prefix,
+            checked_revision,
+        } => {
+            auth.password_hash(name)?;
+            if auth.revision() != *checked_revision {
+                return Err(AuthError::OldRevision.into());
+            }
+            let token = format!("{prefix}.{index}");
+            tokens.get_mut().register(token.clone(), name.clone());
+            Ok((Response::Authenticated { token }, store.current_revision()))
+        }
+        Request::Guarded { auth_revision, request } => {
+            if auth.enabled() && *auth_revision < auth.revision() {
+                return Err(AuthError::OldRevision.into());
+            }
+            apply(state, request, index)
+        }
     }
 }
 
@@ -245,6 +278,10 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
     lessor.restart_clocks();
     st.lessor = lessor;
     st.alarms = meta.alarms.into_iter().collect();
+    st.auth = meta.auth;
+    st.auth.rebuild();
+    // Tokens name users of the old auth store; clients authenticate again.
+    st.tokens.get_mut().clear();
     st.applied_index = meta.applied_index;
     st.applied_term = meta.applied_term;
     st.membership = meta.membership;
@@ -455,7 +492,7 @@ impl Applying {
             }
             if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() && !duplicate {
                 let outcome = match Request::decode(&entry.data) {
-                    Ok(request) => apply(&mut st, &request),
+                    Ok(request) => apply(&mut st, &request, entry.index),
                     Err(e) => {
                         tracing::error!(index = entry.index, error = %e, "a committed entry does not decode");
                         Err(Error::CorruptEntry {

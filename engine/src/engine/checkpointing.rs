@@ -35,6 +35,7 @@ impl State {
             store: self.store.meta(),
             leases: self.lessor.records(),
             alarms: self.alarms.iter().copied().collect(),
+            auth: self.auth.clone(),
         };
         Ok(Encoded {
             bytes: checkpoint::encode(&c)?,
@@ -111,6 +112,11 @@ mod tests {
             store: Store::new(),
             lessor: Lessor::new(1, Arc::new(crate::clock::ManualClock::default())),
             alarms: Default::default(),
+            auth: Default::default(),
+            tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
+                std::time::Duration::from_secs(300),
+                Arc::new(crate::clock::ManualClock::default()),
+            )),
             applied_index: applied,
             applied_term: 0,
             membership: Membership::default(),

@@ -22,6 +22,17 @@ pub struct Applied<T> {
     pub revision: i64,
 }
 
+/// `request`, guarded by the auth revision it was permitted at, if any.
+pub(super) fn guarded(request: Request, guard: Option<u64>) -> Request {
+    match guard {
+        Some(auth_revision) => Request::Guarded {
+            auth_revision,
+            request: Box::new(request),
+        },
+        None => request,
+    }
+}
+
 fn unexpected(what: &str, answer: Response) -> Error {
     Error::Internal(format!("{what} answered with {answer:?}"))
 }
@@ -35,10 +46,16 @@ impl Engine {
     /// [`Engine::put`] for async code: logs the request now, and the returned [`Pending`]
     /// can be awaited (or waited on).
     pub fn put_async(&self, request: PutRequest) -> Result<Pending<Applied<PutResponse>>> {
+        self.put_async_as(request, None)
+    }
+
+    /// [`Engine::put_async`] permitted at auth revision `guard`: refused with
+    /// [`crate::AuthError::OldRevision`] if the auth store changed before it is applied.
+    pub fn put_async_as(&self, request: PutRequest, guard: Option<u64>) -> Result<Pending<Applied<PutResponse>>> {
         request.validate()?;
         self.inner
             .check_quota(crate::mvcc::store::record_size(request.key.len(), request.value.len()))?;
-        let rx = self.inner.submit(Request::Put(request))?;
+        let rx = self.inner.submit(guarded(Request::Put(request), guard))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Put(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(unexpected("put", other)),
@@ -52,10 +69,19 @@ impl Engine {
 
     /// [`Engine::delete_range`] for async code.
     pub fn delete_range_async(&self, request: DeleteRangeRequest) -> Result<Pending<Applied<DeleteRangeResponse>>> {
+        self.delete_range_async_as(request, None)
+    }
+
+    /// [`Engine::delete_range_async`] permitted at auth revision `guard`.
+    pub fn delete_range_async_as(
+        &self,
+        request: DeleteRangeRequest,
+        guard: Option<u64>,
+    ) -> Result<Pending<Applied<DeleteRangeResponse>>> {
         if request.key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        let rx = self.inner.submit(Request::DeleteRange(request))?;
+        let rx = self.inner.submit(guarded(Request::DeleteRange(request), guard))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::DeleteRange(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(unexpected("delete", other)),
@@ -99,11 +125,16 @@ impl Engine {
     /// [`Engine::txn`] for async code; every txn goes through the log here, a read-only one
     /// too (correct, but [`Engine::read_txn_async`] answers it without the log).
     pub fn txn_async(&self, request: TxnRequest) -> Result<Pending<Applied<TxnResponse>>> {
+        self.txn_async_as(request, None)
+    }
+
+    /// [`Engine::txn_async`] permitted at auth revision `guard`.
+    pub fn txn_async_as(&self, request: TxnRequest, guard: Option<u64>) -> Result<Pending<Applied<TxnResponse>>> {
         request.validate(self.inner.config.max_txn_ops)?;
         if !request.is_read_only() {
             self.inner.check_quota(request.put_bytes())?;
         }
-        let rx = self.inner.submit(Request::Txn(request))?;
+        let rx = self.inner.submit(guarded(Request::Txn(request), guard))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Txn(response), revision) => Ok(Applied { response, revision }),
             (other, _) => Err(unexpected("txn", other)),

@@ -49,7 +49,15 @@ impl Engine {
 
     /// Revokes a lease, deleting its keys in one revision (etcd's `LeaseRevoke`).
     pub fn lease_revoke(&self, id: i64) -> Result<Applied<()>> {
-        match self.inner.propose(Request::LeaseRevoke { id })? {
+        self.lease_revoke_as(id, None)
+    }
+
+    /// [`Engine::lease_revoke`] permitted at auth revision `guard`.
+    pub fn lease_revoke_as(&self, id: i64, guard: Option<u64>) -> Result<Applied<()>> {
+        match self
+            .inner
+            .propose(super::kv::guarded(Request::LeaseRevoke { id }, guard))?
+        {
             (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
             (other, _) => Err(Error::Internal(format!("lease revoke answered with {other:?}"))),
         }

@@ -76,6 +76,7 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
             compacted: st.store.compacted_revision(),
             leases: st.lessor.records(),
             alarms: st.alarms.iter().copied().collect(),
+            auth: st.auth.clone(),
         };
         (meta, st.installs)
     };
@@ -221,6 +222,7 @@ impl Engine {
             },
             leases: meta.leases,
             alarms: meta.alarms,
+            auth: meta.auth,
         };
         FileMaker::sync_files(&data_dir, &c.store.layout)?;
         checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)

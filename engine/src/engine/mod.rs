@@ -26,6 +26,7 @@
 //! `checkpointing`.
 
 mod apply;
+mod auth;
 mod checkpointing;
 mod kv;
 mod leases;
@@ -82,6 +83,10 @@ struct State {
     store: Store,
     lessor: Lessor,
     alarms: std::collections::BTreeSet<Alarm>,
+    /// Users, roles and permissions.
+    auth: crate::auth::AuthStore,
+    /// Simple tokens, registered as their entries are applied (not persisted).
+    tokens: Mutex<crate::auth::tokens::SimpleTokens>,
     /// The last log index applied. Invariant: the state is exactly the log up to here.
     applied_index: u64,
     /// The term of the entry at `applied_index`.
@@ -167,6 +172,11 @@ impl Engine {
             store,
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
+            auth: Default::default(),
+            tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
+                config.simple_token_ttl,
+                config.clock.clone(),
+            )),
             applied_index: 0,
             applied_term: 0,
             // Learned from the log: a new group's first entries add its members.
@@ -179,6 +189,8 @@ impl Engine {
             state.lessor.load(c.leases);
             state.lessor.apply_changes(&state.store.leased_keys()?);
             state.alarms = c.alarms.into_iter().collect();
+            state.auth = c.auth;
+            state.auth.rebuild();
             state.applied_index = c.applied_index;
             state.applied_term = c.applied_term;
             state.membership = c.membership;
