@@ -1,7 +1,7 @@
 //! Every error a client sees, in one place: engine errors and the server's own checks mapped
 //! to etcd's gRPC code and exact message (clients compare the text; see ETCD-COMPAT.md).
 
-use cairn_engine::Error;
+use cairn_engine::{AuthError, Error};
 use tonic::{Code, Status};
 
 /// Errors the server itself raises, before a request reaches the engine.
@@ -34,9 +34,6 @@ pub enum Refusal {
     /// A call a learner does not serve: anything but Status, Snapshot and a serializable Range.
     #[error("etcdserver: rpc not supported for learner")]
     NotForLearner,
-    /// A request the server does not serve (auth, until it has its own issue).
-    #[error("etcdserver: authentication is not enabled")]
-    AuthNotEnabled,
 }
 
 impl From<Refusal> for Status {
@@ -45,7 +42,7 @@ impl From<Refusal> for Status {
             Refusal::RequestTooLarge | Refusal::InvalidSortOption | Refusal::InvalidMemberUrls => Code::InvalidArgument,
             Refusal::TooManyRequests => Code::ResourceExhausted,
             Refusal::NoLeader => Code::Unavailable,
-            Refusal::PeerUrlsExist | Refusal::AuthNotEnabled | Refusal::NotForLearner => Code::FailedPrecondition,
+            Refusal::PeerUrlsExist | Refusal::NotForLearner => Code::FailedPrecondition,
             Refusal::StreamSort | Refusal::StreamFilters => Code::Unimplemented,
         };
         Status::new(code, r.to_string())
@@ -53,8 +50,33 @@ impl From<Refusal> for Status {
 }
 
 /// etcd's code and message for an engine error.
+/// etcd's status for an auth error.
+pub fn auth_status(e: AuthError) -> Status {
+    let code = match e {
+        AuthError::PermissionDenied => Code::PermissionDenied,
+        AuthError::InvalidToken => Code::Unauthenticated,
+        AuthError::Failed
+        | AuthError::UserEmpty
+        | AuthError::RoleEmpty
+        | AuthError::PermissionNotGiven
+        | AuthError::InvalidManagement
+        | AuthError::OldRevision => Code::InvalidArgument,
+        AuthError::NotEnabled
+        | AuthError::UserExists
+        | AuthError::UserNotFound
+        | AuthError::RoleExists
+        | AuthError::RoleNotFound
+        | AuthError::RootUserMissing
+        | AuthError::RootRoleMissing
+        | AuthError::PermissionNotGranted
+        | AuthError::RoleNotGranted => Code::FailedPrecondition,
+    };
+    Status::new(code, format!("etcdserver: {e}"))
+}
+
 pub fn status(e: &Error) -> Status {
     let (code, message): (Code, &str) = match e {
+        Error::Auth(a) => return auth_status(*a),
         Error::EmptyKey => (Code::InvalidArgument, "etcdserver: key is not provided"),
         Error::KeyNotFound => (Code::InvalidArgument, "etcdserver: key not found"),
         Error::ValueProvided => (Code::InvalidArgument, "etcdserver: value is provided"),

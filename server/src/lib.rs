@@ -1,6 +1,7 @@
 //! cairn's etcd-compatible server: a thin tonic layer over the embedded engine
 //! ([`cairn_engine`]), HTTP health and metrics, and the `cairn` binary's configuration.
 
+pub mod access;
 pub mod api;
 pub mod compactor;
 pub mod convert;
@@ -9,6 +10,7 @@ pub mod flags;
 pub mod forward;
 pub mod http;
 pub mod ids;
+pub mod jwt;
 pub mod metrics;
 pub mod node;
 pub mod pb;

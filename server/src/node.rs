@@ -39,6 +39,8 @@ pub struct Node {
     pub limits: Limits,
     /// Where leader-only requests go from a follower.
     pub forward: crate::forward::Forwarder,
+    /// How callers are identified (tokens, certificates) and passwords hashed.
+    pub access: crate::access::Settings,
     /// Bumped by [`watch_leader`] once this member has had no leader for
     /// [`NO_LEADER_TIMEOUTS`] election timeouts in a row, and at each timeout after: streams
     /// that asked for a leader end then.
@@ -81,6 +83,11 @@ impl Node {
     }
 
     /// The header of a response that reads no revision: the current one.
+    /// The caller of `request` (see [`crate::access::caller`]).
+    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Option<crate::access::Caller>, Status> {
+        crate::access::caller(&self.engine, &self.access, request)
+    }
+
     pub fn current_header(&self) -> ResponseHeader {
         self.header(self.engine.current_revision())
     }

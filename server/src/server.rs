@@ -56,6 +56,8 @@ struct Plan {
     initial_peers: Vec<(u64, Vec<String>)>,
     limits: Limits,
     metrics_urls: Vec<String>,
+    /// How callers are identified and passwords hashed.
+    access: crate::access::Settings,
     /// The client port's TLS (also for https metrics URLs, and for dialing the leader).
     client_tls: Option<Tls>,
     /// The peer port's TLS (also for dialing peers).
@@ -173,6 +175,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             .unwrap_or(2)
             .max(1),
         request_timeout: Duration::from_millis(5000 + 2 * f.election_timeout),
+        simple_token_ttl: Duration::from_secs(f.security.auth_token_ttl.max(1)),
         ..Config::default()
     };
     Ok(Plan {
@@ -192,8 +195,38 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             quota_backend_bytes: quota,
         },
         metrics_urls,
+        access: access_settings(&f.security)?,
         client_tls,
         peer_tls,
+    })
+}
+
+/// `--auth-token`, `--bcrypt-cost` and `--client-cert-auth`, checked.
+fn access_settings(sec: &flags::Security) -> Result<crate::access::Settings, ServeError> {
+    let jwt = match sec.auth_token.split_once(',') {
+        _ if sec.auth_token == "simple" => None,
+        Some(("jwt", options)) => Some(crate::jwt::Jwt::from_options(options).map_err(|reason| BadFlag {
+            flag: "auth-token",
+            reason,
+        })?),
+        _ => {
+            return Err(BadFlag {
+                flag: "auth-token",
+                reason: format!("{:?} is neither simple nor jwt,<options>", sec.auth_token),
+            }
+            .into())
+        }
+    };
+    let bcrypt_cost = if (4..=31).contains(&sec.bcrypt_cost) {
+        sec.bcrypt_cost
+    } else {
+        tracing::warn!(cost = sec.bcrypt_cost, "invalid --bcrypt-cost; using the default, 10");
+        10
+    };
+    Ok(crate::access::Settings {
+        bcrypt_cost,
+        client_cert_auth: sec.client_cert_auth,
+        jwt,
     })
 }
 
@@ -275,17 +308,38 @@ fn socket_of(url: &str) -> Result<(String, u16), ServeError> {
     Ok((host, port))
 }
 
-/// The listener with Nagle's algorithm off on every connection it accepts: small responses
-/// (most gRPC answers) go out at once instead of waiting up to 40 ms for the client's ACK.
-fn no_delay(
-    listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+/// A plaintext listener with Nagle's algorithm off on every connection it accepts: small
+/// responses (most gRPC answers) go out at once instead of waiting up to 40 ms for the
+/// client's ACK.
+#[derive(Debug)]
+pub struct Plain(tokio::net::TcpListener);
+
+impl axum::serve::Listener for Plain {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((tcp, remote)) => {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                    return (tcp, remote);
+                }
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before accept: pause
+                    // rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
         }
-    })
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
 }
 
 /// A listener bound to a URL's address, not yet serving.
@@ -326,8 +380,10 @@ fn serve_on(
     router: axum::Router,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Serving, ServeError> {
+    use crate::access::ClientCert;
     if !bound.url.starts_with("https://") {
-        let serving = axum::serve(no_delay(bound.tcp), router).with_graceful_shutdown(stop);
+        let service = router.into_make_service_with_connect_info::<ClientCert>();
+        let serving = axum::serve(Plain(bound.tcp), service).with_graceful_shutdown(stop);
         return Ok(tokio::spawn(async move { serving.await }));
     }
     let tls = tls.ok_or_else(|| {
@@ -340,7 +396,8 @@ fn serve_on(
         url: bound.url.clone(),
         source,
     })?;
-    let serving = axum::serve(listener, router).with_graceful_shutdown(stop);
+    let service = router.into_make_service_with_connect_info::<ClientCert>();
+    let serving = axum::serve(listener, service).with_graceful_shutdown(stop);
     Ok(tokio::spawn(async move { serving.await }))
 }
 
@@ -507,6 +564,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         member_id,
         limits: plan.limits,
         forward: crate::forward::Forwarder::new(Connector::new(plan.client_tls.clone())),
+        access: plan.access.clone(),
         leaderless: tokio::sync::watch::channel(0).0,
     });
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::access;
 use crate::convert;
 use crate::errors::Refusal;
 use crate::forward::Route;
@@ -88,9 +89,16 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::admin(&self.node.engine, caller.as_ref())?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return self.node.forwarded(ClusterClient::new(channel).member_add(r)).await;
+            let onward = access::onward(&metadata, r);
+            return self
+                .node
+                .forwarded(ClusterClient::new(channel).member_add(onward))
+                .await;
         }
         check_urls(&r.peer_ur_ls)?;
         self.urls_taken(&r.peer_ur_ls, None)?;
@@ -121,9 +129,16 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::admin(&self.node.engine, caller.as_ref())?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return self.node.forwarded(ClusterClient::new(channel).member_remove(r)).await;
+            let onward = access::onward(&metadata, r);
+            return self
+                .node
+                .forwarded(ClusterClient::new(channel).member_remove(onward))
+                .await;
         }
         let (header, members) = self.apply_change(move |e| e.member_remove(r.id)).await?;
         Ok(Response::new(pb::MemberRemoveResponse { header, members }))
@@ -133,6 +148,8 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::admin(&self.node.engine, caller.as_ref())?;
         let r = request.into_inner();
         check_urls(&r.peer_ur_ls)?;
         self.urls_taken(&r.peer_ur_ls, Some(r.id))?;
@@ -158,9 +175,16 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::admin(&self.node.engine, caller.as_ref())?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
-            return self.node.forwarded(ClusterClient::new(channel).member_promote(r)).await;
+            let onward = access::onward(&metadata, r);
+            return self
+                .node
+                .forwarded(ClusterClient::new(channel).member_promote(onward))
+                .await;
         }
         let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse { header, members }))

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
+use crate::access::{self, Need};
 use crate::errors::{IntoStatus, Refusal};
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
@@ -31,7 +32,13 @@ type RangeStream = super::ResponseStream<pb::RangeStreamResponse>;
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let caller = self.node.caller(&request)?;
         let request = validate::range(request.into_inner())?;
+        access::check(
+            &self.node.engine,
+            caller.as_ref(),
+            &[Need::Read(&request.key, &request.range_end)],
+        )?;
         if !request.serializable && self.node.engine.is_learner() {
             return Err(Refusal::NotForLearner.into());
         }
@@ -49,7 +56,13 @@ impl Kv for KvService {
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
         let metadata = request.metadata().clone();
+        let caller = self.node.caller(&request)?;
         let request = validate::range(request.into_inner())?;
+        access::check(
+            &self.node.engine,
+            caller.as_ref(),
+            &[Need::Read(&request.key, &request.range_end)],
+        )?;
         // etcd 3.7 streams the orders a Range reads in without sorting everything first: an
         // order left unset (whatever the target; each chunk is then sorted on its own) or
         // ascending keys.
@@ -78,9 +91,14 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let caller = self.node.caller(&request)?;
         let request = validate::put(request.into_inner(), &self.node.limits.request)?;
+        let mut needs = Vec::new();
+        access::put_needs(&request, &mut needs);
+        access::check(&self.node.engine, caller.as_ref(), &needs)?;
         self.node.admit_write()?;
-        let pending = self.node.engine.put_async(request).or_status()?;
+        let guard = access::guard(caller.as_ref());
+        let pending = self.node.engine.put_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::put_response(applied.response, header)))
@@ -90,16 +108,26 @@ impl Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let caller = self.node.caller(&request)?;
         let request = validate::delete_range(request.into_inner(), &self.node.limits.request)?;
+        let mut needs = Vec::new();
+        access::delete_needs(&request, &mut needs);
+        access::check(&self.node.engine, caller.as_ref(), &needs)?;
         self.node.admit_write()?;
-        let pending = self.node.engine.delete_range_async(request).or_status()?;
+        let guard = access::guard(caller.as_ref());
+        let pending = self.node.engine.delete_range_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::delete_response(applied.response, header)))
     }
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let caller = self.node.caller(&request)?;
         let request = validate::txn(request.into_inner(), &self.node.limits.request)?;
+        let mut needs = Vec::new();
+        access::txn_needs(&request, &mut needs);
+        access::check(&self.node.engine, caller.as_ref(), &needs)?;
+        drop(needs);
         if request.is_read_only() {
             // Served from this member's state after the read barrier, as etcd does, not logged.
             let applied = self.node.bounded(self.node.engine.read_txn_async(&request)).await?;
@@ -107,7 +135,8 @@ impl Kv for KvService {
             return Ok(Response::new(convert::txn_response(applied.response, header)));
         }
         self.node.admit_write()?;
-        let pending = self.node.engine.txn_async(request).or_status()?;
+        let guard = access::guard(caller.as_ref());
+        let pending = self.node.engine.txn_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::txn_response(applied.response, header)))
@@ -117,6 +146,8 @@ impl Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::admin(&self.node.engine, caller.as_ref())?;
         let request = request.into_inner();
         let applied = self
             .node

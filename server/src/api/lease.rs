@@ -6,6 +6,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::async_stream;
+use crate::access::{self, Need};
 use crate::forward::Route;
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
@@ -47,8 +48,11 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let caller = self.node.caller(&request)?;
         let id = request.into_inner().id;
-        let applied = self.node.blocking(move |e| e.lease_revoke(id)).await?;
+        access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
+        let guard = access::guard(caller.as_ref());
+        let applied = self.node.blocking(move |e| e.lease_revoke_as(id, guard)).await?;
         Ok(Response::new(pb::LeaseRevokeResponse {
             header: Some(self.node.header(applied.revision)),
         }))
@@ -98,12 +102,15 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
+        access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseRead(r.id)])?;
         // Only the leader's clocks count (a follower's restart on every election).
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
             return self
                 .node
-                .forwarded(LeaseClient::new(channel).lease_time_to_live(r))
+                .forwarded(LeaseClient::new(channel).lease_time_to_live(access::onward(&metadata, r)))
                 .await;
         }
         let status = self.node.engine.lease_time_to_live(r.id, r.keys);

@@ -7,6 +7,7 @@ use cairn_engine::Alarm;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status};
 
+use crate::access;
 use crate::node::{Node, API_VERSION};
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
@@ -48,7 +49,13 @@ type SnapshotStream = super::ResponseStream<pb::SnapshotResponse>;
 impl Maintenance for MaintenanceService {
     async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
+        let caller = self.node.caller(&request)?;
         let r = request.into_inner();
+        if r.action == AlarmAction::Get as i32 {
+            access::authenticated(&self.node.engine, caller.as_ref())?;
+        } else {
+            access::admin(&self.node.engine, caller.as_ref())?;
+        }
         let alarm = match pb::AlarmType::try_from(r.alarm) {
             Ok(pb::AlarmType::Nospace) => Some(Alarm::NoSpace),
             Ok(pb::AlarmType::Corrupt) => Some(Alarm::Corrupt),
@@ -85,7 +92,9 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(&self, request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::authenticated(&self.node.engine, caller.as_ref())?;
         let e = &self.node.engine;
         let raft = e.raft_status();
         let errors = e
@@ -112,15 +121,17 @@ impl Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         self.node.blocking(|e| e.defragment()).await?;
         Ok(Response::new(pb::DefragmentResponse {
             header: Some(self.node.current_header()),
         }))
     }
 
-    async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+    async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         // etcd hashes its whole backend file; cairn hashes the history kept (what HashKV at the
         // current revision covers), which members agree on just the same.
         let hash = self.node.blocking(|e| e.hash_kv(0)).await?;
@@ -131,6 +142,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         let revision = request.into_inner().revision;
         let hash = self.node.blocking(move |e| e.hash_kv(revision)).await?;
         Ok(Response::new(pb::HashKvResponse {
@@ -149,6 +161,7 @@ impl Maintenance for MaintenanceService {
     type SnapshotStream = SnapshotStream;
 
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
@@ -173,6 +186,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         let target = request.into_inner().target_id;
         self.node.blocking(move |e| e.move_leader(target)).await?;
         Ok(Response::new(pb::MoveLeaderResponse {
@@ -182,8 +196,9 @@ impl Maintenance for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _request: Request<pb::DowngradeRequest>,
+        request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
         Err(Status::unimplemented(
             "cairn does not downgrade: there is one storage version",
         ))

@@ -87,6 +87,15 @@ pub struct Security {
     /// The newest TLS version accepted: TLS1.2 or TLS1.3 (empty: the newest).
     #[arg(long, env = "ETCD_TLS_MAX_VERSION", default_value = "")]
     pub tls_max_version: String,
+    /// How clients authenticate: `simple`, or `jwt,pub-key=…,priv-key=…,sign-method=…,ttl=…`.
+    #[arg(long, env = "ETCD_AUTH_TOKEN", default_value = "simple")]
+    pub auth_token: String,
+    /// How long a simple token lives unused, in seconds.
+    #[arg(long, env = "ETCD_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    /// bcrypt's cost for hashing passwords (4 to 31).
+    #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
+    pub bcrypt_cost: u32,
     /// URLs that serve /metrics and the health endpoints alone, comma-separated.
     #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
     pub listen_metrics_urls: String,

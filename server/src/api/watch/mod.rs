@@ -59,6 +59,9 @@ impl WatchApi for WatchService {
 
     async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
         let metadata = request.metadata().clone();
+        // Who created the stream: each watch it creates is checked against the auth store
+        // of that moment, as etcd checks them.
+        let identity = (metadata.clone(), request.extensions().clone());
         let requests = request.into_inner();
         let node = self.node.clone();
         // Responses go to the transport a drain at a time: one hand-off per batch, not per
@@ -78,6 +81,7 @@ impl WatchApi for WatchService {
                 next_id: 0,
                 wake,
                 progress_wanted: false,
+                identity,
             };
             s.run(requests).await;
         });
@@ -126,6 +130,8 @@ struct Route {
 /// One client stream.
 struct StreamState {
     node: Arc<Node>,
+    /// The stream's metadata (its token) and connection (its certificate).
+    identity: (tonic::metadata::MetadataMap, tonic::Extensions),
     tx: tokio::sync::mpsc::Sender<Result<Vec<WireResponse>, Status>>,
     /// Every watcher of the stream, in the engine.
     group: WatchGroup,
@@ -210,6 +216,20 @@ impl StreamState {
         }
     }
 
+    /// Whether the stream's caller may read what `create` watches (an empty key is `"\0"`,
+    /// the first key, as in etcd).
+    fn permitted(&self, create: &pb::WatchCreateRequest) -> Result<(), Status> {
+        let (metadata, extensions) = &self.identity;
+        let engine = &self.node.engine;
+        let caller = crate::access::caller_of(engine, &self.node.access, metadata, extensions)?;
+        let key: &[u8] = if create.key.is_empty() { &[0] } else { &create.key };
+        crate::access::check(
+            engine,
+            caller.as_ref(),
+            &[crate::access::Need::Read(key, &create.range_end)],
+        )
+    }
+
     async fn create(&mut self, create: pb::WatchCreateRequest) -> bool {
         use pb::watch_create_request::FilterType;
         let id = if create.watch_id != 0 {
@@ -229,6 +249,14 @@ impl StreamState {
             cancel_reason: reason.to_string(),
             ..pb::WatchResponse::default()
         };
+        if let Err(status) = self.permitted(&create) {
+            // etcd answers with the invalid watch ID, and the error's text as the reason.
+            let response = pb::WatchResponse {
+                watch_id: PROGRESS_ID,
+                ..refuse(status.message())
+            };
+            return self.send(response).await;
+        }
         if self.watchers.contains_key(&id) {
             // etcd answers a duplicate with the invalid watch ID, not the one asked for.
             let response = pb::WatchResponse {
