@@ -35,6 +35,9 @@ tests/etcd-3.5/install.sh "$PWD/target/etcd-3.5"
 step "Go, for the etcd Go clients (tests/goclients)"
 go version
 
+step "etcd 3.7 from its Go modules (tests/etcd-3.7, into target/etcd-3.7; the auth differential test and Kubernetes' storage tests use it)"
+tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
+
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
@@ -55,7 +58,6 @@ cargo build -p cairn-server --bin cairn --locked
     CAIRN_BIN="$PWD/../../target/debug/cairn" cargo test --locked)
 
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
-tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
 # Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.
 (cd tests/kubernetes && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet ./...)
 (cd tests/kubernetes && for target in etcd cairn; do

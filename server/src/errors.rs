@@ -53,6 +53,8 @@ impl From<Refusal> for Status {
 /// etcd's status for an auth error.
 pub fn auth_status(e: AuthError) -> Status {
     let code = match e {
+        // Not one of etcd's gRPC errors: it reaches clients as Go's error, code Unknown.
+        AuthError::NoPasswordUser => return Status::unknown(format!("auth: {e}")),
         AuthError::PermissionDenied => Code::PermissionDenied,
         AuthError::InvalidToken => Code::Unauthenticated,
         AuthError::Failed

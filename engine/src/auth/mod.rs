@@ -72,6 +72,10 @@ pub enum AuthError {
     /// etcd: "role is not granted to the user".
     #[error("role is not granted to the user")]
     RoleNotGranted,
+    /// Authenticating a user created without a password (etcd: "auth: authentication
+    /// failed, password was given for no password user").
+    #[error("authentication failed, password was given for no password user")]
+    NoPasswordUser,
     /// etcd: "revision of auth store is old".
     #[error("revision of auth store is old")]
     OldRevision,
@@ -167,8 +171,8 @@ pub enum AuthChange {
     },
 }
 
-/// The auth store's state.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The auth store's state. A new one is at revision 1, as etcd's is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthStore {
     enabled: bool,
     revision: u64,
@@ -177,6 +181,18 @@ pub struct AuthStore {
     /// Each user's permissions merged across its roles; rebuilt after every change.
     #[serde(skip)]
     merged: HashMap<String, Arc<Merged>>,
+}
+
+impl Default for AuthStore {
+    fn default() -> AuthStore {
+        AuthStore {
+            enabled: false,
+            revision: 1,
+            users: BTreeMap::new(),
+            roles: BTreeMap::new(),
+            merged: HashMap::new(),
+        }
+    }
 }
 
 /// One user's permitted key ranges, merged: sorted, disjoint `[start, end)` intervals (`end`
@@ -224,18 +240,40 @@ fn merge(mut intervals: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Vec<(Vec<u8>, Option
     merged
 }
 
-/// Whether one of the disjoint `intervals` covers `[start, end)`.
+/// Whether the sorted, disjoint `intervals` cover `[start, end)` (`end` `None`: unbounded),
+/// decided as etcd's interval tree decides it (`Contains`): the intervals that intersect the
+/// request must be contiguous, begin at or before its start and end at or after its end. A
+/// reversed request (`end` before `start`) is decided by the same rule, as in etcd.
 fn covers(intervals: &[(Vec<u8>, Option<Vec<u8>>)], start: &[u8], end: Option<&[u8]>) -> bool {
-    // The last interval starting at or before `start` is the only one that can cover it.
-    let at = intervals.partition_point(|(s, _)| s.as_slice() <= start);
-    let Some((_, covering_end)) = at.checked_sub(1).and_then(|i| intervals.get(i)) else {
+    if end.is_some_and(|e| e <= start) {
+        // An empty range is decided as the key at its start. etcd's answer for a reversed
+        // range depends on its tree's shape; when the tree is searched whole, it is the same.
+        let point = successor(start);
+        return covers(intervals, start, Some(&point));
+    }
+    let before = |a: &[u8], b: Option<&[u8]>| b.is_none_or(|b| a < b);
+    let mut visited = intervals
+        .iter()
+        .filter(|(s, e)| before(start, e.as_deref()) && before(s, end));
+    let Some((min_begin, first_end)) = visited.next() else {
         return false;
     };
-    match (covering_end, end) {
+    let mut max_end = first_end.as_deref();
+    for (s, e) in visited {
+        if max_end.is_some_and(|m| m < s.as_slice()) {
+            return false;
+        }
+        max_end = match (max_end, e.as_deref()) {
+            (None, _) | (_, None) => None,
+            (Some(a), Some(b)) => Some(a.max(b)),
+        };
+    }
+    let reaches_end = match (max_end, end) {
         (None, _) => true,
         (Some(_), None) => false,
-        (Some(c), Some(e)) => c.as_slice() >= e && c.as_slice() > start,
-    }
+        (Some(m), Some(e)) => m >= e,
+    };
+    reaches_end && min_begin.as_slice() <= start
 }
 
 /// etcd's rule for a permission's range: a key, and an end that is empty, `"\0"` or after it.
@@ -285,16 +323,18 @@ impl AuthStore {
     }
 
     /// The bcrypt hash to check `user`'s password against, and the revision checked at:
-    /// [`AuthError::Failed`] for an unknown user or one without a password.
+    /// [`AuthError::Failed`] for an unknown user, [`AuthError::NoPasswordUser`] for one
+    /// without a password.
     pub fn password_hash(&self, user: &str) -> Result<(String, u64), AuthError> {
         if !self.enabled {
             return Err(AuthError::NotEnabled);
         }
         let u = self.users.get(user).ok_or(AuthError::Failed)?;
-        match (&u.password_hash, u.no_password) {
-            (Some(hash), false) => Ok((hash.clone(), self.revision)),
-            _ => Err(AuthError::Failed),
+        if u.no_password {
+            return Err(AuthError::NoPasswordUser);
         }
+        let hash = u.password_hash.clone().ok_or(AuthError::Failed)?;
+        Ok((hash, self.revision))
     }
 
     /// Whether `user` may access `[key, range_end)` (etcd's range semantics) as `access`,
@@ -458,13 +498,14 @@ impl AuthStore {
                     return Err(AuthError::InvalidManagement);
                 }
                 let role = self.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
-                let same = role
-                    .permissions
-                    .iter_mut()
-                    .find(|p| p.key == permission.key && p.range_end == permission.range_end);
-                match same {
-                    Some(p) => p.access = permission.access,
-                    None => {
+                // etcd's rule, exactly: only the first permission on the same key is looked at;
+                // if its range differs, the new one is added beside it (stably sorted by key).
+                let first = role.permissions.partition_point(|p| p.key < permission.key);
+                match role.permissions.get_mut(first) {
+                    Some(p) if p.key == permission.key && p.range_end == permission.range_end => {
+                        p.access = permission.access;
+                    }
+                    _ => {
                         role.permissions.push(permission.clone());
                         role.permissions.sort_by(|a, b| a.key.cmp(&b.key));
                     }

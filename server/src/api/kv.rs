@@ -32,8 +32,10 @@ type RangeStream = super::ResponseStream<pb::RangeStreamResponse>;
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
-        let caller = self.node.caller(&request)?;
-        let request = validate::range(request.into_inner())?;
+        // Validated before the caller is looked at, as etcd does.
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate::range(message)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
         access::check(
             &self.node.engine,
             caller.as_ref(),
@@ -55,9 +57,10 @@ impl Kv for KvService {
     type RangeStreamStream = RangeStream;
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
-        let metadata = request.metadata().clone();
-        let caller = self.node.caller(&request)?;
-        let request = validate::range(request.into_inner())?;
+        // Validated before the caller is looked at, as etcd does.
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate::range(message)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
         access::check(
             &self.node.engine,
             caller.as_ref(),
@@ -91,8 +94,10 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
-        let caller = self.node.caller(&request)?;
-        let request = validate::put(request.into_inner(), &self.node.limits.request)?;
+        // Validated before the caller is looked at, as etcd does.
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate::put(message, &self.node.limits.request)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
         let mut needs = Vec::new();
         access::put_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;
@@ -108,8 +113,10 @@ impl Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
-        let caller = self.node.caller(&request)?;
-        let request = validate::delete_range(request.into_inner(), &self.node.limits.request)?;
+        // Validated before the caller is looked at, as etcd does.
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate::delete_range(message, &self.node.limits.request)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
         let mut needs = Vec::new();
         access::delete_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;
@@ -122,8 +129,10 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
-        let caller = self.node.caller(&request)?;
-        let request = validate::txn(request.into_inner(), &self.node.limits.request)?;
+        // Validated before the caller is looked at, as etcd does.
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate::txn(message, &self.node.limits.request)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
         let mut needs = Vec::new();
         access::txn_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;

@@ -33,6 +33,8 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let caller = self.node.caller(&request)?;
+        access::authenticated(&self.node.engine, caller.as_ref())?;
         let r = request.into_inner();
         self.node.admit_write()?;
         let applied = self.node.blocking(move |e| e.lease_grant(r.id, r.ttl)).await?;
@@ -50,6 +52,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let caller = self.node.caller(&request)?;
         let id = request.into_inner().id;
+        access::authenticated(&self.node.engine, caller.as_ref())?;
         access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
         let guard = access::guard(caller.as_ref());
         let applied = self.node.blocking(move |e| e.lease_revoke_as(id, guard)).await?;
@@ -65,9 +68,12 @@ impl Lease for LeaseService {
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
         let metadata = request.metadata().clone();
+        let extensions = request.extensions().clone();
         let mut requests = request.into_inner();
         let node = self.node.clone();
+        let stream_metadata = metadata.clone();
         let answers = async_stream(move |tx| async move {
+            let metadata = stream_metadata;
             while let Some(next) = requests.next().await {
                 let id = match next {
                     Ok(r) => r.id,
@@ -77,7 +83,15 @@ impl Lease for LeaseService {
                     }
                 };
                 // An unknown lease answers TTL 0, as etcd does.
-                let ttl = match keep_alive(&node, id).await {
+                let renewal = async {
+                    // Each renewal is checked as etcd checks it: by an authenticated caller,
+                    // an admin or one who may write every key on the lease.
+                    let caller = access::caller_of(&node.engine, &node.access, &metadata, &extensions)?;
+                    access::authenticated(&node.engine, caller.as_ref())?;
+                    access::check(&node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
+                    keep_alive(&node, id, &metadata).await
+                };
+                let ttl = match renewal.await {
                     Ok(ttl) => ttl,
                     Err(s) if s.message() == "etcdserver: requested lease not found" => 0,
                     Err(s) => {
@@ -105,7 +119,10 @@ impl Lease for LeaseService {
         let caller = self.node.caller(&request)?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseRead(r.id)])?;
+        access::authenticated(&self.node.engine, caller.as_ref())?;
+        if r.keys {
+            access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseRead(r.id)])?;
+        }
         // Only the leader's clocks count (a follower's restart on every election).
         if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
             return self
@@ -125,15 +142,17 @@ impl Lease for LeaseService {
 
     async fn lease_leases(
         &self,
-        _request: Request<pb::LeaseLeasesRequest>,
+        request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        let leases = self
-            .node
-            .engine
-            .leases()
-            .into_iter()
-            .map(|id| pb::LeaseStatus { id })
-            .collect();
+        let caller = self.node.caller(&request)?;
+        access::authenticated(&self.node.engine, caller.as_ref())?;
+        let ids = self.node.engine.leases();
+        if access::admin(&self.node.engine, caller.as_ref()).is_err() {
+            // etcd: one who is not an admin must be able to read every leased key.
+            let needs: Vec<Need<'_>> = ids.iter().map(|id| Need::LeaseRead(*id)).collect();
+            access::check(&self.node.engine, caller.as_ref(), &needs)?;
+        }
+        let leases = ids.into_iter().map(|id| pb::LeaseStatus { id }).collect();
         Ok(Response::new(pb::LeaseLeasesResponse {
             header: Some(self.node.current_header()),
             leases,
@@ -142,12 +161,12 @@ impl Lease for LeaseService {
 }
 
 /// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
-async fn keep_alive(node: &Arc<Node>, id: i64) -> Result<i64, Status> {
+async fn keep_alive(node: &Arc<Node>, id: i64, metadata: &tonic::metadata::MetadataMap) -> Result<i64, Status> {
     match node.forward.route(node)? {
         Route::Here => node.bounded(node.engine.lease_keep_alive_async(id)).await,
         Route::Leader(channel) => {
             node.forwarded(async {
-                let request = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
+                let request = access::onward(metadata, tokio_stream::once(pb::LeaseKeepAliveRequest { id }));
                 let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
                 match answers.next().await {
                     Some(answer) => Ok(answer?.ttl),

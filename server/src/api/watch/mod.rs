@@ -250,10 +250,12 @@ impl StreamState {
             ..pb::WatchResponse::default()
         };
         if let Err(status) = self.permitted(&create) {
-            // etcd answers with the invalid watch ID, and the error's text as the reason.
+            // etcd 3.6+ answers with the invalid watch ID, and the gRPC error's text (Go's
+            // rendering of a status) as the reason.
+            let reason = format!("rpc error: code = {:?} desc = {}", status.code(), status.message());
             let response = pb::WatchResponse {
                 watch_id: PROGRESS_ID,
-                ..refuse(status.message())
+                ..refuse(&reason)
             };
             return self.send(response).await;
         }
@@ -269,7 +271,11 @@ impl StreamState {
         // before the key is an empty range.
         let all_from = create.range_end.as_ref() == [0];
         if !create.range_end.is_empty() && !all_from && create.key >= create.range_end {
-            let response = refuse(EMPTY_RANGE);
+            // etcd answers with the invalid watch ID here too.
+            let response = pb::WatchResponse {
+                watch_id: PROGRESS_ID,
+                ..refuse(EMPTY_RANGE)
+            };
             return self.send(response).await;
         }
         let filters: Vec<FilterType> = create
