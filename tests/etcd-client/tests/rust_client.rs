@@ -9,10 +9,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
-use std::fmt::Debug;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use etcd_client::{
     AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, Error, EventType, GetOptions,
@@ -22,113 +21,11 @@ use etcd_client::{
 use sha2::{Digest, Sha256};
 use tonic::Code;
 
-/// The `cairn` binary: `$CAIRN_BIN`, or the main workspace's debug build (tests/run-all.sh
-/// builds it before running these tests).
-fn cairn_bin() -> std::path::PathBuf {
-    let path = std::env::var_os("CAIRN_BIN").map_or_else(
-        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/cairn"),
-        std::path::PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "no cairn binary at {}: build it (cargo build -p cairn-server) or set CAIRN_BIN",
-        path.display()
-    );
-    path
-}
-
-/// How long anything may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(30);
+use common::{assert_status, Member, PATIENCE};
 
 const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
 const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One cairn process, killed when dropped.
-struct Member {
-    name: String,
-    client_url: String,
-    peer_url: String,
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Member {
-    /// Starts a single-member cluster named `name` on free loopback ports and waits until it
-    /// has a leader; returns it with a connected client.
-    async fn start(name: &str) -> (Member, Client) {
-        let dir = tempfile::tempdir().unwrap();
-        let client_url = format!("http://127.0.0.1:{}", free_port());
-        let peer_url = format!("http://127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(dir.path().join("cairn.log")).unwrap();
-        let child = Command::new(cairn_bin())
-            .args(["--name", name])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut member = Member {
-            name: name.to_string(),
-            client_url,
-            peer_url,
-            dir,
-            child,
-        };
-        let client = member.wait_ready().await;
-        (member, client)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("cairn.log")).unwrap_or_default()
-    }
-
-    /// Retries connect + Status until the member answers with a leader, or the deadline.
-    async fn wait_ready(&mut self) -> Client {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("cairn exited with {status}; log:\n{}", self.log());
-            }
-            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
-                let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
-                let mut client = Client::connect([self.client_url.as_str()], Some(options)).await?;
-                let status = client.status().await?;
-                Ok::<_, Error>((client, status))
-            })
-            .await;
-            let last = match attempt {
-                Ok(Ok((client, status))) if status.leader() != 0 => return client,
-                Ok(Ok(_)) => "no leader yet".to_string(),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "connect + status timed out".to_string(),
-            };
-            assert!(
-                Instant::now() < deadline,
-                "cairn not ready after {PATIENCE:?} ({last}); log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
 
 /// (key, value, create_revision, mod_revision, version, lease) of a KeyValue.
 type Kv = (String, String, i64, i64, i64, i64);
@@ -156,17 +53,6 @@ fn keys(list: &[KeyValue]) -> Vec<String> {
     list.iter()
         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
         .collect()
-}
-
-/// Asserts that `result` failed with gRPC `code` and exactly `message`.
-#[track_caller]
-fn assert_status<T: Debug>(result: Result<T, Error>, code: Code, message: &str) {
-    match result {
-        Err(Error::GRpcStatus(status)) => {
-            assert_eq!((status.code(), status.message()), (code, message), "{status:?}");
-        }
-        other => panic!("expected gRPC {code:?} {message:?}, got {other:?}"),
-    }
 }
 
 fn rev(header: Option<&etcd_client::ResponseHeader>) -> i64 {

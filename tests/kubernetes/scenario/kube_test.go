@@ -51,18 +51,26 @@ func (cp *controlPlane) stop() {
 }
 
 // startControlPlane starts kube-apiserver on etcdURLs, waits for /readyz, then
-// starts kube-controller-manager and kube-scheduler with an admin kubeconfig.
-// The returned controlPlane holds whatever was started, also on error.
-func startControlPlane(binDir, dir string, etcdURLs []string, p *controlplane.PKI) (*controlPlane, error) {
+// (with controllers) starts kube-controller-manager and kube-scheduler with an
+// admin kubeconfig. With etcdTLS, kube-apiserver reaches etcdURLs (https) with
+// that node's etcd CA and apiserver-etcd-client certificate, as kubeadm sets it
+// up. The returned controlPlane holds whatever was started, also on error.
+func startControlPlane(binDir, dir string, etcdURLs []string, p *controlplane.PKI, etcdTLS *controlplane.EtcdMemberPKI, controllers bool) (*controlPlane, error) {
 	cp := &controlPlane{}
-	api, err := controlplane.StartAPIServer(context.Background(), controlplane.APIServerConfig{
+	cfg := controlplane.APIServerConfig{
 		BinDir:       binDir,
 		Dir:          dir,
 		EtcdServers:  etcdURLs,
 		PKI:          p,
 		ExtraArgs:    scenarioAPIServerArgs,
 		ReadyTimeout: 240 * time.Second,
-	})
+	}
+	if etcdTLS != nil {
+		cfg.EtcdCAFile = etcdTLS.CAFile
+		cfg.EtcdCertFile = etcdTLS.APIServerEtcdClientCertFile
+		cfg.EtcdKeyFile = etcdTLS.APIServerEtcdClientKeyFile
+	}
+	api, err := controlplane.StartAPIServer(context.Background(), cfg)
 	cp.apiserver = api
 	if err != nil {
 		return cp, err
@@ -71,6 +79,9 @@ func startControlPlane(binDir, dir string, etcdURLs []string, p *controlplane.PK
 	cp.restConfig.QPS = 200
 	cp.restConfig.Burst = 400
 	cp.restConfig.Timeout = 30 * time.Second
+	if !controllers {
+		return cp, nil
+	}
 
 	ports, err := freePorts(2)
 	if err != nil {

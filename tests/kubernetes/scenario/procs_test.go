@@ -3,6 +3,7 @@ package scenario
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,10 +33,18 @@ type cairnMember struct {
 	*controlplane.Proc
 	clientURL string
 	peerURL   string
+	// metricsURL is the plaintext --listen-metrics-urls (kubeadm's probe
+	// port), set only with TLS; /health and /metrics are read there then.
+	metricsURL string
+	pki        *controlplane.EtcdMemberPKI // this member's node certificates; nil: plaintext
 }
 
 type cairnCluster struct {
 	members []*cairnMember
+	// clientTLS is what the test's own clientv3 clients use with TLS: the
+	// etcd CA and the first node's healthcheck client certificate, as
+	// `etcdctl --cacert ca.crt --cert healthcheck-client.crt` on a kubeadm node.
+	clientTLS *tls.Config
 }
 
 func (c *cairnCluster) clientURLs() []string {
@@ -46,38 +55,84 @@ func (c *cairnCluster) clientURLs() []string {
 	return out
 }
 
-func startCairnCluster(bin, dir string) (*cairnCluster, error) {
-	ports, err := freePorts(6)
+// memberNames are the cairn members' names (and, with TLS, node names).
+var memberNames = []string{"m1", "m2", "m3"}
+
+// startCairnCluster starts three members on loopback and waits until each is
+// healthy. With pki nil they are plaintext. Otherwise they run with kubeadm's
+// etcd flags (cmd/kubeadm/app/phases/etcd/local.go): https client and peer
+// URLs, the node's server and peer certificates, client certificates required
+// on both ports, and a plaintext --listen-metrics-urls, where health is polled.
+func startCairnCluster(bin, dir string, pki *controlplane.EtcdPKI) (*cairnCluster, error) {
+	perMember := 2
+	scheme := "http"
+	if pki != nil {
+		perMember, scheme = 3, "https"
+	}
+	ports, err := freePorts(perMember * len(memberNames))
 	if err != nil {
 		return nil, err
 	}
 	c := &cairnCluster{}
+	if pki != nil {
+		n := pki.Members[0]
+		if c.clientTLS, err = controlplane.ClientTLSConfig(n.CAFile, n.HealthcheckClientCertFile, n.HealthcheckClientKeyFile); err != nil {
+			return nil, err
+		}
+	}
 	var initial []string
-	for i := 0; i < 3; i++ {
-		name := fmt.Sprintf("m%d", i+1)
+	for i, name := range memberNames {
 		m := &cairnMember{
-			clientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
-			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+			clientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[perMember*i]),
+			peerURL:   fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[perMember*i+1]),
+		}
+		if pki != nil {
+			m.metricsURL = fmt.Sprintf("http://127.0.0.1:%d", ports[perMember*i+2])
+			m.pki = pki.Members[i]
 		}
 		m.Proc = &controlplane.Proc{Name: "cairn-" + name, Bin: bin, LogPath: filepath.Join(dir, "cairn-"+name+".log")}
 		initial = append(initial, name+"="+m.peerURL)
 		c.members = append(c.members, m)
 	}
 	for i, m := range c.members {
-		name := fmt.Sprintf("m%d", i+1)
-		m.Args = []string{
-			"--name", name,
-			"--data-dir", filepath.Join(dir, "cairn-"+name+".data"),
-			"--listen-client-urls", m.clientURL,
-			"--advertise-client-urls", m.clientURL,
-			"--listen-peer-urls", m.peerURL,
-			"--initial-advertise-peer-urls", m.peerURL,
-			"--initial-cluster", strings.Join(initial, ","),
-			"--initial-cluster-state", "new",
-			// 2-core machines running a whole control plane: generous timeouts.
-			"--heartbeat-interval", "100",
-			"--election-timeout", "1000",
-			"--watch-progress-notify-interval", "5s",
+		name := memberNames[i]
+		if m.pki == nil {
+			m.Args = []string{
+				"--name", name,
+				"--data-dir", filepath.Join(dir, "cairn-"+name+".data"),
+				"--listen-client-urls", m.clientURL,
+				"--advertise-client-urls", m.clientURL,
+				"--listen-peer-urls", m.peerURL,
+				"--initial-advertise-peer-urls", m.peerURL,
+				"--initial-cluster", strings.Join(initial, ","),
+				"--initial-cluster-state", "new",
+				// 2-core machines running a whole control plane: generous timeouts.
+				"--heartbeat-interval", "100",
+				"--election-timeout", "1000",
+				"--watch-progress-notify-interval", "5s",
+			}
+		} else {
+			// kubeadm's getEtcdCommand, in its order and spelling.
+			m.Args = []string{
+				"--name=" + name,
+				"--listen-client-urls=" + m.clientURL,
+				"--advertise-client-urls=" + m.clientURL,
+				"--listen-peer-urls=" + m.peerURL,
+				"--initial-advertise-peer-urls=" + m.peerURL,
+				"--data-dir=" + filepath.Join(dir, "cairn-"+name+".data"),
+			}
+			m.Args = append(m.Args, m.pki.EtcdTLSArgs()...)
+			m.Args = append(m.Args,
+				"--snapshot-count=10000",
+				"--listen-metrics-urls="+m.metricsURL,
+				"--feature-gates=InitialCorruptCheck=true",
+				"--watch-progress-notify-interval=5s",
+				"--initial-cluster="+strings.Join(initial, ","),
+				"--initial-cluster-state=new",
+				// Not kubeadm's: the harness's timeouts for a 2-core machine.
+				"--heartbeat-interval=100",
+				"--election-timeout=1000",
+			)
 		}
 		if err := m.Start(); err != nil {
 			c.stop()
@@ -99,13 +154,22 @@ func (c *cairnCluster) stop() {
 	}
 }
 
+// httpURL is where the member's /health and /metrics are read over plain
+// HTTP: the metrics URL with TLS, else the client URL.
+func (m *cairnMember) httpURL() string {
+	if m.metricsURL != "" {
+		return m.metricsURL
+	}
+	return m.clientURL
+}
+
 func (m *cairnMember) waitHealthy(timeout time.Duration) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	return poll(timeout, 100*time.Millisecond, func() (bool, string, error) {
 		if !m.Alive() {
 			return false, "", fmt.Errorf("exited before becoming healthy: %v", m.ExitErr())
 		}
-		resp, err := client.Get(m.clientURL + "/health")
+		resp, err := client.Get(m.httpURL() + "/health")
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -123,7 +187,7 @@ func (m *cairnMember) waitHealthy(timeout time.Duration) error {
 
 func (m *cairnMember) metrics() (string, error) {
 	client := &http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get(m.clientURL + "/metrics")
+	resp, err := client.Get(m.httpURL() + "/metrics")
 	if err != nil {
 		return "", err
 	}
@@ -135,12 +199,18 @@ func (m *cairnMember) metrics() (string, error) {
 	return string(body), err
 }
 
-func newEtcdClient(endpoints ...string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{
+// etcdClient is a clientv3 client of endpoints, with the cluster's client
+// TLS if it has any.
+func (c *cairnCluster) etcdClient(endpoints ...string) (*clientv3.Client, error) {
+	cfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 10 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if c.clientTLS != nil {
+		cfg.TLS = c.clientTLS.Clone()
+	}
+	return clientv3.New(cfg)
 }
 
 // leader returns the index of the member that reports itself leader.
@@ -151,7 +221,7 @@ func (c *cairnCluster) leader(ctx context.Context) (int, error) {
 			why = append(why, m.Name+": not running")
 			continue
 		}
-		cli, err := newEtcdClient(m.clientURL)
+		cli, err := c.etcdClient(m.clientURL)
 		if err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", m.Name, err))
 			continue

@@ -56,6 +56,7 @@ var allNamespaces = []string{nsBasic, nsPaging, nsConflict, nsCRD, nsLease, nsEv
 type harness struct {
 	version string
 	dir     string
+	etcdPKI *controlplane.EtcdPKI // kubeadm's etcd certificates (TestScenarioMTLS only)
 	cairn   *cairnCluster
 	cp      *controlPlane
 	kube    kubernetes.Interface
@@ -63,8 +64,18 @@ type harness struct {
 	ext     apiextclient.Interface
 	etcd    *clientv3.Client
 
+	// firstRVs remembers, per watchable, the RV of the first object the
+	// Watches step created (used by the compaction step).
+	firstRVs map[string]string
+
 	ackMu sync.Mutex
 	acked []string // ConfigMaps in nsHA whose create was acknowledged
+}
+
+// step is one subtest of a scenario.
+type step struct {
+	name string
+	fn   func(*testing.T, *harness)
 }
 
 func (h *harness) procs() []*controlplane.Proc {
@@ -89,6 +100,34 @@ func (h *harness) logTails(n int) string {
 }
 
 func TestScenario(t *testing.T) {
+	h := setupHarness(t, false)
+	h.runSteps(t, []step{
+		{"Namespaces", testNamespaces},
+		{"Paging500ConfigMaps", testPaging},
+		{"OptimisticConcurrency", testConflicts},
+		{"CRDStatusSubresource", testCRD},
+		{"LeaseRenewals", testLease},
+		{"EventTTL", testEvents},
+		{"Watches", testWatches},
+		{"WatchCompacted410", testCompaction},
+		{"ListResourceVersionSemantics", testLists},
+		{"WatchList", testWatchList},
+		{"ConsistentListFromCache", testConsistentReadMetric},
+		{"RangeStream", testRangeStream},
+		{"LeaderKill", testLeaderKill},
+		{"NodesAndDeployment", testDeployment},
+		{"AcknowledgedWritesAtEnd", testAckedAtEnd},
+	})
+}
+
+// setupHarness starts the cairn cluster and the control plane and returns the
+// harness; it skips t without the binaries and fails it if anything does not
+// start. With mtls, cairn runs with kubeadm's etcd certificates and flags,
+// kube-apiserver reaches it with its apiserver-etcd-client certificate, and
+// only kube-apiserver is started (no controller manager or scheduler).
+// Cleanup (stopping everything, keeping or removing the logs) is registered
+// on t.
+func setupHarness(t *testing.T, mtls bool) *harness {
 	cairnBin := os.Getenv("CAIRN_BIN")
 	binDir := os.Getenv("KUBE_BIN_DIR")
 	if cairnBin == "" || binDir == "" {
@@ -103,12 +142,16 @@ func TestScenario(t *testing.T) {
 			t.Fatalf("binary %s: %v", b, err)
 		}
 	}
-	dir, err := os.MkdirTemp("", "cairn-k8s-scenario-"+version+"-")
+	prefix := "cairn-k8s-scenario-"
+	if mtls {
+		prefix += "mtls-"
+	}
+	dir, err := os.MkdirTemp("", prefix+version+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("Kubernetes %s, logs in %s", version, dir)
-	h := &harness{version: version, dir: dir}
+	h := &harness{version: version, dir: dir, firstRVs: map[string]string{}}
 	t.Cleanup(func() {
 		failed := t.Failed()
 		if failed {
@@ -137,13 +180,23 @@ func TestScenario(t *testing.T) {
 		}
 	})
 
+	var etcdTLS *controlplane.EtcdMemberPKI
+	if mtls {
+		start := time.Now()
+		if h.etcdPKI, err = controlplane.GenerateEtcdPKI(filepath.Join(dir, "pki"), memberNames); err != nil {
+			t.Fatalf("generating kubeadm's etcd certificates: %v", err)
+		}
+		// kube-apiserver runs on the first node and uses its certificates.
+		etcdTLS = h.etcdPKI.Members[0]
+		t.Logf("kubeadm etcd PKI for %v generated in %v under %s", memberNames, time.Since(start).Round(time.Millisecond), filepath.Join(dir, "pki"))
+	}
 	start := time.Now()
-	h.cairn, err = startCairnCluster(cairnBin, dir)
+	h.cairn, err = startCairnCluster(cairnBin, dir, h.etcdPKI)
 	if err != nil {
 		t.Fatalf("starting the cairn cluster: %v%s", err, h.logTails(40))
 	}
 	t.Logf("cairn cluster healthy after %v: %v", time.Since(start).Round(time.Millisecond), h.cairn.clientURLs())
-	h.etcd, err = newEtcdClient(h.cairn.clientURLs()...)
+	h.etcd, err = h.cairn.etcdClient(h.cairn.clientURLs()...)
 	if err != nil {
 		t.Fatalf("clientv3 to cairn: %v", err)
 	}
@@ -152,7 +205,7 @@ func TestScenario(t *testing.T) {
 		t.Fatalf("generating PKI: %v", err)
 	}
 	start = time.Now()
-	cp, err := startControlPlane(binDir, dir, h.cairn.clientURLs(), p)
+	cp, err := startControlPlane(binDir, dir, h.cairn.clientURLs(), p, etcdTLS, !mtls)
 	h.cp = cp
 	if err != nil {
 		t.Fatalf("starting the control plane: %v%s", err, h.logTails(40))
@@ -167,27 +220,12 @@ func TestScenario(t *testing.T) {
 	if h.ext, err = apiextclient.NewForConfig(cp.restConfig); err != nil {
 		t.Fatal(err)
 	}
+	return h
+}
 
-	steps := []struct {
-		name string
-		fn   func(*testing.T, *harness)
-	}{
-		{"Namespaces", testNamespaces},
-		{"Paging500ConfigMaps", testPaging},
-		{"OptimisticConcurrency", testConflicts},
-		{"CRDStatusSubresource", testCRD},
-		{"LeaseRenewals", testLease},
-		{"EventTTL", testEvents},
-		{"Watches", testWatches},
-		{"WatchCompacted410", testCompaction},
-		{"ListResourceVersionSemantics", testLists},
-		{"WatchList", testWatchList},
-		{"ConsistentListFromCache", testConsistentReadMetric},
-		{"RangeStream", testRangeStream},
-		{"LeaderKill", testLeaderKill},
-		{"NodesAndDeployment", testDeployment},
-		{"AcknowledgedWritesAtEnd", testAckedAtEnd},
-	}
+// runSteps runs steps as subtests in order. After each it checks that every
+// process is still running, and it stops once kube-apiserver is gone.
+func (h *harness) runSteps(t *testing.T, steps []step) {
 	for _, s := range steps {
 		stepStart := time.Now()
 		ok := t.Run(s.name, func(t *testing.T) { s.fn(t, h) })
@@ -699,10 +737,6 @@ func podTemplatesW(h *harness, ns string) watchable {
 	}
 }
 
-// firstRVs remembers, per watchable, the RV of the first object the watch
-// step created (used by the compaction step).
-var firstRVs = map[string]string{}
-
 func testWatches(t *testing.T, h *harness) {
 	for _, r := range []watchable{configMapsW(h, nsWatch), podTemplatesW(h, nsWatch)} {
 		t.Run(strings.Fields(r.name)[0], func(t *testing.T) {
@@ -720,7 +754,7 @@ func testWatches(t *testing.T, h *harness) {
 			if err != nil {
 				t.Fatalf("create w1: %v", err)
 			}
-			firstRVs[strings.Fields(r.name)[0]] = rv1
+			h.firstRVs[strings.Fields(r.name)[0]] = rv1
 			expectEvents(t, fmt.Sprintf("%s watch from list RV %s", r.name, rv0), w, []string{"ADDED w1"})
 
 			if _, err := r.create(ctx, "w2"); err != nil {
@@ -762,7 +796,7 @@ func compactRevKey(ctx context.Context, h *harness) (version, value int64, err e
 
 func testCompaction(t *testing.T, h *harness) {
 	ctx := ctxT(t, 4*time.Minute)
-	oldRV := firstRVs["podtemplates"]
+	oldRV := h.firstRVs["podtemplates"]
 	if oldRV == "" {
 		t.Fatalf("the Watches step recorded no podtemplate RV")
 	}
@@ -827,7 +861,7 @@ func testCompaction(t *testing.T, h *harness) {
 		t.Errorf("list podtemplates Exact at compacted RV %s: %v, want 410 Gone/Expired", oldRV, describeErr(err))
 	}
 	// Informational: the watch cache keeps its own window of events.
-	cmRV := firstRVs["configmaps"]
+	cmRV := h.firstRVs["configmaps"]
 	if cmRV != "" {
 		w, err := h.kube.CoreV1().ConfigMaps(nsWatch).Watch(ctx, metav1.ListOptions{ResourceVersion: cmRV})
 		if err != nil {
@@ -1200,7 +1234,7 @@ func testLeaderKill(t *testing.T, h *harness) {
 	checkAcked(t, h, ctx)
 
 	// The restarted member caught up: every acknowledged key is on it.
-	single, err := newEtcdClient(victim.clientURL)
+	single, err := h.cairn.etcdClient(victim.clientURL)
 	if err != nil {
 		t.Fatalf("clientv3 to %s: %v", victim.Name, err)
 	}

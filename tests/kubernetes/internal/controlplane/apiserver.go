@@ -22,6 +22,12 @@ type APIServerConfig struct {
 	Dir         string   // work dir: kube-apiserver.log and apiserver-certs/ go here
 	EtcdServers []string // client URLs of the storage (cairn or etcd)
 	PKI         *PKI     // from GeneratePKI
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile, when set, become --etcd-cafile,
+	// --etcd-certfile and --etcd-keyfile: the CA that signed the storage's
+	// serving certificates and kube-apiserver's client certificate (kubeadm:
+	// pki/etcd/ca.crt and pki/apiserver-etcd-client.{crt,key}). EtcdServers
+	// are then https URLs.
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	// ExtraArgs are appended after the flags StartAPIServer always passes
 	// (storage, loopback serving, TLS, service accounts, token auth, RBAC);
 	// for a flag given twice, kube-apiserver keeps the last value.
@@ -77,10 +83,17 @@ func StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServer, error
 			Name:    "kube-apiserver",
 			Bin:     filepath.Join(cfg.BinDir, "kube-apiserver"),
 			LogPath: filepath.Join(cfg.Dir, "kube-apiserver.log"),
-			Args: append(baseArgs(cfg.EtcdServers, ports[0], cfg.PKI, filepath.Join(cfg.Dir, "apiserver-certs")),
-				cfg.ExtraArgs...),
 		},
 	}
+	a.Args = baseArgs(cfg.EtcdServers, ports[0], cfg.PKI, filepath.Join(cfg.Dir, "apiserver-certs"))
+	for _, f := range []struct{ flag, file string }{
+		{"--etcd-cafile", cfg.EtcdCAFile}, {"--etcd-certfile", cfg.EtcdCertFile}, {"--etcd-keyfile", cfg.EtcdKeyFile},
+	} {
+		if f.file != "" {
+			a.Args = append(a.Args, f.flag+"="+f.file)
+		}
+	}
+	a.Args = append(a.Args, cfg.ExtraArgs...)
 	if err := a.Start(); err != nil {
 		return a, err
 	}
