@@ -2,6 +2,9 @@
 //! certificates they sign for servers and clients (valid, expired, or for other names), and
 //! revocation lists, all written as PEM files into a directory the test owns.
 
+// Each test binary that includes this module uses part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 use rcgen::{

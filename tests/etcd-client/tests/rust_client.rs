@@ -11,11 +11,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
-    AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, Error, EventType, GetOptions,
-    KeyValue, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    AlarmAction, AlarmType, Client, Compare, CompareOp, DeleteOptions, Error, EventType, GetOptions, KeyValue,
+    LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use sha2::{Digest, Sha256};
