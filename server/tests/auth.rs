@@ -141,7 +141,7 @@ fn any_authenticated_user_may_read_status_members_and_alarms_and_anyone_auth_sta
             .await
             .unwrap();
         let list = pb::AlarmRequest::default();
-        maintenance.alarm(with(Some(&bob), list.clone())).await.unwrap();
+        maintenance.alarm(with(Some(&bob), list)).await.unwrap();
         // Nobody at all: refused, except AuthStatus.
         refused(
             maintenance.status(with(None, pb::StatusRequest {})).await,
