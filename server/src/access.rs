@@ -49,12 +49,16 @@ pub struct Caller {
 /// The caller of a request, when auth is enabled: `Ok(None)` for one that gave no token and
 /// no certificate; an invalid or expired token is etcd's "invalid auth token". With auth
 /// disabled, always `Ok(None)`, at the cost of one read of the auth flag.
-pub fn caller<T>(engine: &Engine, settings: &Settings, request: &tonic::Request<T>) -> Result<Option<Caller>, Status> {
-    caller_of(engine, settings, request.metadata(), request.extensions())
+pub async fn caller<T>(
+    engine: &Engine,
+    settings: &Settings,
+    request: &tonic::Request<T>,
+) -> Result<Option<Caller>, Status> {
+    caller_of(engine, settings, request.metadata(), request.extensions()).await
 }
 
 /// [`caller`] from a request's parts (a stream keeps them to check each watch it creates).
-pub fn caller_of(
+pub async fn caller_of(
     engine: &Engine,
     settings: &Settings,
     metadata: &tonic::metadata::MetadataMap,
@@ -72,7 +76,7 @@ pub fn caller_of(
     if let Some(token) = token {
         let found = match &settings.jwt {
             Some(jwt) => jwt.verify(token).map(|(user, rev)| Caller { user, revision: rev }),
-            None => engine.resolve_token(token).map(|user| Caller { user, revision }),
+            None => simple_token(engine, token).await.map(|user| Caller { user, revision }),
         };
         return match found {
             Some(caller) => Ok(Some(caller)),
@@ -94,6 +98,18 @@ pub fn caller_of(
         }
     }
     Ok(None)
+}
+
+/// The user a simple token names. A token names the index of the entry that registered it:
+/// if this member knows no such token, it waits until it has applied that index (bounded by
+/// the request timeout), then looks again, as etcd's members wait.
+async fn simple_token(engine: &Engine, token: &str) -> Option<String> {
+    if let Some(user) = engine.resolve_token(token) {
+        return Some(user);
+    }
+    let index: u64 = token.rsplit_once('.')?.1.parse().ok()?;
+    engine.applied_async(index).await.ok()?;
+    engine.resolve_token(token)
 }
 
 fn user_of(caller: Option<&Caller>) -> (&str, u64) {

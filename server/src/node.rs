@@ -84,8 +84,8 @@ impl Node {
 
     /// The header of a response that reads no revision: the current one.
     /// The caller of `request` (see [`crate::access::caller`]).
-    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Option<crate::access::Caller>, Status> {
-        crate::access::caller(&self.engine, &self.access, request)
+    pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Option<crate::access::Caller>, Status> {
+        crate::access::caller(&self.engine, &self.access, request).await
     }
 
     pub fn current_header(&self) -> ResponseHeader {

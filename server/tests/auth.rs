@@ -461,7 +461,7 @@ fn malformed_tokens_and_oversized_names_and_passwords_get_clear_errors() {
         let ch = channel(&member).await;
         users(&ch).await;
         let long = "x".repeat(8_000);
-        for token in ["", "garbage", "a.b.c", "Bearer ", &long, "no-index.", "x.99999999999"] {
+        for token in ["", "garbage", "a.b.c", "Bearer ", &long, "no-index.", "x.1"] {
             refused(
                 put(&ch, Some(token), "app/1").await,
                 Code::Unauthenticated,

@@ -52,6 +52,17 @@ impl Engine {
         self.inner.state.read().tokens.lock().resolve(token)
     }
 
+    /// Waits, up to the request timeout, until this member has applied log index `index` (a
+    /// simple token names the index of its entry: a member that has not applied it yet waits
+    /// for it, as etcd's members do, instead of refusing the token).
+    pub async fn applied_async(&self, index: u64) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.inner.config.request_timeout;
+        match self.inner.applied.reached(index, deadline) {
+            None => Ok(()),
+            Some(reached) => reached.await.map_err(|_| Error::Closed)?,
+        }
+    }
+
     /// The keys attached to lease `id` (none if it does not exist), for permission checks.
     pub fn lease_keys(&self, id: i64) -> Vec<bytes::Bytes> {
         self.inner.state.read().lessor.keys(id).unwrap_or_default()

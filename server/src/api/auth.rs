@@ -31,8 +31,8 @@ impl AuthService {
         AuthService { node }
     }
 
-    fn caller<T>(&self, request: &Request<T>) -> Result<Option<Caller>, Status> {
-        access::caller(&self.node.engine, &self.node.access, request)
+    async fn caller<T>(&self, request: &Request<T>) -> Result<Option<Caller>, Status> {
+        self.node.caller(request).await
     }
 
     /// Proposes `change` as `caller`, who must be an admin; answers with a header.
@@ -135,7 +135,7 @@ impl Auth for AuthService {
     }
 
     async fn auth_enable(&self, r: Request<pb::AuthEnableRequest>) -> Result<Response<pb::AuthEnableResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let header = self.change(caller.as_ref(), AuthChange::Enable).await?;
         Ok(Response::new(pb::AuthEnableResponse { header: Some(header) }))
     }
@@ -144,7 +144,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthDisableRequest>,
     ) -> Result<Response<pb::AuthDisableResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let header = self.change(caller.as_ref(), AuthChange::Disable).await?;
         Ok(Response::new(pb::AuthDisableResponse { header: Some(header) }))
     }
@@ -192,7 +192,7 @@ impl Auth for AuthService {
     }
 
     async fn user_add(&self, r: Request<pb::AuthUserAddRequest>) -> Result<Response<pb::AuthUserAddResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let r = r.into_inner();
         check_name(&r.name)?;
@@ -211,7 +211,7 @@ impl Auth for AuthService {
     }
 
     async fn user_get(&self, r: Request<pb::AuthUserGetRequest>) -> Result<Response<pb::AuthUserGetResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let name = r.into_inner().name;
         let is_self = caller.as_ref().is_some_and(|c| c.user == name);
         if !is_self {
@@ -232,7 +232,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthUserListRequest>,
     ) -> Result<Response<pb::AuthUserListResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         Ok(Response::new(pb::AuthUserListResponse {
             header: Some(self.node.current_header()),
@@ -244,7 +244,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthUserDeleteRequest>,
     ) -> Result<Response<pb::AuthUserDeleteResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let name = r.into_inner().name;
         let header = self.change(caller.as_ref(), AuthChange::UserDelete { name }).await?;
         Ok(Response::new(pb::AuthUserDeleteResponse { header: Some(header) }))
@@ -254,7 +254,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthUserChangePasswordRequest>,
     ) -> Result<Response<pb::AuthUserChangePasswordResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let r = r.into_inner();
         let no_password = self
@@ -277,7 +277,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthUserGrantRoleRequest>,
     ) -> Result<Response<pb::AuthUserGrantRoleResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let r = r.into_inner();
         let change = AuthChange::UserGrantRole {
             user: r.user,
@@ -291,7 +291,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthUserRevokeRoleRequest>,
     ) -> Result<Response<pb::AuthUserRevokeRoleResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let r = r.into_inner();
         let change = AuthChange::UserRevokeRole {
             name: r.name,
@@ -302,7 +302,7 @@ impl Auth for AuthService {
     }
 
     async fn role_add(&self, r: Request<pb::AuthRoleAddRequest>) -> Result<Response<pb::AuthRoleAddResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let name = r.into_inner().name;
         check_name(&name)?;
         let header = self.change(caller.as_ref(), AuthChange::RoleAdd { name }).await?;
@@ -310,7 +310,7 @@ impl Auth for AuthService {
     }
 
     async fn role_get(&self, r: Request<pb::AuthRoleGetRequest>) -> Result<Response<pb::AuthRoleGetResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let role = r.into_inner().role;
         let holds = caller
             .as_ref()
@@ -346,7 +346,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthRoleListRequest>,
     ) -> Result<Response<pb::AuthRoleListResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         Ok(Response::new(pb::AuthRoleListResponse {
             header: Some(self.node.current_header()),
@@ -358,7 +358,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthRoleDeleteRequest>,
     ) -> Result<Response<pb::AuthRoleDeleteResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let name = r.into_inner().role;
         let header = self.change(caller.as_ref(), AuthChange::RoleDelete { name }).await?;
         Ok(Response::new(pb::AuthRoleDeleteResponse { header: Some(header) }))
@@ -368,7 +368,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthRoleGrantPermissionRequest>,
     ) -> Result<Response<pb::AuthRoleGrantPermissionResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let r = r.into_inner();
         let Some(perm) = r.perm else {
             access::admin(&self.node.engine, caller.as_ref())?;
@@ -393,7 +393,7 @@ impl Auth for AuthService {
         &self,
         r: Request<pb::AuthRoleRevokePermissionRequest>,
     ) -> Result<Response<pb::AuthRoleRevokePermissionResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r).await?;
         let r = r.into_inner();
         let change = AuthChange::RoleRevokePermission {
             role: r.role,

@@ -89,7 +89,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
@@ -129,7 +129,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
@@ -148,7 +148,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let r = request.into_inner();
         check_urls(&r.peer_ur_ls)?;
@@ -175,7 +175,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();

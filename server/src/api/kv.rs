@@ -35,7 +35,7 @@ impl Kv for KvService {
         // Validated before the caller is looked at, as etcd does.
         let (metadata, extensions, message) = request.into_parts();
         let request = validate::range(message)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
         access::check(
             &self.node.engine,
             caller.as_ref(),
@@ -60,7 +60,7 @@ impl Kv for KvService {
         // Validated before the caller is looked at, as etcd does.
         let (metadata, extensions, message) = request.into_parts();
         let request = validate::range(message)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
         access::check(
             &self.node.engine,
             caller.as_ref(),
@@ -97,7 +97,7 @@ impl Kv for KvService {
         // Validated before the caller is looked at, as etcd does.
         let (metadata, extensions, message) = request.into_parts();
         let request = validate::put(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
         let mut needs = Vec::new();
         access::put_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;
@@ -116,7 +116,7 @@ impl Kv for KvService {
         // Validated before the caller is looked at, as etcd does.
         let (metadata, extensions, message) = request.into_parts();
         let request = validate::delete_range(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
         let mut needs = Vec::new();
         access::delete_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;
@@ -132,7 +132,7 @@ impl Kv for KvService {
         // Validated before the caller is looked at, as etcd does.
         let (metadata, extensions, message) = request.into_parts();
         let request = validate::txn(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions)?;
+        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
         let mut needs = Vec::new();
         access::txn_needs(&request, &mut needs);
         access::check(&self.node.engine, caller.as_ref(), &needs)?;
@@ -155,7 +155,7 @@ impl Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::admin(&self.node.engine, caller.as_ref())?;
         let request = request.into_inner();
         let applied = self

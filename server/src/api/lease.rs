@@ -33,7 +33,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let r = request.into_inner();
         self.node.admit_write()?;
@@ -50,7 +50,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         let id = request.into_inner().id;
         access::authenticated(&self.node.engine, caller.as_ref())?;
         access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
@@ -86,7 +86,7 @@ impl Lease for LeaseService {
                 let renewal = async {
                     // Each renewal is checked as etcd checks it: by an authenticated caller,
                     // an admin or one who may write every key on the lease.
-                    let caller = access::caller_of(&node.engine, &node.access, &metadata, &extensions)?;
+                    let caller = access::caller_of(&node.engine, &node.access, &metadata, &extensions).await?;
                     access::authenticated(&node.engine, caller.as_ref())?;
                     access::check(&node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
                     keep_alive(&node, id, &metadata).await
@@ -116,7 +116,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
         access::authenticated(&self.node.engine, caller.as_ref())?;
@@ -144,7 +144,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let ids = self.node.engine.leases();
         if access::admin(&self.node.engine, caller.as_ref()).is_err() {

@@ -49,7 +49,7 @@ type SnapshotStream = super::ResponseStream<pb::SnapshotResponse>;
 impl Maintenance for MaintenanceService {
     async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         let r = request.into_inner();
         if r.action == AlarmAction::Get as i32 {
             access::authenticated(&self.node.engine, caller.as_ref())?;
@@ -93,7 +93,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn status(&self, request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
-        let caller = self.node.caller(&request)?;
+        let caller = self.node.caller(&request).await?;
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let e = &self.node.engine;
         let raft = e.raft_status();
@@ -123,7 +123,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         self.node.blocking(|e| e.defragment()).await?;
         Ok(Response::new(pb::DefragmentResponse {
             header: Some(self.node.current_header()),
@@ -131,7 +131,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         // etcd hashes its whole backend file; cairn hashes the history kept (what HashKV at the
         // current revision covers), which members agree on just the same.
         let hash = self.node.blocking(|e| e.hash_kv(0)).await?;
@@ -142,7 +142,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let revision = request.into_inner().revision;
         let hash = self.node.blocking(move |e| e.hash_kv(revision)).await?;
         Ok(Response::new(pb::HashKvResponse {
@@ -161,7 +161,7 @@ impl Maintenance for MaintenanceService {
     type SnapshotStream = SnapshotStream;
 
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
@@ -186,7 +186,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let target = request.into_inner().target_id;
         self.node.blocking(move |e| e.move_leader(target)).await?;
         Ok(Response::new(pb::MoveLeaderResponse {
@@ -198,7 +198,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
-        access::admin(&self.node.engine, self.node.caller(&request)?.as_ref())?;
+        access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         Err(Status::unimplemented(
             "cairn does not downgrade: there is one storage version",
         ))

@@ -218,10 +218,10 @@ impl StreamState {
 
     /// Whether the stream's caller may read what `create` watches (an empty key is `"\0"`,
     /// the first key, as in etcd).
-    fn permitted(&self, create: &pb::WatchCreateRequest) -> Result<(), Status> {
+    async fn permitted(&self, create: &pb::WatchCreateRequest) -> Result<(), Status> {
         let (metadata, extensions) = &self.identity;
         let engine = &self.node.engine;
-        let caller = crate::access::caller_of(engine, &self.node.access, metadata, extensions)?;
+        let caller = crate::access::caller_of(engine, &self.node.access, metadata, extensions).await?;
         let key: &[u8] = if create.key.is_empty() { &[0] } else { &create.key };
         crate::access::check(
             engine,
@@ -249,7 +249,7 @@ impl StreamState {
             cancel_reason: reason.to_string(),
             ..pb::WatchResponse::default()
         };
-        if let Err(status) = self.permitted(&create) {
+        if let Err(status) = self.permitted(&create).await {
             // etcd 3.6+ answers with the invalid watch ID, and the gRPC error's text (Go's
             // rendering of a status) as the reason.
             let reason = format!("rpc error: code = {:?} desc = {}", status.code(), status.message());
