@@ -17,7 +17,9 @@ virtualenv under benches/compare/.env, and cairn and cairn-bench built in releas
     benches/compare/compare.py --dir /tmp/cmp --only put-100,million --keys 100000
 
 Workloads (--only takes a comma-separated list; each entry selects the names containing it):
-put-serial, put-100, range-l-100, range-s-100, range-s-pinned-100 and watch-1000,
+put-serial, put-100, range-l-100, put-100-mtls, range-l-100-mtls, put-100-auth, range-l-100-auth
+(the last four against secured targets: client and peer mTLS, or auth on), range-s-100,
+range-s-pinned-100 and watch-1000,
 watch-pinned-1000 (each the one before with the server and the load generator on a core each),
 keepalive-10k, expiry, million,
 cluster-put-100, apiserver-3 (kube-apiserver 1.37 on three members of cairn and of etcd 3.7 only,
@@ -145,10 +147,12 @@ def run_one(ctx, w, t, data_dir):
                 t.stop()
             t.remove_data()
             return out
-        endpoints = t.start(data_dir, members=w.members, cpus=w.cpus[0] if w.cpus else None)
+        endpoints = t.start(data_dir, members=w.members, cpus=w.cpus[0] if w.cpus else None, security=w.security)
+        ctx.bench_flags = t.bench_flags
         try:
             out = w.run(ctx, t, endpoints, w.name)
         finally:
+            ctx.bench_flags = []
             t.stop()
         t.remove_data()  # the million-key data dirs are large; a failed run's stay for a look
         return out

@@ -96,15 +96,50 @@ def free_port():
         return s.getsockname()[1]
 
 
+# --- certificates and users for the security variants ---------------------------------------
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_pki(d):
+    """A CA, a member certificate for 127.0.0.1 (server and client use: peers present it both
+    ways) and a client certificate for `root`, as PEM files in `d`; {name: path}."""
+    d.mkdir(parents=True, exist_ok=True)
+    p = {n: str(d / f"{n}.pem") for n in ("ca", "ca-key", "member", "member-key", "client", "client-key")}
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-subj", "/CN=compare CA", "-keyout", p["ca-key"], "-out", p["ca"])
+    for name, cn, ext in (("member", "member", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
+                          ("client", "root", "extendedKeyUsage=clientAuth")):
+        csr = str(d / f"{name}.csr")
+        extfile = d / f"{name}.ext"
+        extfile.write_text(ext + "\n")
+        openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-subj", f"/CN={cn}", "-keyout", p[f"{name}-key"], "-out", csr)
+        openssl("x509", "-req", "-in", csr, "-CA", p["ca"], "-CAkey", p["ca-key"], "-CAcreateserial",
+                "-days", "2", "-extfile", str(extfile), "-out", p[name])
+    return p
+
+
+# The user the auth variants authenticate as: it may read and write the load's keys only.
+AUTH_USER = ("bench", "bench-password")
+
+
 class Target:
-    """One server under test: starts it (fresh, or again on the data it left), stops it."""
+    """One server under test: starts it (fresh, or again on the data it left), stops it.
+
+    `security` runs it the way a secured etcd runs: "mtls" serves clients and peers over TLS
+    with client certificates required (kubeadm's flags); "auth" enables authentication with a
+    user allowed the load's keys (simple tokens). `bench_flags` are what a client then needs."""
 
     def __init__(self, name, binary, kind=None):
         # `kind` ("cairn" or "etcd") is accepted for callers of the earlier signature (k8s.py).
         self.name, self.binary, self.kind = name, binary, kind
         self.procs, self.endpoints, self.ports, self.data_dir, self.cpus = [], [], [], None, None
+        self.security, self.pki, self.metrics_ports, self.bench_flags = None, None, [], []
 
-    def start(self, data_dir, members=1, cpus=None):
+    def start(self, data_dir, members=1, cpus=None, security=None):
         """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir,
         on the CPUs `cpus` names (taskset's list; default: any); returns the client endpoints
         once every member answers /health."""
@@ -112,8 +147,26 @@ class Target:
         data_dir.mkdir(parents=True)
         self.data_dir = data_dir
         self.cpus = cpus
+        self.security = security
         self.ports = [(free_port(), free_port()) for _ in range(members)]
-        return self._launch()
+        self.metrics_ports = [free_port() for _ in range(members)]
+        self.pki = make_pki(data_dir / "pki") if security == "mtls" else None
+        self.bench_flags = []
+        if self.pki:
+            self.bench_flags = ["--cacert", self.pki["ca"], "--cert", self.pki["client"], "--key", self.pki["client-key"]]
+        endpoints = self._launch()
+        if security == "auth":
+            self._enable_auth()
+            self.bench_flags = ["--user", ":".join(AUTH_USER)]
+        return endpoints
+
+    def _enable_auth(self):
+        name, password = AUTH_USER
+        for args in (["user", "add", "root:root-password"], ["role", "add", "root"],
+                     ["user", "grant-role", "root", "root"], ["user", "add", f"{name}:{password}"],
+                     ["role", "add", "bench"], ["role", "grant-permission", "bench", "readwrite", "bench/", "--prefix"],
+                     ["user", "grant-role", name, "bench"], ["auth", "enable"]):
+            etcdctl(self.endpoints, *args)
 
     def restart(self):
         """Stops the processes and starts them again on the same data dirs and ports; returns
@@ -124,31 +177,38 @@ class Target:
         return stopped, time.monotonic() - started
 
     def _launch(self):
-        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(self.ports))
+        scheme = "https" if self.pki else "http"
+        cluster = ",".join(f"m{i}={scheme}://127.0.0.1:{p}" for i, (_, p) in enumerate(self.ports))
         self.procs = []
         for i, (c, p) in enumerate(self.ports):
             cmd = [str(self.binary), "--name", f"m{i}", "--data-dir", str(self.data_dir / f"m{i}"),
-                   "--listen-client-urls", f"http://127.0.0.1:{c}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{c}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{p}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+                   "--listen-client-urls", f"{scheme}://127.0.0.1:{c}",
+                   "--advertise-client-urls", f"{scheme}://127.0.0.1:{c}",
+                   "--listen-peer-urls", f"{scheme}://127.0.0.1:{p}",
+                   "--initial-advertise-peer-urls", f"{scheme}://127.0.0.1:{p}",
                    "--initial-cluster", cluster,
+                   "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_ports[i]}",
                    # Equivalent settings: room for the million-key rows (etcd 3.4's default
                    # quota, as cairn's, is 2 GiB), and etcd's default snapshot count.
                    "--quota-backend-bytes", str(8 << 30),
                    "--snapshot-count", "10000"]
+            if self.pki:
+                k = self.pki
+                cmd += ["--cert-file", k["member"], "--key-file", k["member-key"], "--trusted-ca-file", k["ca"],
+                        "--client-cert-auth", "--peer-cert-file", k["member"], "--peer-key-file", k["member-key"],
+                        "--peer-trusted-ca-file", k["ca"], "--peer-client-cert-auth"]
             if self.cpus is not None:
                 cmd = ["taskset", "-c", self.cpus] + cmd
             logf = open(self.data_dir / f"m{i}.log", "a")
             self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf))
             logf.close()
-        self.endpoints = [f"127.0.0.1:{c}" for c, _ in self.ports]
+        self.endpoints = [f"{scheme}://127.0.0.1:{c}" if self.pki else f"127.0.0.1:{c}" for c, _ in self.ports]
         self.wait_healthy()
         return self.endpoints
 
     def wait_healthy(self, timeout=180):
         deadline = time.monotonic() + timeout
-        for ep in self.endpoints:
+        for ep in (f"127.0.0.1:{m}" for m in self.metrics_ports):
             while True:
                 try:
                     with urllib.request.urlopen(f"http://{ep}/health", timeout=2) as r:

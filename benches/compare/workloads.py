@@ -49,6 +49,9 @@ class Workload:
     targets: tuple = None
     # Needs kube-apiserver and the apiserver-level load tool (targets.ensure_kube).
     kube: bool = False
+    # Runs against secured targets: "mtls" (client and peer TLS with client certificates) or
+    # "auth" (authentication on, a user allowed the load's keys); see targets.Target.
+    security: str = None
 
 
 @dataclass
@@ -66,6 +69,8 @@ class Context:
     # kube-apiserver's binaries and the apiserver-level load tool, when a workload needs them.
     kube_bin_dir: Path = None
     apiload_bin: Path = None
+    # What cairn-bench needs to reach the current target (certificates, a user).
+    bench_flags: list = field(default_factory=list)
 
     def log_path(self, workload, target):
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -80,7 +85,7 @@ class BenchFailed(Exception):
 
 
 def bench_cmd(ctx, endpoints, args, seconds=None, latency_log=None, cpus=None):
-    cmd = [str(ctx.bench_bin), "--endpoints", ",".join(endpoints), "--json"]
+    cmd = [str(ctx.bench_bin), "--endpoints", ",".join(endpoints), "--json", *ctx.bench_flags]
     if cpus is not None:
         cmd = ["taskset", "-c", cpus] + cmd
     if seconds is not None:
@@ -383,6 +388,18 @@ def workloads(keys, expiry_leases):
                  throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"], logged=True)),
         Workload("range-l-100", "linearizable range, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "l"])),
+        Workload("put-100-mtls", "put, 100 clients, client and peer mTLS", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]),
+                 security="mtls"),
+        Workload("range-l-100-mtls", "linearizable range, 100 clients, client and peer mTLS", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "l"]),
+                 security="mtls"),
+        Workload("put-100-auth", "put, 100 clients, auth on (simple token, a user with a prefix)", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]),
+                 security="auth"),
+        Workload("range-l-100-auth", "linearizable range, 100 clients, auth on", THROUGHPUT,
+                 throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "l"]),
+                 security="auth"),
         Workload("range-s-100", "serializable range, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "range", "--load", "1000", "--consistency", "s"],
                             logged=True)),

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Conn;
 use bytes::Bytes;
 use cairn_benches::{payload, per_sec, rounded, Context, Failure};
 use cairn_server::pb::etcdserverpb::watch_request::RequestUnion;
@@ -12,7 +13,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 use tonic_prost::ProstEncoder;
 
@@ -57,10 +57,11 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
     let urls = (0..b.channels.len())
         .map(|i| endpoint_url(g, i))
         .collect::<Result<Vec<_>, _>>()?;
+    let dialer = dialer(g).await?;
     let connected = reading.handle().spawn(async move {
         let mut channels = Vec::with_capacity(urls.len());
         for url in urls {
-            channels.push(connect_url(url).await?);
+            channels.push(dial(dialer, url).await?);
         }
         Ok::<_, Failure>(channels)
     });
@@ -322,7 +323,7 @@ fn decode_lean(message: Bytes) -> Result<LeanResponse, Status> {
 
 /// etcd's Watch call (`/etcdserverpb.Watch/Watch`), its answers decoded as `LeanResponse`s.
 async fn watch_lean(
-    channel: Channel,
+    channel: Conn,
     requests: ReceiverStream<WatchRequest>,
 ) -> Result<tonic::Response<Streaming<LeanResponse>>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
@@ -533,7 +534,7 @@ mod tests {
             let ready = async {
                 loop {
                     let probe = async {
-                        let channel = connect_url(endpoint.clone()).await.ok()?;
+                        let channel = connect_url(&args.global, endpoint.clone()).await.ok()?;
                         let mut kv = cairn_server::pb::etcdserverpb::kv_client::KvClient::new(channel);
                         let range = cairn_server::pb::etcdserverpb::RangeRequest {
                             key: Bytes::from_static(b"probe"),

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Conn;
 use bytes::Bytes;
 use cairn_benches::{payload, ratio, ratio_json, rounded, times_cell, Context, Failure, Percentiles};
 use cairn_server::pb::etcdserverpb::kv_client::KvClient;
@@ -13,7 +14,6 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
 use crate::drive::*;
@@ -49,7 +49,7 @@ pub(crate) async fn lease_keepalive(g: &Global, b: &Bench, a: &KeepAliveArgs) ->
 /// One client of lease-keepalive: one keep-alive stream (reopened after an error), one
 /// renewal in flight, each of the lease picked by the request's number.
 pub(crate) async fn keepalive_loop(
-    mut client: LeaseClient<Channel>,
+    mut client: LeaseClient<Conn>,
     ids: Arc<Vec<i64>>,
     run: Arc<Run>,
     timeout: Duration,
@@ -76,7 +76,7 @@ pub(crate) type KeepAliveStream = (mpsc::Sender<LeaseKeepAliveRequest>, Streamin
 
 /// Renews lease `id` over `stream`, opening it first if there is none.
 pub(crate) async fn keep_alive_once(
-    client: &mut LeaseClient<Channel>,
+    client: &mut LeaseClient<Conn>,
     stream: &mut Option<KeepAliveStream>,
     id: i64,
     timeout: Duration,
@@ -303,7 +303,7 @@ pub(crate) struct Expiry {
 /// Counts the keys under `prefix` every `EXPIRY_POLL` until none is left or `until`, over
 /// `kv` (a connection of its own, so that the probes' connections carry only their writes).
 pub(crate) async fn count_down(
-    mut kv: KvClient<Channel>,
+    mut kv: KvClient<Conn>,
     b: &Bench,
     prefix: &str,
     attached: u64,

@@ -79,6 +79,7 @@ use cairn_server::pb::etcdserverpb::lease_client::LeaseClient;
 use clap::{Parser, Subcommand, ValueEnum};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::drive::*;
@@ -137,6 +138,82 @@ pub(crate) struct Global {
     /// microseconds (kept in memory until the end, 16 bytes a request).
     #[arg(long, global = true, value_name = "FILE")]
     pub(crate) latency_log: Option<std::path::PathBuf>,
+    /// Trust the server certificates this CA signs (PEM), for https endpoints.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) cacert: Option<std::path::PathBuf>,
+    /// Present this client certificate (PEM), with --key.
+    #[arg(long, global = true, value_name = "FILE", requires = "key")]
+    pub(crate) cert: Option<std::path::PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires = "cert")]
+    pub(crate) key: Option<std::path::PathBuf>,
+    /// Authenticate as `name:password` once, and send the token with every request.
+    #[arg(long, global = true, value_name = "NAME:PASSWORD")]
+    pub(crate) user: Option<String>,
+}
+
+/// A connection to a member: a gRPC channel whose requests carry the auth token, if any.
+pub(crate) type Conn = InterceptedService<Channel, Token>;
+
+/// Adds the auth token (`--user`) to every request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Token(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request.metadata_mut().insert("token", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// How connections are made: TLS for https endpoints, and the token, settled once.
+pub(crate) struct Dialer {
+    connector: cairn_server::tls::Connector,
+    token: Token,
+}
+
+static DIALER: std::sync::OnceLock<Dialer> = std::sync::OnceLock::new();
+
+/// Sets up TLS from --cacert/--cert/--key and authenticates --user, once per run.
+pub(crate) async fn dialer(g: &Global) -> Result<&'static Dialer, Failure> {
+    if let Some(d) = DIALER.get() {
+        return Ok(d);
+    }
+    let tls = if g.cacert.is_some() || g.cert.is_some() {
+        let files = cairn_server::tls::Files {
+            client_cert: g.cert.clone(),
+            client_key: g.key.clone(),
+            trusted_ca: g.cacert.clone(),
+            ..Default::default()
+        };
+        let protocols = cairn_server::tls::Protocols::new("", "TLS1.2", "").map_err(|e| Failure(e.to_string()))?;
+        Some(cairn_server::tls::Tls::new(files, protocols).map_err(|e| Failure(format!("TLS: {e}")))?)
+    } else {
+        None
+    };
+    let connector = cairn_server::tls::Connector::new(tls);
+    let token = match &g.user {
+        None => Token::default(),
+        Some(user) => {
+            let (name, password) = user
+                .split_once(':')
+                .ok_or_else(|| Failure(format!("--user {user:?} is not name:password")))?;
+            let url = endpoint_url(g, 0)?;
+            let channel = connector.channel(&url).await.map_err(Failure)?;
+            let answer = cairn_server::pb::etcdserverpb::auth_client::AuthClient::new(channel)
+                .authenticate(cairn_server::pb::etcdserverpb::AuthenticateRequest {
+                    name: name.to_string(),
+                    password: password.to_string(),
+                })
+                .await
+                .map_err(|s| Failure(format!("authenticate as {name}: {}", s.message())))?;
+            let token = answer.into_inner().token.parse().context(|| "the token".to_string())?;
+            Token(Some(token))
+        }
+    };
+    Ok(DIALER.get_or_init(|| Dialer { connector, token }))
 }
 
 #[derive(Debug, Subcommand)]
@@ -419,14 +496,14 @@ pub(crate) async fn run_workload(args: &Args) -> Result<Report, Failure> {
 #[derive(Debug)]
 pub(crate) struct Bench {
     /// Invariant: not empty.
-    pub(crate) channels: Vec<Channel>,
+    pub(crate) channels: Vec<Conn>,
     pub(crate) timeout: Duration,
     pub(crate) shown: bool,
 }
 
 impl Bench {
     /// The connection of client (or stream) `c`: clients go round-robin over connections.
-    pub(crate) fn channel(&self, c: usize) -> Channel {
+    pub(crate) fn channel(&self, c: usize) -> Conn {
         self.channels[c % self.channels.len()].clone()
     }
 
@@ -459,7 +536,7 @@ impl Bench {
 }
 
 /// Opens `--conns` connections, round-robin over `--endpoints`.
-pub(crate) async fn connect(g: &Global) -> Result<Vec<Channel>, Failure> {
+pub(crate) async fn connect(g: &Global) -> Result<Vec<Conn>, Failure> {
     let mut channels = Vec::with_capacity(g.conns);
     for i in 0..g.conns {
         channels.push(connect_to(g, i).await?);
@@ -468,8 +545,8 @@ pub(crate) async fn connect(g: &Global) -> Result<Vec<Channel>, Failure> {
 }
 
 /// Opens a connection to endpoint `i` (wrapping around the list).
-pub(crate) async fn connect_to(g: &Global, i: usize) -> Result<Channel, Failure> {
-    connect_url(endpoint_url(g, i)?).await
+pub(crate) async fn connect_to(g: &Global, i: usize) -> Result<Conn, Failure> {
+    connect_url(g, endpoint_url(g, i)?).await
 }
 
 /// The URL of endpoint `i` (wrapping around the list).
@@ -485,15 +562,21 @@ pub(crate) fn endpoint_url(g: &Global, i: usize) -> Result<String, Failure> {
     })
 }
 
-/// Opens a connection to `url`.
-pub(crate) async fn connect_url(url: String) -> Result<Channel, Failure> {
-    Endpoint::from_shared(url.clone())
+/// Opens a connection to `url` (with TLS if it is https, and the token if there is one).
+pub(crate) async fn connect_url(g: &Global, url: String) -> Result<Conn, Failure> {
+    dial(dialer(g).await?, url).await
+}
+
+/// Opens a connection to `url` with `dialer`'s TLS and token.
+pub(crate) async fn dial(dialer: &'static Dialer, url: String) -> Result<Conn, Failure> {
+    let channel = Endpoint::from_shared(url.clone())
         .context(|| format!("bad endpoint `{url}`"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
-        .connect()
+        .connect_with_connector(dialer.connector.clone())
         .await
-        .map_err(|e| Failure(format!("connect to {url}: {}", with_sources(&e))))
+        .map_err(|e| Failure(format!("connect to {url}: {}", with_sources(&e))))?;
+    Ok(InterceptedService::new(channel, dialer.token.clone()))
 }
 
 /// `e` and its sources, `: `-separated (tonic's transport errors say little by themselves).

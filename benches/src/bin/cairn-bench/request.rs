@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Conn;
 use bytes::Bytes;
 use cairn_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use cairn_server::pb::etcdserverpb::kv_client::KvClient;
@@ -14,7 +15,6 @@ use cairn_server::pb::etcdserverpb::{
 };
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
-use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::drive::*;
@@ -60,8 +60,8 @@ pub(crate) enum Op {
 /// One client: its connection's stubs and what it sends.
 #[derive(Debug)]
 pub(crate) struct Requester {
-    pub(crate) kv: KvClient<Channel>,
-    pub(crate) lease: LeaseClient<Channel>,
+    pub(crate) kv: KvClient<Conn>,
+    pub(crate) lease: LeaseClient<Conn>,
     pub(crate) op: Arc<Op>,
     pub(crate) rng: StdRng,
     pub(crate) timeout: Duration,

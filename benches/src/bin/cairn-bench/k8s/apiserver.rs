@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Conn;
 use bytes::Bytes;
 use cairn_benches::{Context, Failure};
 use cairn_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -19,7 +20,6 @@ use cairn_server::pb::etcdserverpb::{
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tonic::transport::Channel;
 
 use super::{BEHIND_SLACK, MAX_CONFLICT_RETRIES};
 use crate::drive::*;
@@ -181,7 +181,7 @@ pub(crate) struct Counts {
 #[derive(Debug)]
 pub(crate) struct Apiserver {
     /// Invariant: not empty.
-    pub(crate) channels: Vec<Channel>,
+    pub(crate) channels: Vec<Conn>,
     pub(crate) next_channel: AtomicUsize,
     pub(crate) in_flight: Semaphore,
     pub(crate) timeout: Duration,
@@ -201,7 +201,7 @@ pub(crate) struct Apiserver {
 }
 
 impl Apiserver {
-    pub(crate) fn kv(&self) -> KvClient<Channel> {
+    pub(crate) fn kv(&self) -> KvClient<Conn> {
         let i = self.next_channel.fetch_add(1, Ordering::Relaxed);
         KvClient::new(self.channels[i % self.channels.len()].clone())
     }

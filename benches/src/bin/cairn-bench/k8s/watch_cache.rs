@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Conn;
 use bytes::Bytes;
 use cairn_benches::{Context, Failure};
 use cairn_server::pb::etcdserverpb::watch_client::WatchClient;
@@ -14,7 +15,6 @@ use cairn_server::pb::etcdserverpb::{WatchCreateRequest, WatchRequest};
 use cairn_server::pb::mvccpb::event::EventType;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 use tonic::Status;
 
 use super::apiserver::Apiserver;
@@ -36,7 +36,7 @@ pub(crate) fn watch_create(prefix: &str) -> WatchCreateRequest {
 /// Opens one watch stream over `channel` with the watches `creates`; returns once the server
 /// confirmed them all.
 pub(crate) async fn open_watch_cache(
-    channel: Channel,
+    channel: Conn,
     timeout: Duration,
     creates: Vec<WatchCreateRequest>,
 ) -> Result<WatchStream, Failure> {
