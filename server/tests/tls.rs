@@ -507,3 +507,69 @@ fn a_cluster_over_peer_mtls_keeps_out_a_member_with_another_cas_certificate() {
     ));
     assert_eq!(got.trim(), "still");
 }
+
+#[test]
+fn allowed_hostnames_suites_and_versions_are_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "main");
+    let (member, _server) = mtls_member(&ca, &["--client-cert-allowed-hostname=client.example"]);
+    let named = ca.issue("named", "someone", &["client.example"], Usage::Client);
+    let unnamed = ca.issue("unnamed", "someone", &["other.example"], Usage::Client);
+    let url = member.client_url();
+    let bin = &etcdctls()[1];
+    succeeds(etcdctl(
+        bin,
+        &url,
+        &strs(&client_flags(&ca.cert(), Some(&named))),
+        &["put", "k", "v"],
+    ));
+    refused(etcdctl(
+        bin,
+        &url,
+        &strs(&client_flags(&ca.cert(), Some(&unnamed))),
+        &["get", "k"],
+    ));
+    wait_log(&member, "not valid for any of [\"client.example\"]");
+    drop(member);
+
+    // TLS 1.3 alone: etcdctl 3.7 connects; etcdctl 3.5.1, which speaks TLS 1.2 only, cannot.
+    let (member, _server) = mtls_member(&ca, &["--tls-min-version=TLS1.3"]);
+    let v37 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/etcd-3.7/etcdctl");
+    assert!(
+        v37.exists(),
+        "{} is missing: run tests/etcd-3.7/build.sh",
+        v37.display()
+    );
+    let flags = client_flags(&ca.cert(), Some(&named));
+    succeeds(etcdctl(&v37, &member.client_url(), &strs(&flags), &["put", "k", "v"]));
+    refused(etcdctl(bin, &member.client_url(), &strs(&flags), &["get", "k"]));
+    wait_log(&member, "peer is incompatible");
+
+    // Suites by Go's names; an unknown one, or suites with TLS 1.3 alone, stop the start.
+    let bad = |flags: &[&str], says: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data-dir")
+            .arg(dir.path().join("never"))
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(says), "{flags:?}: {stderr}");
+    };
+    bad(&["--cipher-suites=TLS_NOT_A_SUITE"], "unexpected TLS cipher suite");
+    bad(
+        &[
+            "--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+            "--tls-min-version=TLS1.3",
+        ],
+        "cipher suites cannot be configured when only TLS1.3 is enabled",
+    );
+    bad(&["--tls-min-version=TLS1.1"], "unexpected TLS version");
+    bad(
+        &[
+            "--listen-client-urls=https://127.0.0.1:1",
+            "--advertise-client-urls=https://127.0.0.1:1",
+        ],
+        "an https client URL needs a certificate",
+    );
+}
