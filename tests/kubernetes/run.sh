@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-controller-manager and kube-scheduler for each
 # Kubernetes release under test, builds cairn if needed, and runs the
-# kube-apiserver-on-cairn scenario (./scenario) once per release.
+# kube-apiserver-on-cairn scenario (./scenario) once per release: TestScenario
+# (plaintext cairn) and, for the releases in MTLS_VERSIONS, TestScenarioMTLS
+# (kubeadm's etcd certificates and flags).
 #
 #   tests/kubernetes/run.sh               # 1.37 and 1.34
 #   VERSIONS=1.37 tests/kubernetes/run.sh # one release
@@ -9,14 +11,17 @@
 #                                         # only the binaries, and the apiserver-level
 #                                         # load tool (./apiload) into target/kubernetes/
 #
-# Environment: VERSIONS (default "1.37 1.34"), BUILD_ONLY, CAIRN_BIN (default
-# <repo>/target/debug/cairn, built with cargo if missing), NICE (default
-# "nice -n 19"), GO_TEST_FLAGS (extra flags for go test, e.g. -run).
+# Environment: VERSIONS (default "1.37 1.34"), MTLS_VERSIONS (releases that also
+# run TestScenarioMTLS, default "1.37"; the others pass -skip to go test),
+# BUILD_ONLY, CAIRN_BIN (default <repo>/target/debug/cairn, built with cargo if
+# missing), NICE (default "nice -n 19"), GO_TEST_FLAGS (extra flags for go
+# test, e.g. -run).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 versions="${VERSIONS:-1.37 1.34}"
+mtls_versions="${MTLS_VERSIONS-1.37}"
 nice_cmd="${NICE:-nice -n 19}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
@@ -76,16 +81,28 @@ for v in $versions; do
     continue
   fi
   log="$root/target/kubernetes/scenario-$v.log"
-  echo "== running the scenario against Kubernetes $v (log: $log)"
+  skip_flags=()
+  mtls=0
+  for m in $mtls_versions; do
+    if [ "$m" = "$v" ]; then mtls=1; fi
+  done
+  if [ "$mtls" = 0 ]; then
+    skip_flags=(-skip '^TestScenarioMTLS$')
+  fi
+  echo "== running the scenario against Kubernetes $v (mTLS mode too: $([ $mtls = 1 ] && echo yes || echo no); log: $log)"
   start=$SECONDS
   (cd "$here" && CAIRN_BIN="$cairn_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
-    GOFLAGS=-mod=readonly $nice_cmd go test -count=1 -timeout 20m -v ${GO_TEST_FLAGS:-} ./scenario/) 2>&1 | tee "$log"
+    GOFLAGS=-mod=readonly $nice_cmd go test -count=1 -timeout 20m -v ${skip_flags[@]+"${skip_flags[@]}"} ${GO_TEST_FLAGS:-} ./scenario/) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
-  passed=$(grep -cE '^    --- PASS: TestScenario/' "$log")
-  failed=$(grep -E '^    --- FAIL: TestScenario/' "$log" | sed -E 's/^    --- FAIL: TestScenario\/([^ ]+).*/\1/' | tr '\n' ' ')
-  skipped=$(grep -E '^    --- SKIP: TestScenario/' "$log" | sed -E 's/^    --- SKIP: TestScenario\/([^ ]+).*/\1/' | tr '\n' ' ')
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; overall=1; fi
-  result[$v]="$status in $((SECONDS - start))s: $passed steps passed; failed: ${failed:-none}; skipped: ${skipped:-none}"
+  result[$v]="$status in $((SECONDS - start))s"
+  for test in TestScenario TestScenarioMTLS; do
+    grep -qE "^=== RUN +$test\$" "$log" || continue
+    passed=$(grep -cE "^    --- PASS: $test/" "$log")
+    failed=$(grep -E "^    --- FAIL: $test/" "$log" | sed -E "s/^    --- FAIL: $test\/([^ ]+).*/\1/" | tr '\n' ' ')
+    skipped=$(grep -E "^    --- SKIP: $test/" "$log" | sed -E "s/^    --- SKIP: $test\/([^ ]+).*/\1/" | tr '\n' ' ')
+    result[$v]+="; $test: $passed steps passed, failed: ${failed:-none}, skipped: ${skipped:-none}"
+  done
 done
 
 echo

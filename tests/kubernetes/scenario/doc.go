@@ -1,6 +1,10 @@
 // Package scenario runs a real kube-apiserver, kube-controller-manager and
 // kube-scheduler against a three-member cairn cluster and drives them with
-// client-go through a fixed scenario (see ../README.md).
+// client-go through a fixed scenario (see ../README.md). TestScenario runs
+// cairn in plaintext; TestScenarioMTLS runs part of the scenario against
+// members set up as kubeadm sets up etcd (its certificate layout and flags,
+// mutual TLS on the client and peer ports) and checks that certificates from
+// another CA are refused.
 //
 // Environment:
 //

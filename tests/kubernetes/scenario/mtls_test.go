@@ -190,7 +190,8 @@ func testMemberTLS(t *testing.T, h *harness) {
 // testKubeadmProbes checks the metrics URL as kubeadm's etcd static pod uses
 // it: the kubelet's liveness probe GET /livez and readiness and startup probes
 // GET /readyz there over plain HTTP (200-399 is success), and Prometheus
-// scrapes /metrics, all without a client certificate.
+// scrapes /metrics, all without a client certificate. /metrics must show a
+// leader on every member and the gRPC requests served so far.
 func testKubeadmProbes(t *testing.T, h *harness) {
 	client := &http.Client{Timeout: 5 * time.Second}
 	var total float64
@@ -212,13 +213,14 @@ func testKubeadmProbes(t *testing.T, h *harness) {
 			t.Errorf("%s metrics URL: %v", m.Name, err)
 			continue
 		}
-		started, found := metricValue(text, "grpc_server_started_total")
-		if !found {
-			t.Errorf("%s %s/metrics: no grpc_server_started_total sample", m.Name, m.metricsURL)
-			continue
+		// Each member hears the leader over the mTLS peer connections.
+		if v, found := metricValue(text, "etcd_server_has_leader"); !found || v != 1 {
+			t.Errorf("%s %s/metrics: etcd_server_has_leader %v (found %v), want 1", m.Name, m.metricsURL, v, found)
 		}
+		// A member's gRPC counters appear with its first request.
+		started, _ := metricValue(text, "grpc_server_started_total")
 		total += started
-		t.Logf("%s %s: /livez and /readyz pass; grpc_server_started_total %v", m.Name, m.metricsURL, started)
+		t.Logf("%s %s: /livez and /readyz pass; etcd_server_has_leader 1; grpc_server_started_total %v", m.Name, m.metricsURL, started)
 	}
 	// kube-apiserver's requests so far, all over mTLS, are counted there.
 	if total == 0 {

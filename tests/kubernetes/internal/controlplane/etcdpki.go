@@ -7,11 +7,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -179,6 +181,11 @@ func GenerateEtcdPKI(dir string, members []string) (*EtcdPKI, error) {
 		return nil, fmt.Errorf("etcd CA: %w", err)
 	}
 	p := &EtcdPKI{CA: ca, CAPool: ca.Pool()}
+	var (
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		errs  []error
+	)
 	for _, name := range members {
 		nd := filepath.Join(dir, name)
 		m := &EtcdMemberPKI{
@@ -212,11 +219,22 @@ func GenerateEtcdPKI(dir string, members []string) (*EtcdPKI, error) {
 			{"apiserver etcd client", m.APIServerEtcdClientCertFile, m.APIServerEtcdClientKeyFile,
 				CertSpec{CommonName: APIServerEtcdClientCommonName, Organization: []string{APIServerEtcdClientOrganization}, Usages: client}},
 		} {
-			if err := ca.Issue(c.cert, c.key, c.spec); err != nil {
-				return nil, fmt.Errorf("%s %s certificate: %w", name, c.what, err)
-			}
+			// RSA key generation dominates: issue the certificates in parallel.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := ca.Issue(c.cert, c.key, c.spec); err != nil {
+					errMu.Lock()
+					errs = append(errs, fmt.Errorf("%s %s certificate: %w", name, c.what, err))
+					errMu.Unlock()
+				}
+			}()
 		}
 		p.Members = append(p.Members, m)
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return p, nil
 }
