@@ -467,7 +467,23 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     c.stop(behind);
     let rest: Vec<u64> = MEMBERS.iter().copied().filter(|id| *id != behind).collect();
     let leader = c.leader(&rest);
-    // While it is down: writes, overwrites, deletes, a lease with a key, and a compaction.
+    // While it is down: writes, overwrites, deletes, a lease with a key, users and a role
+    // (the auth store), and a compaction.
+    for change in [
+        cairn_engine::AuthChange::UserAdd {
+            name: "root".into(),
+            password_hash: Some("hash".into()),
+            no_password: false,
+        },
+        cairn_engine::AuthChange::UserGrantRole {
+            user: "root".into(),
+            role: "root".into(),
+        },
+        cairn_engine::AuthChange::RoleAdd { name: "app".into() },
+        cairn_engine::AuthChange::Enable,
+    ] {
+        c.member(leader).auth_change_async(change, None).unwrap().wait().unwrap();
+    }
     let lease = c.member(leader).lease_grant(0, 600).unwrap().response.id;
     c.member(leader)
         .put(PutRequest {
@@ -497,6 +513,12 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     assert_eq!(c.member(behind).compacted_revision(), compact_at);
     assert_eq!(c.member(behind).leases(), vec![lease]);
     assert_eq!(c.member(behind).member_list(), c.member(leader).member_list());
+    assert_eq!(c.member(behind).auth_status(), c.member(leader).auth_status());
+    assert!(c.member(behind).auth_status().0, "auth came enabled with the snapshot");
+    assert_eq!(
+        c.member(behind).auth_read(|a| (a.user_names(), a.role_names(), a.is_root("root"))),
+        (vec!["root".to_string()], vec!["app".to_string()], true)
+    );
     assert_eq!(
         c.member(behind).lease_time_to_live(lease, true).keys,
         vec![Bytes::from("leased")]
