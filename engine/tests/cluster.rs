@@ -482,7 +482,11 @@ fn a_member_far_behind_catches_up_by_snapshot() {
         cairn_engine::AuthChange::RoleAdd { name: "app".into() },
         cairn_engine::AuthChange::Enable,
     ] {
-        c.member(leader).auth_change_async(change, None).unwrap().wait().unwrap();
+        c.member(leader)
+            .auth_change_async(change, None)
+            .unwrap()
+            .wait()
+            .unwrap();
     }
     let lease = c.member(leader).lease_grant(0, 600).unwrap().response.id;
     c.member(leader)
@@ -516,7 +520,8 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     assert_eq!(c.member(behind).auth_status(), c.member(leader).auth_status());
     assert!(c.member(behind).auth_status().0, "auth came enabled with the snapshot");
     assert_eq!(
-        c.member(behind).auth_read(|a| (a.user_names(), a.role_names(), a.is_root("root"))),
+        c.member(behind)
+            .auth_read(|a| (a.user_names(), a.role_names(), a.is_root("root"))),
         (vec!["root".to_string()], vec!["app".to_string()], true)
     );
     assert_eq!(
