@@ -507,3 +507,60 @@ fn malformed_tokens_and_oversized_names_and_passwords_get_clear_errors() {
         assert_eq!(users.into_inner().users, vec!["alice", "bob", "root"]);
     });
 }
+
+#[test]
+fn etcdctl_3_4_and_3_5_authenticate_with_user_and_password() {
+    let member = Member::start("etcdctl-auth", &["--bcrypt-cost", "4"]);
+    runtime().block_on(async {
+        let ch = channel(&member).await;
+        users(&ch).await;
+    });
+    let v35 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/etcd-3.5/etcdctl");
+    for bin in [Path::new(common::ETCDCTL), v35.as_path()] {
+        let run = |args: &[&str]| {
+            let output = std::process::Command::new(bin)
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={}", member.client_url()))
+                .args(["--dial-timeout=5s", "--command-timeout=10s"])
+                .args(args)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+            (output.status.success(), text)
+        };
+        let (ok, out) = run(&["--user=alice:alicepw", "put", "app/x", "1"]);
+        assert!(ok, "{}: {out}", bin.display());
+        let (ok, out) = run(&[
+            "--user=alice",
+            "--password=alicepw",
+            "get",
+            "app/x",
+            "--print-value-only",
+        ]);
+        assert!(ok && out.trim() == "1", "{}: {out}", bin.display());
+        let (ok, out) = run(&["--user=alice:alicepw", "put", "elsewhere", "1"]);
+        assert!(
+            !ok && out.contains("etcdserver: permission denied"),
+            "{}: {out}",
+            bin.display()
+        );
+        let (ok, out) = run(&["--user=alice:wrong", "get", "app/x"]);
+        assert!(
+            !ok && out.contains("etcdserver: authentication failed, invalid user ID or password"),
+            "{}: {out}",
+            bin.display()
+        );
+        let (ok, out) = run(&["get", "app/x"]);
+        assert!(
+            !ok && out.contains("etcdserver: user name is empty"),
+            "{}: {out}",
+            bin.display()
+        );
+        let (ok, out) = run(&["--user=root:rootpw", "user", "list"]);
+        assert!(
+            ok && out.lines().collect::<Vec<_>>() == ["alice", "bob", "root"],
+            "{}: {out}",
+            bin.display()
+        );
+    }
+}
