@@ -169,3 +169,20 @@ pub mod child {
         Ended { status, stderr }
     }
 }
+
+/// The engine configuration the format fixtures (`tests/fixtures/format`) are written and
+/// read with: small WAL segments and data files, no background lease checks, a manual clock.
+pub fn format_fixture_config() -> cairn_engine::Config {
+    cairn_engine::Config {
+        wal: cairn_wal::Config {
+            segment_size: 64 << 10,
+            ..cairn_wal::Config::default()
+        },
+        data_file_size: 64 << 10,
+        checkpoint_entries: 1_000_000,
+        lease_check_interval: None,
+        lease_checkpoint_interval: None,
+        clock: std::sync::Arc::new(cairn_engine::ManualClock::default()),
+        ..cairn_engine::Config::default()
+    }
+}
