@@ -114,13 +114,14 @@ pub(crate) enum DecodeError {
 }
 
 impl Request {
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// The entry's bytes: the format byte, then the request. A request that does not
+    /// serialize is an error, never an entry that would not decode.
+    pub(crate) fn encode(&self) -> Result<Vec<u8>, crate::Error> {
         let mut out = vec![FORMAT_V1];
-        // Serializing plain data into a Vec cannot fail; an empty body would fail to decode.
-        if let Ok(body) = postcard::to_allocvec(self) {
-            out.extend_from_slice(&body);
-        }
-        out
+        let body = postcard::to_allocvec(self)
+            .map_err(|e| crate::Error::Internal(format!("a request did not serialize for the log: {e}")))?;
+        out.extend_from_slice(&body);
+        Ok(out)
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
@@ -149,7 +150,7 @@ mod tests {
             Request::Txn(TxnRequest::default()),
         ];
         for r in requests {
-            assert_eq!(Request::decode(&r.encode()), Ok(r));
+            assert_eq!(Request::decode(&r.encode().unwrap()), Ok(r));
         }
         assert_eq!(Request::decode(&[]), Err(DecodeError::Empty));
         assert_eq!(Request::decode(&[9, 1, 2]), Err(DecodeError::UnknownFormat(9)));
