@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_engine::{Config, Engine, Error, LocalNetwork, PutRequest, RangeRequest};
+use cairn_engine::{Config, Engine, LocalNetwork, PutRequest, RangeRequest};
 
 const MEMBERS: [u64; 3] = [1, 2, 3];
 
@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Some(kv) => String::from_utf8_lossy(&kv.value).parse::<u64>()? + 1,
                 None => 1,
             },
-            Err(Error::NoLeader | Error::Timeout | Error::LeaderChanged) if Instant::now() < deadline => continue,
+            Err(e) if e.is_transient() && Instant::now() < deadline => continue,
             Err(e) => return Err(e.into()),
         };
         let put = PutRequest {
@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         match via.put(put) {
             Ok(_) => break runs,
-            Err(Error::NoLeader | Error::Timeout | Error::LeaderChanged) if Instant::now() < deadline => continue,
+            Err(e) if e.is_transient() && Instant::now() < deadline => continue,
             Err(e) => return Err(e.into()),
         }
     };

@@ -141,6 +141,25 @@ pub enum Error {
     Internal(String),
 }
 
+impl Error {
+    /// Whether trying again later may succeed: the group has no leader for now, is changing
+    /// leaders, or did not answer in time. Other errors repeat until something changes (the
+    /// request, the configuration, the data).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::NoLeader | Error::LeaderChanged | Error::Timeout | Error::NotLeader | Error::ConfChangePending
+        )
+    }
+
+    /// Whether a write that failed so may have been applied all the same: it was proposed,
+    /// and then the answer was lost (a leader change, a timeout). Retrying such a write must
+    /// be safe to repeat, or check first what happened (a txn comparing a revision, say).
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Error::LeaderChanged | Error::Timeout)
+    }
+}
+
 /// `std::result::Result` with the engine's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -150,5 +169,22 @@ impl From<cairn_wal::Error> for Error {
             poisoned: matches!(e, cairn_wal::Error::Poisoned { .. }),
             message: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_errors_are_those_a_retry_can_get_past() {
+        for e in [Error::NoLeader, Error::LeaderChanged, Error::Timeout, Error::NotLeader] {
+            assert!(e.is_transient(), "{e:?}");
+        }
+        for e in [Error::EmptyKey, Error::LeaseNotFound, Error::Closed, Error::NoSpace] {
+            assert!(!e.is_transient(), "{e:?}");
+        }
+        assert!(Error::Timeout.outcome_unknown() && Error::LeaderChanged.outcome_unknown());
+        assert!(!Error::NoLeader.outcome_unknown(), "never proposed");
     }
 }
