@@ -1,7 +1,7 @@
 //! The one error type of the `engine` crate.
 //!
 //! Variants are what a caller branches on; the server maps each to etcd's gRPC code and exact
-//! message in one place (ETCD-COMPAT.md).
+//! message in one place (docs/compatibility.md).
 
 /// Errors returned by the engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! Leases through the engine, on a manual clock (ETCD-COMPAT.md "Lease"): keys attach to a
+//! Leases through the engine, on a manual clock (etcd's leases, docs/compatibility.md): keys attach to a
 //! lease and go with it in one revision; leases never expire early, not even across a
 //! restart; mass expiry is revoked in bounded batches.
 

@@ -1,4 +1,4 @@
-//! The backend quota (ETCD-COMPAT.md "Alarm"): past `quota_backend_bytes` the NOSPACE alarm is
+//! The backend quota (etcd's NOSPACE alarm, docs/compatibility.md): past `quota_backend_bytes` the NOSPACE alarm is
 //! raised; puts, writing txns and lease grants fail; reads, deletes, compaction and disarming
 //! keep working; the alarm survives a restart until disarmed.
 

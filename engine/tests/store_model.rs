@@ -1,6 +1,6 @@
-//! Model-based test of the MVCC store (etcd's data model, ETCD-COMPAT.md "Keys, ranges,
-//! revisions"): random write requests (puts and deletes, several per request), compactions and
-//! range reads at any revision, against a plain model that replays every write into a
+//! Model-based test of the MVCC store (etcd's data model of keys, ranges and revisions,
+//! docs/compatibility.md): random write requests (puts and deletes, several per request),
+//! compactions and range reads at any revision, against a plain model that replays every write into a
 //! `BTreeMap` per revision. Every read result and every error must match.
 //!
 //! A second test then sends random `RangeRequest`s (any key range, revision, sort, revision

@@ -1,4 +1,4 @@
-//! Watch guarantees (ETCD-COMPAT.md "Watch"): events ordered, unique, complete, one revision
+//! Watch guarantees (etcd's watch guarantees, docs/compatibility.md): events ordered, unique, complete, one revision
 //! per response, resumable from any uncompacted revision, prev_kv and filters, compaction
 //! cancels, and a slow consumer neither blocks writers nor loses anything.
 //!

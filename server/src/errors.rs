@@ -1,5 +1,6 @@
 //! Every error a client sees, in one place: engine errors and the server's own checks mapped
-//! to etcd's gRPC code and exact message (clients compare the text; see ETCD-COMPAT.md).
+//! to etcd's gRPC code and exact message (clients compare the text; docs/compatibility.md and
+//! docs/security.md list them).
 
 use cairn_engine::{AuthError, Error};
 use tonic::{Code, Status};

@@ -56,7 +56,8 @@ pub struct RangeRequest {
     pub sort_order: SortOrder,
     /// What `kvs` are sorted by.
     pub sort_target: SortTarget,
-    /// Served from local state (no ReadIndex); the engine treats both alike until Raft.
+    /// Served from this member's state at once, without a ReadIndex round (etcd's
+    /// serializable read; it may miss writes other members have applied).
     pub serializable: bool,
     /// Return keys with empty values.
     pub keys_only: bool,

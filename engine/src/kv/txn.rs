@@ -538,7 +538,8 @@ mod tests {
 
     #[test]
     fn kube_apiserver_create_and_update() {
-        // ETCD-COMPAT.md: create is MOD(key) == 0 -> Put; update is MOD(key) == rev -> Put / Range.
+        // kube-apiserver's writes: create is MOD(key) == 0 -> Put; update is MOD(key) == rev ->
+        // Put / Range.
         let mut store = Store::new();
         let create = txn(
             vec![cmp("k", CompareTarget::Mod(0), CompareResult::Equal)],

@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn grants_are_raised_to_the_minimum_and_ids_are_unique() {
-        // ETCD-COMPAT.md: a TTL below the minimum is raised to it.
+        // As in etcd: a TTL below the minimum is raised to it.
         let (mut l, _) = lessor();
         assert_eq!(l.effective_ttl(1), 2);
         assert_eq!(l.grant(1, l.effective_ttl(1)).unwrap(), 2);
