@@ -1,7 +1,7 @@
 //! Model-based test of the MVCC store (etcd's data model of keys, ranges and revisions,
 //! docs/compatibility.md): random write requests (puts and deletes, several per request),
-//! compactions and range reads at any revision, against a plain model that replays every write into a
-//! `BTreeMap` per revision. Every read result and every error must match.
+//! compactions and range reads at any revision, against a plain model that replays every
+//! write into a `BTreeMap` per revision. Every read result and every error must match.
 //!
 //! A second test then sends random `RangeRequest`s (any key range, revision, sort, revision
 //! filters, `keys_only`, `count_only`, `limit`) and checks each answer against what etcd's
