@@ -136,6 +136,10 @@ pub enum Error {
     /// The engine has been closed.
     #[error("engine is closed")]
     Closed,
+    /// A call the API does not allow as made (a writing txn to `read_txn_async`, say): a bug in
+    /// the caller, with what to do instead.
+    #[error("API misuse: {0}")]
+    Misuse(&'static str),
     /// The store's own invariants would break: a bug or a damaged state, never a bad request.
     #[error("internal consistency error: {0}")]
     Internal(String),

@@ -328,7 +328,7 @@ fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
     };
     assert!(matches!(
         pollster::block_on(engine.read_txn_async(&writes)),
-        Err(Error::Internal(_))
+        Err(Error::Misuse(_))
     ));
     // Keep-alives: the sole member leads, and an unknown lease is refused.
     let lease = engine.lease_grant(0, 30).unwrap().response.id;

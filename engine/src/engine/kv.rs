@@ -105,10 +105,10 @@ impl Engine {
 
     /// [`Engine::txn`] of a read-only txn, for async code: no thread waits for the read
     /// barrier, which fails after `Config::request_timeout` ([`Engine::read_barrier_async`]).
-    /// Fails with [`Error::Internal`] if the txn writes.
+    /// Fails with [`Error::Misuse`] if the txn writes (use [`Engine::txn_async`]).
     pub async fn read_txn_async(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
         if !request.is_read_only() {
-            return Err(Error::Internal("read_txn_async of a txn that writes".to_string()));
+            return Err(Error::Misuse("read_txn_async of a txn that writes: use txn_async"));
         }
         request.validate(self.inner.config.max_txn_ops)?;
         if !request.is_serializable() {
