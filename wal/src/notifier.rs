@@ -52,9 +52,11 @@ impl Notifier {
         let (tx, rx) = unbounded::<Completed>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = pending.clone();
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("cairn-wal-notify".into())
             .spawn(move || {
+                let _span = span.enter();
                 for group in rx {
                     group.deliver();
                     counter.fetch_sub(1, Ordering::Release);

@@ -39,9 +39,11 @@ impl Pipeline {
     pub(crate) fn start(fs: Arc<dyn FileSystem>, dir: PathBuf, size: u64) -> Result<Pipeline> {
         // A rendezvous channel: exactly one file is prepared ahead.
         let (tx, rx) = bounded::<Prepared>(0);
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("cairn-wal-prealloc".into())
             .spawn(move || {
+                let _span = span.enter();
                 for n in 0u64.. {
                     let prepared = prepare(fs.as_ref(), &dir, n, size);
                     let failed = prepared.is_err();

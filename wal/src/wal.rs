@@ -66,7 +66,13 @@ impl Wal {
         let writer = Writer::new(init, stats.clone(), poison.clone())?;
         let thread = std::thread::Builder::new()
             .name("cairn-wal-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn({
+                let span = tracing::Span::current();
+                move || {
+                    let _span = span.enter();
+                    writer.run(rx)
+                }
+            })
             .map_err(Error::io("spawn wal writer"))?;
         Ok(Wal {
             tx: Some(tx),

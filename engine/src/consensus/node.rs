@@ -295,7 +295,13 @@ impl Node {
         };
         let thread = std::thread::Builder::new()
             .name("cairn-raft".into())
-            .spawn(move || node.run(rx, nudges))
+            .spawn({
+                let span = tracing::Span::current();
+                move || {
+                    let _span = span.enter();
+                    node.run(rx, nudges)
+                }
+            })
             .map_err(|e| Error::Internal(format!("spawn raft thread: {e}")))?;
         Ok(Node {
             tx,

@@ -45,9 +45,11 @@ pub(crate) fn send(
     report: Sender<Input>,
 ) {
     let failed = report.clone();
+    let span = tracing::Span::current();
     let spawned = std::thread::Builder::new()
         .name("cairn-snapshot-send".into())
         .spawn(move || {
+            let _span = span.enter();
             let outcome = stream(to, message, source, &*transport);
             match &outcome {
                 Ok(size) => tracing::info!(to, bytes = size, "sent a snapshot"),
@@ -69,7 +71,13 @@ fn stream(to: u64, message: Bytes, source: SnapshotSource, transport: &dyn Trans
     // The writer end closes when the source returns, which ends the stream.
     let producer = std::thread::Builder::new()
         .name("cairn-snapshot-write".into())
-        .spawn(move || source(&mut writer))
+        .spawn({
+            let span = tracing::Span::current();
+            move || {
+                let _span = span.enter();
+                source(&mut writer)
+            }
+        })
         .map_err(|e| Error::Snapshot(format!("spawn the snapshot writer: {e}")))?;
     let sent = transport.send_snapshot(to, message, &mut reader);
     // A writer still writing sees the pipe closed and stops.

@@ -578,9 +578,11 @@ pub(super) fn apply_loop(
             with.checkpointing.clone(),
             writing.clone(),
         );
+        let span = tracing::Span::current();
         std::thread::Builder::new()
             .name("cairn-checkpoint".into())
             .spawn(move || {
+                let _span = span.enter();
                 for encoded in written {
                     if let Err(e) = write_and_release(&dir, &encoded, &wal, &checkpointing) {
                         tracing::error!(error = %e, "checkpoint failed; the log keeps growing");

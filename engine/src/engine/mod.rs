@@ -157,6 +157,9 @@ impl Engine {
     /// an [`Inbox`]. A member that was part of a group resumes from its own data, whatever
     /// `initial_members` says.
     pub fn open_member(dir: impl AsRef<Path>, config: Config, transport: Arc<dyn Transport>) -> Result<Engine> {
+        // Every log event of this member, from its threads too (each enters the span it was
+        // started in), names the member.
+        let _member = tracing::info_span!("member", id = %format_args!("{:x}", config.member_id)).entered();
         config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         // The WAL locks the directory: nothing below runs in two processes at once.
@@ -292,7 +295,11 @@ impl Engine {
                 .name("cairn-apply".into())
                 .spawn({
                     let (batch, swept) = (config.compaction_batch, swept.clone());
-                    move || apply_loop(apply_rx, apply_shared, applier, batch, swept)
+                    let span = tracing::Span::current();
+                    move || {
+                        let _span = span.enter();
+                        apply_loop(apply_rx, apply_shared, applier, batch, swept)
+                    }
                 })
                 .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
         };
@@ -302,7 +309,13 @@ impl Engine {
             let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
             let thread = std::thread::Builder::new()
                 .name("cairn-watch".into())
-                .spawn(move || watch_loop(state, hub, fed, stop_rx, every, progress_every))
+                .spawn({
+                    let span = tracing::Span::current();
+                    move || {
+                        let _span = span.enter();
+                        watch_loop(state, hub, fed, stop_rx, every, progress_every)
+                    }
+                })
                 .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
             (stop_tx, thread)
         };
@@ -346,7 +359,13 @@ impl Engine {
             let inner = engine.inner.clone();
             let thread = std::thread::Builder::new()
                 .name("cairn-lease-check".into())
-                .spawn(move || checker_loop(inner, stop_rx, every))
+                .spawn({
+                    let span = tracing::Span::current();
+                    move || {
+                        let _span = span.enter();
+                        checker_loop(inner, stop_rx, every)
+                    }
+                })
                 .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
             *engine.checker.lock() = Some((stop_tx, thread));
         }
