@@ -105,8 +105,8 @@ struct State {
 /// What the engine's handle shares with its threads.
 struct Inner {
     config: Config,
-    /// Lock order: `replica`, then `state`, then `hub`; the apply thread takes `state` and
-    /// `hub`. `None` once closed.
+    /// The node's handle and the log; `None` once closed. The engine's locks are taken in the
+    /// one order docs/design.md gives ("Concurrency model"), this one first.
     replica: Mutex<Option<Replica>>,
     waiters: Arc<Waiters>,
     /// The Raft log (shared with the node thread), for reads on a group of one.
