@@ -45,12 +45,7 @@ fn put(engine: &Engine, key: &str, value: &str) -> i64 {
 }
 
 fn prefix(key: &str, start_revision: i64) -> WatchRequest {
-    WatchRequest {
-        key: key.as_bytes().to_vec(),
-        range_end: cairn_engine::prefix_end(key.as_bytes()),
-        start_revision,
-        ..WatchRequest::default()
-    }
+    WatchRequest::prefix(key).from_revision(start_revision)
 }
 
 /// Receives responses until `n` events have arrived; checks each response holds whole, newer
@@ -449,4 +444,36 @@ fn large_revisions_fragment_within_the_size_limit() {
     // An event larger than the limit travels alone rather than not at all.
     assert_eq!(cairn_engine::fragment_events(all.clone(), 10).len(), 10);
     assert_eq!(cairn_engine::fragment_events(all, 1 << 20).len(), 1);
+}
+
+#[test]
+fn a_watch_is_an_iterator_of_its_responses() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(64)).unwrap();
+    let first = put(&engine, "it/a", "1");
+    put(&engine, "other", "x");
+    put(&engine, "it/b", "2");
+    put(&engine, "it/a", "3");
+    let watch = engine
+        .watch(&WatchRequest::prefix("it/").from_revision(first).with_prev_kv())
+        .unwrap();
+    let seen: Vec<(String, String, Option<String>)> = watch
+        .flat_map(|response| match response {
+            WatchResponse::Events { events, .. } => events.to_vec(),
+            other => panic!("not events: {other:?}"),
+        })
+        .map(|e| {
+            let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+            (text(&e.kv.key), text(&e.kv.value), e.prev_kv.map(|p| text(&p.value)))
+        })
+        .take(3)
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("it/a".to_string(), "1".to_string(), None),
+            ("it/b".to_string(), "2".to_string(), None),
+            ("it/a".to_string(), "3".to_string(), Some("1".to_string())),
+        ]
+    );
 }

@@ -115,6 +115,16 @@ impl Watch {
     }
 }
 
+/// A watch as a blocking iterator of its responses: it ends when the engine closes (or the
+/// watch is canceled), as [`Watch::recv`] does.
+impl Iterator for Watch {
+    type Item = WatchResponse;
+
+    fn next(&mut self) -> Option<WatchResponse> {
+        self.recv()
+    }
+}
+
 /// Many watchers with one queue, for a consumer that serves them all (a gRPC stream): each
 /// revision comes as one [`Delivery`] per distinct set of events, naming the watchers it is
 /// for, instead of one response per watcher. Dropping it cancels its watchers.

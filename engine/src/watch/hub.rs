@@ -56,6 +56,49 @@ pub struct WatchRequest {
     pub progress_notify: bool,
 }
 
+impl WatchRequest {
+    /// One key.
+    pub fn key(key: impl Into<Vec<u8>>) -> WatchRequest {
+        WatchRequest {
+            key: key.into(),
+            ..WatchRequest::default()
+        }
+    }
+
+    /// Every key starting with `prefix` (etcdctl's `--prefix`).
+    pub fn prefix(prefix: impl AsRef<[u8]>) -> WatchRequest {
+        let prefix = prefix.as_ref();
+        WatchRequest {
+            key: prefix.to_vec(),
+            range_end: crate::mvcc::index::prefix_end(prefix),
+            ..WatchRequest::default()
+        }
+    }
+
+    /// Every key.
+    pub fn all() -> WatchRequest {
+        WatchRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..WatchRequest::default()
+        }
+    }
+
+    /// Reports changes from `revision` on (inclusive; it must not be compacted), instead of
+    /// from the next one.
+    pub fn from_revision(self, revision: i64) -> WatchRequest {
+        WatchRequest {
+            start_revision: revision,
+            ..self
+        }
+    }
+
+    /// With each change's previous key-value.
+    pub fn with_prev_kv(self) -> WatchRequest {
+        WatchRequest { prev_kv: true, ..self }
+    }
+}
+
 /// One message to a watcher.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchResponse {
