@@ -5,35 +5,19 @@
 //! cargo run -p cairn-engine --example counter -- /tmp/my-counter.cairn
 //! ```
 
-use bytes::Bytes;
-use cairn_engine::{
-    Compare, CompareResult, CompareTarget, Config, Engine, PutRequest, RangeRequest, RequestOp, TxnRequest,
-};
+use cairn_engine::{Compare, Config, Engine, PutRequest, TxnRequest};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args().nth(1).unwrap_or_else(|| "counter.cairn".to_string());
     let engine = Engine::open(&dir, Config::default())?;
     loop {
-        let current = engine.range(&RangeRequest::key("counter"))?;
-        let (value, mod_revision) = match current.kvs.first() {
+        let (value, revision) = match engine.get("counter")? {
             Some(kv) => (std::str::from_utf8(&kv.value)?.parse::<u64>()?, kv.mod_revision),
             None => (0, 0),
         };
         // Only write if nobody changed the counter since we read it.
-        let txn = TxnRequest {
-            compare: vec![Compare {
-                key: b"counter".to_vec(),
-                range_end: vec![],
-                target: CompareTarget::Mod(mod_revision),
-                result: CompareResult::Equal,
-            }],
-            success: vec![RequestOp::Put(PutRequest {
-                key: b"counter".to_vec(),
-                value: Bytes::from((value + 1).to_string()),
-                ..PutRequest::default()
-            })],
-            failure: vec![],
-        };
+        let txn = TxnRequest::when([Compare::mod_revision("counter").eq(revision)])
+            .then([PutRequest::new("counter", (value + 1).to_string())]);
         let applied = engine.txn(txn)?;
         if applied.response.succeeded {
             println!("counter = {} (revision {}, data in {dir})", value + 1, applied.revision);

@@ -55,6 +55,7 @@ pub use engine::{
     SnapshotInfo, Watch, WatchGroup,
 };
 pub use error::{Error, Result};
+pub use kv::build::CompareOn;
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RequestOp,

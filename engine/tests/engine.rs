@@ -419,3 +419,23 @@ fn a_snapshot_restores_into_an_identical_engine() {
         Err(Error::Snapshot(_))
     ));
 }
+
+#[test]
+fn get_and_get_prefix_read_current_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    for (k, v) in [("a/1", "x"), ("a/2", "y"), ("b", "z"), ("a/1", "x2")] {
+        engine.put(PutRequest::new(k, v)).unwrap();
+    }
+    assert_eq!(engine.get("a/1").unwrap().map(|kv| kv.value), Some(Bytes::from("x2")));
+    assert_eq!(engine.get("missing").unwrap(), None);
+    let keys: Vec<Vec<u8>> = engine
+        .get_prefix("a/")
+        .unwrap()
+        .into_iter()
+        .map(|kv| kv.key.to_vec())
+        .collect();
+    assert_eq!(keys, vec![b"a/1".to_vec(), b"a/2".to_vec()]);
+    engine.delete_range(DeleteRangeRequest::prefix("a/")).unwrap();
+    assert!(engine.get_prefix("a/").unwrap().is_empty());
+}

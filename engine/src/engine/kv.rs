@@ -38,6 +38,18 @@ fn unexpected(what: &str, answer: Response) -> Error {
 }
 
 impl Engine {
+    /// The current key-value at `key`, if there is one (a linearizable read).
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<crate::KeyValue>> {
+        let found = self.range(&RangeRequest::key(key.as_ref()))?;
+        Ok(found.kvs.into_iter().next())
+    }
+
+    /// Every current key-value whose key starts with `prefix`, in key order (a linearizable
+    /// read).
+    pub fn get_prefix(&self, prefix: impl AsRef<[u8]>) -> Result<Vec<crate::KeyValue>> {
+        Ok(self.range(&RangeRequest::prefix(prefix.as_ref()))?.kvs)
+    }
+
     /// Puts a key (etcd's `Put`).
     pub fn put(&self, request: PutRequest) -> Result<Applied<PutResponse>> {
         self.put_async(request)?.wait()
