@@ -207,9 +207,17 @@ pub fn guard(caller: Option<&Caller>) -> Option<u64> {
     caller.map(|c| c.revision)
 }
 
+/// What one request needs, gathered before one check (a few, without allocating).
+pub type Needs<'a> = smallvec::SmallVec<[Need<'a>; 4]>;
+
+/// What a range needs: read on the range.
+pub fn range_needs<'a>(r: &'a cairn_engine::RangeRequest, out: &mut Needs<'a>) {
+    out.push(Need::Read(&r.key, &r.range_end));
+}
+
 /// What a put needs: write on the key; read too with `prev_kv`; write on every key already
 /// attached to the lease it names.
-pub fn put_needs<'a>(p: &'a cairn_engine::PutRequest, out: &mut Vec<Need<'a>>) {
+pub fn put_needs<'a>(p: &'a cairn_engine::PutRequest, out: &mut Needs<'a>) {
     out.push(Need::Write(&p.key, &[]));
     if p.lease != 0 {
         out.push(Need::LeaseWrite(p.lease));
@@ -220,7 +228,7 @@ pub fn put_needs<'a>(p: &'a cairn_engine::PutRequest, out: &mut Vec<Need<'a>>) {
 }
 
 /// What a delete needs: write on the range; read too with `prev_kv`.
-pub fn delete_needs<'a>(d: &'a cairn_engine::DeleteRangeRequest, out: &mut Vec<Need<'a>>) {
+pub fn delete_needs<'a>(d: &'a cairn_engine::DeleteRangeRequest, out: &mut Needs<'a>) {
     out.push(Need::Write(&d.key, &d.range_end));
     if d.prev_kv {
         out.push(Need::Read(&d.key, &d.range_end));
@@ -229,7 +237,7 @@ pub fn delete_needs<'a>(d: &'a cairn_engine::DeleteRangeRequest, out: &mut Vec<N
 
 /// What a txn needs: read on every compare, then what the ops of both branches need, nested
 /// txns included (etcd checks both branches, whichever runs).
-pub fn txn_needs<'a>(t: &'a cairn_engine::TxnRequest, out: &mut Vec<Need<'a>>) {
+pub fn txn_needs<'a>(t: &'a cairn_engine::TxnRequest, out: &mut Needs<'a>) {
     use cairn_engine::RequestOp;
     for c in &t.compare {
         out.push(Need::Read(&c.key, &c.range_end));

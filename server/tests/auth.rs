@@ -53,6 +53,13 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
+/// Runs an etcdctl command: whether it succeeded, and its stdout then stderr.
+fn outcome(mut command: std::process::Command) -> (bool, String) {
+    let output = command.stdin(std::process::Stdio::null()).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), text)
+}
+
 #[track_caller]
 fn refused<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>, code: Code, message: &str) {
     match r {
@@ -341,32 +348,22 @@ fn the_client_certificates_common_name_is_the_user() {
     let server = ca.issue("server", "cairn", &["127.0.0.1"], pki::Usage::Both);
     let root_cert = ca.issue("root", "root", &[], pki::Usage::Client);
     let alice_cert = ca.issue("alice", "alice", &[], pki::Usage::Client);
-    let flags = [
-        format!("--cert-file={}", server.cert()),
-        format!("--key-file={}", server.key()),
-        format!("--trusted-ca-file={}", ca.cert()),
-        "--client-cert-auth".to_string(),
-        format!("--peer-cert-file={}", server.cert()),
-        format!("--peer-key-file={}", server.key()),
-        "--bcrypt-cost=4".to_string(),
-    ];
+    let mut flags = pki::mtls_flags(&ca, &server);
+    flags.push("--bcrypt-cost=4".to_string());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let member = Member::start_https("certs", &flags);
     let etcdctl = |pair: &pki::Pair, args: &[&str]| {
-        let output = std::process::Command::new(common::ETCDCTL)
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", member.client_url()))
-            .arg(format!("--cacert={}", ca.cert()))
-            .arg(format!("--cert={}", pair.cert()))
-            .arg(format!("--key={}", pair.key()))
-            .args(["--dial-timeout=5s", "--command-timeout=10s"])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            output.status.success(),
-            String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr),
-        )
+        let tls = [
+            format!("--cacert={}", ca.cert()),
+            format!("--cert={}", pair.cert()),
+            format!("--key={}", pair.key()),
+        ];
+        let all: Vec<&str> = tls.iter().map(String::as_str).chain(args.iter().copied()).collect();
+        outcome(common::etcdctl_of(
+            Path::new(common::ETCDCTL),
+            &member.client_url(),
+            &all,
+        ))
     };
     // Users with no password: certificates only.
     for args in [
@@ -517,17 +514,7 @@ fn etcdctl_3_4_and_3_5_authenticate_with_user_and_password() {
     });
     let v35 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/etcd-3.5/etcdctl");
     for bin in [Path::new(common::ETCDCTL), v35.as_path()] {
-        let run = |args: &[&str]| {
-            let output = std::process::Command::new(bin)
-                .env("ETCDCTL_API", "3")
-                .arg(format!("--endpoints={}", member.client_url()))
-                .args(["--dial-timeout=5s", "--command-timeout=10s"])
-                .args(args)
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
-            (output.status.success(), text)
-        };
+        let run = |args: &[&str]| outcome(common::etcdctl_of(bin, &member.client_url(), args));
         let (ok, out) = run(&["--user=alice:alicepw", "put", "app/x", "1"]);
         assert!(ok, "{}: {out}", bin.display());
         let (ok, out) = run(&[

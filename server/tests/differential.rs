@@ -20,12 +20,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+#[path = "common/process.rs"]
+mod process;
+
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::fs::File;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cairn_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -43,6 +43,7 @@ use cairn_server::pb::etcdserverpb::{
     RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse, WatchCancelRequest,
     WatchCreateRequest, WatchProgressRequest, WatchRequest, WatchResponse,
 };
+use process::Server;
 use prost::bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -57,113 +58,6 @@ const SEED: u64 = 0x00ca_1a4e_d1ff_2024;
 /// The watched prefix.
 const WATCH_PREFIX: &str = "k/";
 const WATCH_PREFIX_END: &str = "k0";
-
-// ---------------------------------------------------------------------------------------------
-// Launching the two servers.
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A server process (etcd or cairn) on free ports, in its own data directory; killed on drop.
-struct Server {
-    name: &'static str,
-    child: Child,
-    client_url: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(name: &'static str, binary: &Path) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = dir.path().join("server.log");
-        let out = File::create(&log).unwrap();
-        let mut cmd = Command::new(binary);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("ETCD_") {
-                cmd.env_remove(key);
-            }
-        }
-        cmd.arg("--name")
-            .arg("diff")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen-client-urls")
-            .arg(&client_url)
-            .arg("--advertise-client-urls")
-            .arg(&client_url)
-            .arg("--listen-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-cluster")
-            .arg(format!("diff={peer_url}"))
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name} ({}): {e}", binary.display()));
-        Server {
-            name,
-            child,
-            client_url,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// Connects, retrying a linearizable Range until it succeeds (the member has a leader and
-    /// serves), up to a deadline.
-    async fn ready(&mut self) -> Channel {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut last = String::new();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("{} exited early ({status}):\n{}", self.name, self.log_tail());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not become ready within 30 s (last error: {last}):\n{}",
-                self.name,
-                self.log_tail()
-            );
-            match tonic::transport::Endpoint::from_shared(self.client_url.clone())
-                .unwrap()
-                .connect_timeout(Duration::from_secs(1))
-                .connect()
-                .await
-            {
-                Ok(channel) => {
-                    let mut kv = KvClient::new(channel.clone());
-                    match kv.range(range(b("ready"), b(""))).await {
-                        Ok(_) => return channel,
-                        Err(e) => last = e.to_string(),
-                    }
-                }
-                Err(e) => last = e.to_string(),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Requests, answers and their normalization.
@@ -1403,8 +1297,8 @@ async fn cairn_answers_a_script_exactly_as_etcd_3_4() {
         "{ETCD} is missing: the differential test needs Debian's etcd-server 3.4; run tests/run-all.sh, which installs it"
     );
     let started = Instant::now();
-    let mut etcd = Server::start("etcd", etcd_bin);
-    let mut cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")));
+    let mut etcd = Server::start("etcd", etcd_bin, &[]);
+    let mut cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]);
     let (etcd_channel, cairn_channel) = tokio::join!(etcd.ready(), cairn.ready());
     let mut e = Clients::new(etcd_channel);
     let mut c = Clients::new(cairn_channel);

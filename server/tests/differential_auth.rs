@@ -23,11 +23,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
-use std::fs::File;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+#[path = "common/process.rs"]
+mod process;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use cairn_server::pb::authpb;
 use cairn_server::pb::etcdserverpb as pb;
@@ -35,6 +36,7 @@ use cairn_server::pb::etcdserverpb::auth_client::AuthClient;
 use cairn_server::pb::etcdserverpb::kv_client::KvClient;
 use cairn_server::pb::etcdserverpb::lease_client::LeaseClient;
 use cairn_server::pb::etcdserverpb::watch_client::WatchClient;
+use process::Server;
 use prost::bytes::Bytes;
 use tonic::transport::Channel;
 
@@ -44,86 +46,6 @@ const USERS: [&str; 4] = ["u0", "u1", "u2", "u3"];
 const ROLES: [&str; 3] = ["r0", "r1", "r2"];
 const KEYS: [&str; 8] = ["a", "a/1", "a/2", "b", "b/1", "c", "c/x", "d"];
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A server process on free ports in its own directory; killed on drop.
-struct Server {
-    name: &'static str,
-    child: Child,
-    url: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(name: &'static str, binary: &Path) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = dir.path().join(format!("{name}.log"));
-        let child = Command::new(binary)
-            .args(["--name", name])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("{name}={peer_url}")])
-            .args(["--bcrypt-cost", "4"])
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Server {
-            name,
-            child,
-            url,
-            log,
-            _dir: dir,
-        }
-    }
-
-    async fn channel(&self) -> Channel {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Ok(channel) = Channel::from_shared(self.url.clone()).unwrap().connect().await {
-                let mut kv = KvClient::new(channel.clone());
-                if kv
-                    .range(pb::RangeRequest {
-                        key: b("health"),
-                        ..Default::default()
-                    })
-                    .await
-                    .is_ok()
-                {
-                    return channel;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not start:\n{}",
-                self.name,
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
@@ -794,21 +716,22 @@ fn differential(dir: &str, installer: &str) {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let etcd = Server::start("etcd", &etcd_bin);
-        let cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")));
+        let bcrypt = ["--bcrypt-cost", "4"];
+        let mut etcd = Server::start("etcd", &etcd_bin, &bcrypt);
+        let mut cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &bcrypt);
         let mut sides = [
             Side {
                 legacy,
                 no_tokens: false,
-                url: etcd.url.clone(),
-                channel: etcd.channel().await,
+                url: etcd.client_url.clone(),
+                channel: etcd.ready().await,
                 tokens: Default::default(),
             },
             Side {
                 legacy,
                 no_tokens: false,
-                url: cairn.url.clone(),
-                channel: cairn.channel().await,
+                url: cairn.client_url.clone(),
+                channel: cairn.ready().await,
                 tokens: Default::default(),
             },
         ];

@@ -34,20 +34,12 @@ fn etcdctls() -> Vec<PathBuf> {
     vec![PathBuf::from(common::ETCDCTL), v35]
 }
 
-/// Runs `etcdctl` at `endpoint` with TLS `flags` and then `args`.
+/// Runs `etcdctl` at `endpoint` with TLS `flags` and then `args`; a refused connection gives
+/// up after 5 s (refusals are expected here).
 fn etcdctl(bin: &Path, endpoint: &str, flags: &[&str], args: &[&str]) -> Output {
-    let mut command = Command::new(bin);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("ETCDCTL_") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .args(["--dial-timeout=5s", "--command-timeout=10s"])
-        .args(flags)
-        .args(args)
+    let timeouts = ["--dial-timeout=5s", "--command-timeout=10s"];
+    let all: Vec<&str> = timeouts.iter().chain(flags).chain(args).copied().collect();
+    common::etcdctl_of(bin, endpoint, &all)
         .stdin(Stdio::null())
         .output()
         .unwrap()
@@ -140,14 +132,7 @@ fn https_get(port: u16, path: &str, ca: &str, pair: &Pair) -> String {
 /// A single member serving clients over mTLS with a certificate of `ca`, plus `extra` flags.
 fn mtls_member(ca: &Ca, extra: &[&str]) -> (Member, Pair) {
     let server = ca.issue("server", "cairn", &["127.0.0.1", "localhost"], Usage::Both);
-    let mut flags = vec![
-        format!("--cert-file={}", server.cert()),
-        format!("--key-file={}", server.key()),
-        format!("--trusted-ca-file={}", ca.cert()),
-        "--client-cert-auth".to_string(),
-        format!("--peer-cert-file={}", server.cert()),
-        format!("--peer-key-file={}", server.key()),
-    ];
+    let mut flags = pki::mtls_flags(ca, &server);
     flags.extend(extra.iter().map(|s| (*s).to_string()));
     (Member::start_https("tls", &strs(&flags)), server)
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
-use crate::access::{self, Need};
+use crate::access::{self, Caller};
 use crate::errors::{IntoStatus, Refusal};
 use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
@@ -29,18 +29,42 @@ impl KvService {
 
 type RangeStream = super::ResponseStream<pb::RangeStreamResponse>;
 
+/// A request validated and permitted for its caller.
+struct Admitted<R> {
+    request: R,
+    caller: Option<Caller>,
+    metadata: tonic::metadata::MetadataMap,
+}
+
+impl KvService {
+    /// Validates `request` (before its caller is looked at, as etcd does), then checks that
+    /// its caller may do what `needs` says it needs.
+    async fn admit<M, R>(
+        &self,
+        request: Request<M>,
+        validate: impl FnOnce(M) -> Result<R, Status>,
+        needs: for<'a> fn(&'a R, &mut access::Needs<'a>),
+    ) -> Result<Admitted<R>, Status> {
+        let (metadata, extensions, message) = request.into_parts();
+        let request = validate(message)?;
+        let node = &self.node;
+        let caller = access::caller_of(&node.engine, &node.access, &metadata, &extensions).await?;
+        let mut wanted = access::Needs::new();
+        needs(&request, &mut wanted);
+        access::check(&node.engine, caller.as_ref(), &wanted)?;
+        drop(wanted);
+        Ok(Admitted {
+            request,
+            caller,
+            metadata,
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
-        // Validated before the caller is looked at, as etcd does.
-        let (metadata, extensions, message) = request.into_parts();
-        let request = validate::range(message)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
-        access::check(
-            &self.node.engine,
-            caller.as_ref(),
-            &[Need::Read(&request.key, &request.range_end)],
-        )?;
+        let Admitted { request, .. } = self.admit(request, validate::range, access::range_needs).await?;
         if !request.serializable && self.node.engine.is_learner() {
             return Err(Refusal::NotForLearner.into());
         }
@@ -57,15 +81,7 @@ impl Kv for KvService {
     type RangeStreamStream = RangeStream;
 
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<RangeStream>, Status> {
-        // Validated before the caller is looked at, as etcd does.
-        let (metadata, extensions, message) = request.into_parts();
-        let request = validate::range(message)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
-        access::check(
-            &self.node.engine,
-            caller.as_ref(),
-            &[Need::Read(&request.key, &request.range_end)],
-        )?;
+        let Admitted { request, metadata, .. } = self.admit(request, validate::range, access::range_needs).await?;
         // etcd 3.7 streams the orders a Range reads in without sorting everything first: an
         // order left unset (whatever the target; each chunk is then sorted on its own) or
         // ascending keys.
@@ -94,13 +110,10 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
-        // Validated before the caller is looked at, as etcd does.
-        let (metadata, extensions, message) = request.into_parts();
-        let request = validate::put(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
-        let mut needs = Vec::new();
-        access::put_needs(&request, &mut needs);
-        access::check(&self.node.engine, caller.as_ref(), &needs)?;
+        let limits = &self.node.limits.request;
+        let Admitted { request, caller, .. } = self
+            .admit(request, |m| validate::put(m, limits), access::put_needs)
+            .await?;
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
         let pending = self.node.engine.put_async_as(request, guard).or_status()?;
@@ -113,13 +126,10 @@ impl Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
-        // Validated before the caller is looked at, as etcd does.
-        let (metadata, extensions, message) = request.into_parts();
-        let request = validate::delete_range(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
-        let mut needs = Vec::new();
-        access::delete_needs(&request, &mut needs);
-        access::check(&self.node.engine, caller.as_ref(), &needs)?;
+        let limits = &self.node.limits.request;
+        let Admitted { request, caller, .. } = self
+            .admit(request, |m| validate::delete_range(m, limits), access::delete_needs)
+            .await?;
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
         let pending = self.node.engine.delete_range_async_as(request, guard).or_status()?;
@@ -129,14 +139,10 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
-        // Validated before the caller is looked at, as etcd does.
-        let (metadata, extensions, message) = request.into_parts();
-        let request = validate::txn(message, &self.node.limits.request)?;
-        let caller = access::caller_of(&self.node.engine, &self.node.access, &metadata, &extensions).await?;
-        let mut needs = Vec::new();
-        access::txn_needs(&request, &mut needs);
-        access::check(&self.node.engine, caller.as_ref(), &needs)?;
-        drop(needs);
+        let limits = &self.node.limits.request;
+        let Admitted { request, caller, .. } = self
+            .admit(request, |m| validate::txn(m, limits), access::txn_needs)
+            .await?;
         if request.is_read_only() {
             // Served from this member's state after the read barrier, as etcd does, not logged.
             let applied = self.node.bounded(self.node.engine.read_txn_async(&request)).await?;

@@ -431,7 +431,14 @@ fn etcdctl_command(endpoint: &str, args: &[&str]) -> Command {
         Path::new(ETCDCTL).exists(),
         "{ETCDCTL} is missing: run tests/run-all.sh, which installs Debian's etcd-client"
     );
-    let mut command = Command::new(ETCDCTL);
+    etcdctl_of(Path::new(ETCDCTL), endpoint, args)
+}
+
+/// The etcdctl at `bin` (any version) against `endpoint`, v3 API, with generous timeouts that
+/// `args` may override (a later flag wins), and nothing from the caller's `ETCDCTL_*`
+/// environment.
+pub fn etcdctl_of(bin: &Path, endpoint: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(bin);
     // Only what this harness says: no endpoint or format from the caller's environment.
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("ETCDCTL_") {

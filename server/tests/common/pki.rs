@@ -147,6 +147,19 @@ impl Ca {
     }
 }
 
+/// The flags of a member serving clients over mutual TLS with `server` (signed by `ca`), which
+/// it also presents on its peer port.
+pub fn mtls_flags(ca: &Ca, server: &Pair) -> Vec<String> {
+    vec![
+        format!("--cert-file={}", server.cert()),
+        format!("--key-file={}", server.key()),
+        format!("--trusted-ca-file={}", ca.cert()),
+        "--client-cert-auth".to_string(),
+        format!("--peer-cert-file={}", server.cert()),
+        format!("--peer-key-file={}", server.key()),
+    ]
+}
+
 /// Replaces `file`'s content whole: written beside it, then renamed over it.
 pub fn replace(file: &Path, content: &[u8]) {
     let tmp = file.with_extension("tmp");

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, ConnectOptions, DeleteOptions, GetOptions, Permission, RoleGetResponse, RoleRevokePermissionOptions, Txn,
-    TxnOp, TxnOpResponse, UserAddOptions, WatchOptions, WatchResponse, WatchStream,
+    TxnOp, TxnOpResponse, UserAddOptions, WatchOptions,
 };
 use tonic::Code;
 
-use common::{assert_status, Member, PATIENCE};
+use common::{assert_status, next_message, Member, PATIENCE};
 
 const USER_EMPTY: &str = "etcdserver: user name is empty";
 const PERMISSION_DENIED: &str = "etcdserver: permission denied";
@@ -95,14 +95,6 @@ async fn value(c: &mut Client, key: &str) -> Option<String> {
     r.kvs()
         .first()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
-}
-
-async fn next_message(stream: &mut WatchStream) -> WatchResponse {
-    tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("watch response in time")
-        .expect("watch stream ok")
-        .expect("watch stream open")
 }
 
 #[tokio::test]

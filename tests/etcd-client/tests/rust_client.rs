@@ -21,7 +21,7 @@ use etcd_client::{
 use sha2::{Digest, Sha256};
 use tonic::Code;
 
-use common::{assert_status, Member, PATIENCE};
+use common::{assert_status, next_message, Member, PATIENCE};
 
 const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
@@ -57,14 +57,6 @@ fn keys(list: &[KeyValue]) -> Vec<String> {
 
 fn rev(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.expect("response header").revision()
-}
-
-async fn next_message(stream: &mut WatchStream) -> WatchResponse {
-    tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("watch response in time")
-        .expect("watch stream ok")
-        .expect("watch stream open")
 }
 
 /// A watch event as (type, key, value, create, mod, version, prev (value, mod) if any).

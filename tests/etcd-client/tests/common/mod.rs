@@ -138,3 +138,12 @@ pub fn assert_status<T: Debug>(result: Result<T, Error>, code: Code, message: &s
         other => panic!("expected gRPC {code:?} {message:?}, got {other:?}"),
     }
 }
+
+/// The next response of a watch stream, which must come within [`PATIENCE`].
+pub async fn next_message(stream: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
+    tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("watch response in time")
+        .expect("watch stream ok")
+        .expect("watch stream open")
+}
