@@ -273,6 +273,8 @@ fn simple_tokens_die_with_a_password_change_keep_no_revoked_role_and_expire() {
             .status(with(Some(&bob), pb::StatusRequest {}))
             .await
             .unwrap();
+        // Expiry is time passing unused: nothing to await but the time (exact clocks are the
+        // engine's unit test of the tokens).
         tokio::time::sleep(Duration::from_secs(3)).await;
         refused(
             maintenance.status(with(Some(&bob), pb::StatusRequest {})).await,
