@@ -57,8 +57,10 @@ pub(crate) struct Checkpoint {
     pub(crate) epoch: u64,
     pub(crate) store: StoreMeta,
     pub(crate) leases: Vec<LeaseRecord>,
+    #[serde(with = "crate::format::state::alarms")]
     pub(crate) alarms: Vec<Alarm>,
     /// Users, roles and permissions (its permission cache is rebuilt on load).
+    #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
 }
 
@@ -119,8 +121,7 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
         // postcard writes fields one after another: an empty auth store appended makes it a
         // version 6 body.
         let mut upgraded = body.to_vec();
-        let empty = postcard::to_allocvec(&crate::auth::AuthStore::default()).map_err(|e| bad(&e.to_string()))?;
-        upgraded.extend_from_slice(&empty);
+        upgraded.extend_from_slice(&crate::format::state::auth_store::empty());
         return postcard::from_bytes(&upgraded).map_err(|e| bad(&e.to_string()));
     }
     postcard::from_bytes(body).map_err(|e| bad(&e.to_string()))
@@ -184,7 +185,7 @@ mod tests {
         };
         let v6 = encode(&c).unwrap();
         // Version 5: the same body without its last field, the (empty) auth store.
-        let empty_auth = postcard::to_allocvec(&crate::auth::AuthStore::default()).unwrap();
+        let empty_auth = crate::format::state::auth_store::empty();
         let body = &v6[HEADER_LEN..v6.len() - empty_auth.len()];
         let mut v5 = Vec::new();
         v5.extend_from_slice(MAGIC);

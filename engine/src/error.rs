@@ -140,6 +140,14 @@ pub enum Error {
     /// the caller, with what to do instead.
     #[error("API misuse: {0}")]
     Misuse(&'static str),
+    /// Something to be written (a log entry, a membership change's context) did not encode.
+    #[error("encoding {what}: {reason}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoder's error.
+        reason: String,
+    },
     /// The store's own invariants would break: a bug or a damaged state, never a bad request.
     #[error("internal consistency error: {0}")]
     Internal(String),

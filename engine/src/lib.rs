@@ -36,6 +36,7 @@ mod config;
 mod consensus;
 mod engine;
 mod error;
+mod format;
 mod kv;
 mod lease;
 mod mvcc;

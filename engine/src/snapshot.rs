@@ -47,8 +47,10 @@ pub(crate) struct SnapshotMeta {
     pub(crate) current: i64,
     pub(crate) compacted: i64,
     pub(crate) leases: Vec<LeaseRecord>,
+    #[serde(with = "crate::format::state::alarms")]
     pub(crate) alarms: Vec<Alarm>,
     /// Users, roles and permissions.
+    #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
 }
 
@@ -158,9 +160,7 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
     if without_auth {
         // postcard writes fields one after another: an empty auth store appended makes it a
         // version 5 meta.
-        let empty = postcard::to_allocvec(&crate::auth::AuthStore::default())
-            .map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
-        body.extend_from_slice(&empty);
+        body.extend_from_slice(&crate::format::state::auth_store::empty());
     }
     let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
     let mut count = 0u64;

@@ -14,8 +14,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 pub mod tokens;
 
 /// The user and role that may do anything, and without which auth cannot be enabled.
@@ -82,7 +80,7 @@ pub enum AuthError {
 }
 
 /// What a permission allows (etcd's `Permission.Type`, same numbers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Access {
     /// Range, watch, and compares in a txn.
     Read,
@@ -100,7 +98,7 @@ impl Access {
 
 /// A key or range a role may read or write: one key if `range_end` is empty, `[key,
 /// range_end)` otherwise, `[key, ∞)` if `range_end` is `"\0"`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Permission {
     /// What it allows.
     pub access: Access,
@@ -111,7 +109,7 @@ pub struct Permission {
 }
 
 /// A user: its bcrypt hash (none for a certificate-only user), and its roles, sorted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct User {
     /// The user's name.
     pub name: String,
@@ -124,7 +122,7 @@ pub struct User {
 }
 
 /// A role and its permissions, sorted by key.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Role {
     /// The role's name.
     pub name: String,
@@ -133,7 +131,7 @@ pub struct Role {
 }
 
 /// A change to the auth store, as logged.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // each variant is the etcd RPC of its name, fields as there
 pub enum AuthChange {
     /// AuthEnable: needs the root user with the root role.
@@ -172,14 +170,13 @@ pub enum AuthChange {
 }
 
 /// The auth store's state. A new one is at revision 1, as etcd's is.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthStore {
-    enabled: bool,
-    revision: u64,
-    users: BTreeMap<String, User>,
-    roles: BTreeMap<String, Role>,
+    pub(crate) enabled: bool,
+    pub(crate) revision: u64,
+    pub(crate) users: BTreeMap<String, User>,
+    pub(crate) roles: BTreeMap<String, Role>,
     /// Each user's permissions merged across its roles; rebuilt after every change.
-    #[serde(skip)]
     merged: HashMap<String, Arc<Merged>>,
 }
 
@@ -282,6 +279,24 @@ fn valid_range(key: &[u8], range_end: &[u8]) -> bool {
 }
 
 impl AuthStore {
+    /// A store as loaded from a checkpoint or snapshot, its permission cache built.
+    pub(crate) fn load(
+        enabled: bool,
+        revision: u64,
+        users: BTreeMap<String, User>,
+        roles: BTreeMap<String, Role>,
+    ) -> AuthStore {
+        let mut store = AuthStore {
+            enabled,
+            revision,
+            users,
+            roles,
+            merged: HashMap::new(),
+        };
+        store.rebuild();
+        store
+    }
+
     /// Whether auth is enabled: requests then need a user with the permission.
     pub fn enabled(&self) -> bool {
         self.enabled

@@ -128,7 +128,10 @@ pub(crate) fn bootstrap(
         let cc = ConfChange {
             change_type: ConfChangeType::AddNode,
             node_id: *id,
-            context: attributes.get(id).map(|a| a.encode()).unwrap_or_default().into(),
+            context: match attributes.get(id) {
+                Some(a) => crate::format::state::attributes::encode(a)?.into(),
+                None => Default::default(),
+            },
             ..ConfChange::default()
         };
         let data = cc

@@ -12,7 +12,7 @@ use raft::eraftpb::ConfState;
 
 /// What a group records about a member besides its ID (etcd's member attributes), replicated
 /// like the rest of the state.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberAttributes {
     /// The member's human-readable name (etcd's `--name`); empty until the member publishes
     /// it, unless the group was bootstrapped with it.
@@ -31,18 +31,6 @@ impl MemberAttributes {
             peer_urls,
             ..MemberAttributes::default()
         }
-    }
-
-    /// The attributes a membership change carries, in its context.
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        // Plain data into a Vec: cannot fail; an empty context decodes as no attributes.
-        postcard::to_allocvec(self).unwrap_or_default()
-    }
-
-    /// Attributes from a membership change's context; a context that does not decode (or an
-    /// empty one) gives none.
-    pub(crate) fn decode(context: &[u8]) -> MemberAttributes {
-        postcard::from_bytes(context).unwrap_or_default()
     }
 }
 
@@ -70,6 +58,7 @@ pub(crate) struct Membership {
     pub(crate) learners_next: Vec<u64>,
     pub(crate) auto_leave: bool,
     /// Every member's attributes, by ID.
+    #[serde(with = "crate::format::state::attributes")]
     pub(crate) attributes: BTreeMap<u64, MemberAttributes>,
 }
 
@@ -89,7 +78,7 @@ impl Membership {
         for id in &change.added {
             self.attributes
                 .entry(*id)
-                .or_insert_with(|| MemberAttributes::decode(&change.context));
+                .or_insert_with(|| crate::format::state::attributes::decode(&change.context));
         }
     }
 

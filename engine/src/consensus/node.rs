@@ -714,11 +714,11 @@ impl NodeThread {
                 return Err(Error::MemberExists);
             }
             MemberChange::AddVoter(m, attributes) => {
-                context = attributes.encode();
+                context = crate::format::state::attributes::encode(&attributes)?;
                 (ConfChangeType::AddNode, m)
             }
             MemberChange::AddLearner(m, attributes) => {
-                context = attributes.encode();
+                context = crate::format::state::attributes::encode(&attributes)?;
                 (ConfChangeType::AddLearnerNode, m)
             }
             MemberChange::Promote(m) if !is_voter(m) && !is_learner(m) => return Err(Error::MemberNotFound),

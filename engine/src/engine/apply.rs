@@ -279,7 +279,6 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
     st.lessor = lessor;
     st.alarms = meta.alarms.into_iter().collect();
     st.auth = meta.auth;
-    st.auth.rebuild();
     // Tokens name users of the old auth store; clients authenticate again.
     st.tokens.get_mut().clear();
     st.applied_index = meta.applied_index;
@@ -491,7 +490,7 @@ impl Applying {
                 tracing::debug!(index = entry.index, "skipping a request applied already");
             }
             if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() && !duplicate {
-                let outcome = match Request::decode(&entry.data) {
+                let outcome = match crate::format::entry::decode(&entry.data) {
                     Ok(request) => apply(&mut st, &request, entry.index),
                     Err(e) => {
                         tracing::error!(index = entry.index, error = %e, "a committed entry does not decode");

@@ -193,7 +193,6 @@ impl Engine {
             state.lessor.apply_changes(&state.store.leased_keys()?);
             state.alarms = c.alarms.into_iter().collect();
             state.auth = c.auth;
-            state.auth.rebuild();
             state.applied_index = c.applied_index;
             state.applied_term = c.applied_term;
             state.membership = c.membership;

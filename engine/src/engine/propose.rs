@@ -182,7 +182,7 @@ impl Inner {
 
     /// Logs `request` and queues it; the receiver gets its answer once applied.
     pub(super) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
-        let data = request.encode()?;
+        let data = crate::format::entry::encode(request)?;
         self.submit_input(|id| Input::Propose { id, data })
     }
 

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
 
 /// The direction a range answer is sorted in (etcd's `RangeRequest.SortOrder`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortOrder {
     /// Key order; with a sort target other than the key, ascending (as etcd).
     #[default]
@@ -25,7 +25,7 @@ pub enum SortOrder {
 
 /// The field a range answer is sorted by (etcd's `RangeRequest.SortTarget`); ties stay in
 /// ascending key order, whatever the direction.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortTarget {
     /// The key, bytewise.
     #[default]
@@ -41,7 +41,7 @@ pub enum SortTarget {
 }
 
 /// etcd's `RangeRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeRequest {
     /// The key read, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
@@ -74,7 +74,7 @@ pub struct RangeRequest {
 }
 
 /// etcd's `RangeResponse`, less the header.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeResponse {
     /// The key-values found, sorted and filtered as asked, at most `limit` of them.
     pub kvs: Vec<KeyValue>,

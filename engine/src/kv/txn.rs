@@ -21,7 +21,7 @@ pub(crate) type LeaseExists<'a> = &'a dyn Fn(i64) -> bool;
 pub(crate) type Written<T> = (T, i64, Vec<LeaseChange>);
 
 /// etcd's `PutRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutRequest {
     /// The key written; must not be empty.
     pub key: Vec<u8>,
@@ -39,14 +39,14 @@ pub struct PutRequest {
 }
 
 /// etcd's `PutResponse`, less the header.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutResponse {
     /// The key-value before the put, if the request asked for it and the key existed.
     pub prev_kv: Option<KeyValue>,
 }
 
 /// etcd's `DeleteRangeRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteRangeRequest {
     /// The key deleted, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
@@ -58,7 +58,7 @@ pub struct DeleteRangeRequest {
 }
 
 /// etcd's `DeleteRangeResponse`, less the header.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteRangeResponse {
     /// How many keys were deleted.
     pub deleted: i64,
@@ -67,7 +67,7 @@ pub struct DeleteRangeResponse {
 }
 
 /// What a compare looks at, with the operand.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CompareTarget {
     /// The key's [`KeyValue::version`] (etcd's `VERSION`); 0 for a missing key.
     Version(i64),
@@ -84,7 +84,7 @@ pub enum CompareTarget {
 
 /// How the key's field must relate to the operand for a compare to hold (etcd's
 /// `Compare.CompareResult`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompareResult {
     /// The field equals the operand.
     Equal,
@@ -97,7 +97,7 @@ pub enum CompareResult {
 }
 
 /// etcd's `Compare`: every key of the range must satisfy it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compare {
     /// The key compared, or the first key of the range; must not be empty.
     pub key: Vec<u8>,
@@ -111,7 +111,7 @@ pub struct Compare {
 }
 
 /// One operation of a Txn branch.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestOp {
     /// A read (etcd's `request_range`); it sees the branch's earlier writes.
     Range(RangeRequest),
@@ -125,7 +125,7 @@ pub enum RequestOp {
 }
 
 /// The answer to one [`RequestOp`], of the same kind.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseOp {
     /// etcd's `response_range`.
     Range(RangeResponse),
@@ -138,7 +138,7 @@ pub enum ResponseOp {
 }
 
 /// etcd's `TxnRequest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxnRequest {
     /// Conditions that must all hold for `success` to run, else `failure` runs; none means
     /// `success`.
@@ -150,7 +150,7 @@ pub struct TxnRequest {
 }
 
 /// etcd's `TxnResponse`, less the header.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxnResponse {
     /// Whether every compare held (the success branch ran).
     pub succeeded: bool,

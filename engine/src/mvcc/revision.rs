@@ -12,7 +12,7 @@
 use std::fmt;
 
 /// A point in the store's history.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Revision {
     /// The store-wide revision of the write request.
     pub main: i64,

@@ -24,7 +24,7 @@ use crate::backend::{Active, Backend, FileLen, FileMaker, Loc, Mark, Sealed};
 use crate::error::{Error, Result};
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyValue {
     /// The key; never empty.
     pub key: Bytes,
@@ -46,7 +46,7 @@ pub(crate) fn record_size(key: usize, value: usize) -> u64 {
 }
 
 /// What happened to a key at a revision (etcd's `mvccpb.Event`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     /// Whether the key was put or deleted.
     pub kind: EventKind,
@@ -58,7 +58,7 @@ pub struct Event {
 }
 
 /// What a change did to a key (etcd's `mvccpb.Event.EventType`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     /// The key was put: created, or overwritten with a new version.
     Put,
