@@ -30,7 +30,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::consensus::{Membership, RecentRequests};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
@@ -72,12 +72,12 @@ impl Checkpoint {
 }
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |e| Error::Checkpoint(format!("{what}: {e}"))
+    move |e| Error::Checkpoint(Failure::caused_by(what, e))
 }
 
 /// The checkpoint's bytes: header and body.
 pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
-    let body = postcard::to_allocvec(checkpoint).map_err(|e| Error::Checkpoint(format!("encode: {e}")))?;
+    let body = postcard::to_allocvec(checkpoint).map_err(|e| Error::Checkpoint(Failure::caused_by("encode", e)))?;
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -89,7 +89,7 @@ pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
 
 /// Decodes and verifies checkpoint bytes; `what` names them in errors.
 pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
-    let bad = |why: &str| Error::Checkpoint(format!("{what} is damaged: {why}"));
+    let bad = |why: &str| Error::Checkpoint(Failure::new(format!("{what} is damaged: {why}")));
     let header = bytes.get(..HEADER_LEN).ok_or_else(|| bad("shorter than its header"))?;
     if header.get(..8) != Some(&MAGIC[..]) {
         return Err(bad("bad magic"));

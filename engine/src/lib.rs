@@ -55,7 +55,7 @@ pub use engine::{
     Applied, Defragmented, Engine, Inbox, LeaseGrant, Member, Members, Pending, PendingFuture, RaftStatus,
     SnapshotInfo, Watch, WatchGroup,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Failure, Result};
 pub use kv::build::CompareOn;
 pub use kv::range::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 pub use kv::txn::{

@@ -19,7 +19,7 @@ use std::io::{Read, Write};
 
 use crate::backend::record::{self, Record};
 use crate::consensus::{Membership, RecentRequests};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
@@ -55,7 +55,7 @@ pub(crate) struct SnapshotMeta {
 }
 
 fn write_error(e: std::io::Error) -> Error {
-    Error::Snapshot(format!("write: {e}"))
+    Error::Snapshot(Failure::caused_by("write", e))
 }
 
 /// Writes a snapshot frame by frame.
@@ -77,7 +77,7 @@ impl<'a> SnapshotWriter<'a> {
         header.extend_from_slice(&VERSION.to_le_bytes());
         w.out.write_all(&header).map_err(write_error)?;
         w.written += header.len() as u64;
-        let body = postcard::to_allocvec(meta).map_err(|e| Error::Snapshot(format!("encode: {e}")))?;
+        let body = postcard::to_allocvec(meta).map_err(|e| Error::Snapshot(Failure::caused_by("encode", e)))?;
         w.frame(META, &body)?;
         Ok(w)
     }
@@ -86,7 +86,7 @@ impl<'a> SnapshotWriter<'a> {
         let len = u32::try_from(body.len())
             .ok()
             .filter(|l| *l <= MAX_FRAME)
-            .ok_or_else(|| Error::Snapshot("frame too large".into()))?;
+            .ok_or_else(|| Error::Snapshot(Failure::new("frame too large")))?;
         let mut header = [0u8; 12];
         header[..4].copy_from_slice(&kind.to_le_bytes());
         header[4..8].copy_from_slice(&len.to_le_bytes());
@@ -116,9 +116,12 @@ impl<'a> SnapshotWriter<'a> {
 }
 
 fn read_exact(input: &mut dyn Read, buf: &mut [u8], what: &str) -> Result<()> {
-    input
-        .read_exact(buf)
-        .map_err(|e| Error::Snapshot(format!("{what}: {e} (the snapshot is cut short or unreadable)")))
+    input.read_exact(buf).map_err(|e| {
+        Error::Snapshot(Failure::caused_by(
+            format!("{what} (the snapshot is cut short or unreadable)"),
+            e,
+        ))
+    })
 }
 
 fn read_frame(input: &mut dyn Read, body: &mut Vec<u8>) -> Result<u32> {
@@ -132,12 +135,14 @@ fn read_frame(input: &mut dyn Read, body: &mut Vec<u8>) -> Result<u32> {
     };
     let (kind, len, crc) = (word(0), word(4), word(8));
     if len > MAX_FRAME {
-        return Err(Error::Snapshot(format!("frame of {len} bytes is too large: damaged")));
+        return Err(Error::Snapshot(Failure::new(format!(
+            "frame of {len} bytes is too large: damaged"
+        ))));
     }
     body.resize(len as usize, 0);
     read_exact(input, body, "frame body")?;
     if crc32fast::hash(body) != crc {
-        return Err(Error::Snapshot("frame checksum mismatch: damaged".into()));
+        return Err(Error::Snapshot(Failure::new("frame checksum mismatch: damaged")));
     }
     Ok(kind)
 }
@@ -147,22 +152,22 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
     let mut header = [0u8; 12];
     read_exact(input, &mut header, "header")?;
     if &header[..8] != MAGIC {
-        return Err(Error::Snapshot("not a cairn snapshot (bad magic)".into()));
+        return Err(Error::Snapshot(Failure::new("not a cairn snapshot (bad magic)")));
     }
     let without_auth = header[8..] == VERSION_NO_AUTH.to_le_bytes();
     if header[8..] != VERSION.to_le_bytes() && !without_auth {
-        return Err(Error::Snapshot("unknown snapshot format version".into()));
+        return Err(Error::Snapshot(Failure::new("unknown snapshot format version")));
     }
     let mut body = Vec::new();
     if read_frame(input, &mut body)? != META {
-        return Err(Error::Snapshot("the meta frame is missing".into()));
+        return Err(Error::Snapshot(Failure::new("the meta frame is missing")));
     }
     if without_auth {
         // postcard writes fields one after another: an empty auth store appended makes it a
         // version 5 meta.
         body.extend_from_slice(&crate::format::state::auth_store::empty());
     }
-    let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(format!("meta: {e}")))?;
+    let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(Failure::caused_by("meta", e)))?;
     let mut count = 0u64;
     let mut last: Option<Revision> = None;
     loop {
@@ -170,9 +175,13 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
             RECORDS => {
                 let mut rest = body.as_slice();
                 while !rest.is_empty() {
-                    let (record, used) = record::decode(rest).map_err(|e| Error::Snapshot(format!("record: {e}")))?;
+                    let (record, used) =
+                        record::decode(rest).map_err(|e| Error::Snapshot(Failure::caused_by("record", e)))?;
                     if last.is_some_and(|l| record.rev <= l) || record.rev.main > meta.current {
-                        return Err(Error::Snapshot(format!("record {} out of order", record.rev)));
+                        return Err(Error::Snapshot(Failure::new(format!(
+                            "record {} out of order",
+                            record.rev
+                        ))));
                     }
                     last = Some(record.rev);
                     each(record)?;
@@ -182,7 +191,7 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
             }
             END => {
                 if body.as_slice() != count.to_le_bytes() {
-                    return Err(Error::Snapshot("record count mismatch: damaged".into()));
+                    return Err(Error::Snapshot(Failure::new("record count mismatch: damaged")));
                 }
                 // Zero bytes may pad the stream (to the 512-byte multiple etcd's snapshot files
                 // have before their hash); anything else is damage.
@@ -190,16 +199,16 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
                 loop {
                     let n = input
                         .read(&mut extra)
-                        .map_err(|e| Error::Snapshot(format!("read: {e}")))?;
+                        .map_err(|e| Error::Snapshot(Failure::caused_by("read", e)))?;
                     if n == 0 {
                         return Ok(meta);
                     }
                     if extra.get(..n).is_some_and(|b| b.iter().any(|x| *x != 0)) {
-                        return Err(Error::Snapshot("data after the end frame".into()));
+                        return Err(Error::Snapshot(Failure::new("data after the end frame")));
                     }
                 }
             }
-            kind => return Err(Error::Snapshot(format!("unknown frame kind {kind}"))),
+            kind => return Err(Error::Snapshot(Failure::new(format!("unknown frame kind {kind}")))),
         }
     }
 }

@@ -355,10 +355,28 @@ fn a_damaged_checkpoint_is_refused_not_ignored() {
     std::fs::write(&path, &bytes).unwrap();
     let err = Engine::open(dir.path(), small()).unwrap_err();
     assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    assert!(err.io_error().is_none(), "damage, not an I/O failure: {err}");
     bytes[last] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
     assert_eq!(all_at(&engine, 0).count, 20);
+}
+
+#[test]
+fn an_io_failure_keeps_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    Engine::open(dir.path(), small()).unwrap().close().unwrap();
+    // A directory where the checkpoint file belongs: reading it fails in the file system.
+    let path = dir.path().join("checkpoint");
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let err = Engine::open(dir.path(), small()).unwrap_err();
+    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    assert_eq!(
+        err.io_error().map(|e| e.kind()),
+        Some(std::io::ErrorKind::IsADirectory),
+        "{err}"
+    );
 }
 
 #[test]

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use mmap::MappedFile;
 use record::Record;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 
 /// Where a record lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub(crate) fn file_path(data_dir: &Path, id: u32) -> PathBuf {
 }
 
 fn io_error(what: String) -> impl FnOnce(std::io::Error) -> Error {
-    move |e| Error::Backend(format!("{what}: {e}"))
+    move |e| Error::Backend(Failure::caused_by(what, e))
 }
 
 /// A file still being appended to. New records collect in a buffer and are written in one
@@ -133,7 +133,7 @@ impl Active {
                 MappedFile::create(&path, capacity).map_err(io_error(format!("create {}", path.display())))?
             }
             None => MappedFile::heap(
-                usize::try_from(capacity).map_err(|_| Error::Backend("data file size too large".into()))?,
+                usize::try_from(capacity).map_err(|_| Error::Backend(Failure::new("data file size too large")))?,
             ),
         };
         Ok(Active::new(id, map, 0))
@@ -154,7 +154,7 @@ impl Active {
         let out = self.buf.get_mut(at..).unwrap_or_default();
         if record.encode_into(out).is_none() {
             self.buf.truncate(at);
-            return Err(Error::Internal("a record does not encode".into()));
+            return Err(Error::internal("a record does not encode"));
         }
         self.len = end;
         if self.buf.len() >= WRITE_BUFFER {
@@ -250,10 +250,10 @@ fn read_at(bytes: &[u8], len: u64, loc: Loc) -> Result<Record<'_>> {
     let slice = (end <= len)
         .then(|| bytes.get(loc.offset as usize..end as usize))
         .flatten()
-        .ok_or_else(|| Error::Internal(format!("record {loc:?} is outside its file")))?;
+        .ok_or_else(|| Error::internal(format!("record {loc:?} is outside its file")))?;
     record::decode(slice)
         .map(|(r, _)| r)
-        .map_err(|e| Error::Backend(format!("record {loc:?}: {e}")))
+        .map_err(|e| Error::Backend(Failure::caused_by(format!("record {loc:?}"), e)))
 }
 
 /// Files for new records: where and how big, and the next free id (shared with
@@ -298,7 +298,7 @@ impl FileMaker {
         let full = std::mem::replace(active, self.create(record.padded_len())?);
         let loc = active
             .append(record)?
-            .ok_or_else(|| Error::Internal("a record does not fit a new data file".into()))?;
+            .ok_or_else(|| Error::internal("a record does not fit a new data file"))?;
         Ok((loc, Some(full.seal()?)))
     }
 
@@ -379,12 +379,12 @@ impl Backend {
             let path = file_path(data_dir, f.id);
             let map = MappedFile::open(&path).map_err(io_error(format!("open {}", path.display())))?;
             if map.capacity() < f.len {
-                return Err(Error::Backend(format!(
+                return Err(Error::Backend(Failure::new(format!(
                     "{} holds {} bytes, but the checkpoint counts {}",
                     path.display(),
                     map.capacity(),
                     f.len
-                )));
+                ))));
             }
             maps.push((f.id, map, f.len));
         }
@@ -484,7 +484,7 @@ impl Backend {
         }
         self.sealed
             .get(&loc.file)
-            .ok_or_else(|| Error::Internal(format!("record {loc:?} names an unknown data file")))?
+            .ok_or_else(|| Error::internal(format!("record {loc:?} names an unknown data file")))?
             .read(loc)
     }
 
@@ -543,10 +543,10 @@ impl Backend {
             while offset < len {
                 let rest = bytes.get(offset as usize..len as usize).unwrap_or_default();
                 let (record, used) = record::decode(rest).map_err(|e| {
-                    Error::Backend(format!(
+                    Error::Backend(Failure::new(format!(
                         "data file {} is damaged at offset {offset}: {e}",
                         file_name(id)
-                    ))
+                    )))
                 })?;
                 let loc = Loc {
                     file: id,

@@ -22,7 +22,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 
 /// The log's state (see the module docs).
 #[derive(Debug, Default)]
@@ -65,7 +65,7 @@ pub(crate) struct RaftLog {
 }
 
 fn corrupt(what: &str) -> impl FnOnce(protobuf::ProtobufError) -> Error + '_ {
-    move |e| Error::Internal(format!("the log holds a damaged {what}: {e}"))
+    move |e| Error::Internal(Failure::caused_by(format!("the log holds a damaged {what}"), e))
 }
 
 /// The `Record::State` payload for a HardState and ConfState: the HardState's length (u32
@@ -73,10 +73,10 @@ fn corrupt(what: &str) -> impl FnOnce(protobuf::ProtobufError) -> Error + '_ {
 pub(crate) fn encode_state(hs: &HardState, cs: &ConfState) -> Result<Bytes> {
     let hs = hs
         .write_to_bytes()
-        .map_err(|e| Error::Internal(format!("encode HardState: {e}")))?;
+        .map_err(|e| Error::Internal(Failure::caused_by("encode HardState", e)))?;
     let cs = cs
         .write_to_bytes()
-        .map_err(|e| Error::Internal(format!("encode ConfState: {e}")))?;
+        .map_err(|e| Error::Internal(Failure::caused_by("encode ConfState", e)))?;
     let mut out = Vec::with_capacity(4 + hs.len() + cs.len());
     out.extend_from_slice(&u32::try_from(hs.len()).unwrap_or(u32::MAX).to_le_bytes());
     out.extend_from_slice(&hs);
@@ -89,11 +89,11 @@ fn decode_state(bytes: &[u8]) -> Result<(HardState, ConfState)> {
         .get(..4)
         .and_then(|b| b.try_into().ok())
         .map(u32::from_le_bytes)
-        .ok_or_else(|| Error::Internal("the log holds a damaged state record".into()))?;
+        .ok_or_else(|| Error::internal("the log holds a damaged state record"))?;
     let hs_end = 4usize.saturating_add(len as usize);
     let hs = bytes
         .get(4..hs_end)
-        .ok_or_else(|| Error::Internal("the log holds a damaged state record".into()))?;
+        .ok_or_else(|| Error::internal("the log holds a damaged state record"))?;
     let cs = bytes.get(hs_end..).unwrap_or_default();
     Ok((
         HardState::parse_from_bytes(hs).map_err(corrupt("HardState"))?,
@@ -105,7 +105,7 @@ fn decode_state(bytes: &[u8]) -> Result<(HardState, ConfState)> {
 pub(crate) fn entry_record(e: &Entry) -> Result<Record> {
     let payload = e
         .write_to_bytes()
-        .map_err(|e| Error::Internal(format!("encode entry: {e}")))?;
+        .map_err(|e| Error::Internal(Failure::caused_by("encode entry", e)))?;
     Ok(Record::Entry {
         index: LogIndex(e.index),
         payload: Bytes::from(payload),
@@ -136,7 +136,7 @@ pub(crate) fn bootstrap(
         };
         let data = cc
             .write_to_bytes()
-            .map_err(|e| Error::Internal(format!("encode a conf change: {e}")))?;
+            .map_err(|e| Error::Internal(Failure::caused_by("encode a conf change", e)))?;
         entries.push(Entry {
             entry_type: EntryType::EntryConfChange,
             term: 1,
@@ -198,13 +198,13 @@ impl RaftLog {
                     return Ok(());
                 }
                 if entry.index != index.0 {
-                    return Err(Error::Internal(format!(
+                    return Err(Error::internal(format!(
                         "log entry {} is stored at index {}",
                         entry.index, index.0
                     )));
                 }
                 if index.0 > st.last_index() + 1 {
-                    return Err(Error::Internal(format!(
+                    return Err(Error::internal(format!(
                         "log entry {} follows {}: a gap",
                         index.0,
                         st.last_index()
@@ -266,7 +266,7 @@ impl RaftLog {
         };
         let mut st = self.state.write();
         if first.index <= st.snapshot_index || first.index > st.last_index() + 1 {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "entries from {} cannot follow the log ({}..={})",
                 first.index,
                 st.first_index(),
@@ -318,7 +318,7 @@ impl RaftLog {
     pub(crate) fn install_snapshot(&self, index: u64, term: u64, conf_state: ConfState) -> Result<()> {
         let mut st = self.state.write();
         if index < st.snapshot_index {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a snapshot at {index} is older than the log's start at {}",
                 st.snapshot_index
             )));

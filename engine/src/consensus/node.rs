@@ -33,7 +33,7 @@ use raft::{RawNode, StateRole};
 use super::log::{encode_state, entry_record, RaftLog};
 use super::transfer::{self, SnapshotSource, Staged};
 use super::{ConfApplied, MemberAttributes};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 
 /// Where Raft messages for the other members of a group go: the seam for the network. A
 /// message is opaque bytes, delivered to the member `to` with [`crate::Engine::receive`] (or an
@@ -265,11 +265,12 @@ impl Node {
             .map_err(|e| Error::InvalidConfig(format!("raft: {e}")))?;
         let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!("raft_id" => config.id));
         let mut raw = RawNode::new(&raft_config, log.clone(), &logger)
-            .map_err(|e| Error::Internal(format!("start raft: {e}")))?;
+            .map_err(|e| Error::Internal(Failure::caused_by("start raft", e)))?;
         let single = log.conf_state().voters == [config.id];
         if single {
             // A group of one elects itself at once.
-            raw.campaign().map_err(|e| Error::Internal(format!("campaign: {e}")))?;
+            raw.campaign()
+                .map_err(|e| Error::Internal(Failure::caused_by("campaign", e)))?;
         }
         let (tx, rx) = unbounded();
         let (nudge_tx, nudges) = bounded(1);
@@ -302,7 +303,7 @@ impl Node {
                     node.run(rx, nudges)
                 }
             })
-            .map_err(|e| Error::Internal(format!("spawn raft thread: {e}")))?;
+            .map_err(|e| Error::Internal(Failure::caused_by("spawn raft thread", e)))?;
         Ok(Node {
             tx,
             threads: vec![thread],
@@ -548,7 +549,7 @@ impl NodeThread {
                                 Error::NoLeader
                             }
                             raft::Error::ProposalDropped => Error::LeaderChanged,
-                            e => Error::Internal(format!("propose: {e}")),
+                            e => Error::Internal(Failure::caused_by("propose", e)),
                         }),
                 };
                 if let Some(error) = dropped {
@@ -647,7 +648,7 @@ impl NodeThread {
     fn install(&mut self, snapshot: &Snapshot) -> Result<()> {
         let meta = snapshot.get_metadata();
         let Some((staged, reply)) = self.staged.take() else {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "raft accepted a snapshot at {} that came without its data",
                 meta.index
             )));
@@ -748,7 +749,7 @@ impl NodeThread {
             .propose_conf_change(id.to_le_bytes().to_vec(), cc)
             .map_err(|e| match e {
                 raft::Error::ProposalDropped => Error::LeaderChanged,
-                e => Error::Internal(format!("propose a conf change: {e}")),
+                e => Error::Internal(Failure::caused_by("propose a conf change", e)),
             })
     }
 
@@ -764,12 +765,12 @@ impl NodeThread {
                 EntryType::EntryNormal => None,
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
-                        .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
+                        .map_err(|err| Error::Internal(Failure::caused_by(format!("conf change {}", e.index), err)))?;
                     Some(self.apply_conf_change(&cc, cc.context.clone())?)
                 }
                 EntryType::EntryConfChangeV2 => {
                     let cc = ConfChangeV2::parse_from_bytes(&e.data)
-                        .map_err(|err| Error::Internal(format!("conf change {}: {err}", e.index)))?;
+                        .map_err(|err| Error::Internal(Failure::caused_by(format!("conf change {}", e.index), err)))?;
                     Some(self.apply_conf_change(&cc, cc.context.clone())?)
                 }
             };
@@ -783,7 +784,7 @@ impl NodeThread {
         let state = self
             .raw
             .apply_conf_change(cc)
-            .map_err(|e| Error::Internal(format!("apply conf change: {e}")))?;
+            .map_err(|e| Error::Internal(Failure::caused_by("apply conf change", e)))?;
         self.log.set_conf_state(state.clone());
         let mut applied = ConfApplied {
             state,

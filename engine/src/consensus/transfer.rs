@@ -27,7 +27,7 @@ use crossbeam_channel::Sender;
 
 use super::node::{Input, Transport};
 use crate::backend::{Backend, FileMaker};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
 use crate::mvcc::store::Store;
 use crate::snapshot::{self, SnapshotMeta};
@@ -67,7 +67,7 @@ pub(crate) fn send(
 }
 
 fn stream(to: u64, message: Bytes, source: SnapshotSource, transport: &dyn Transport) -> Result<u64> {
-    let (mut reader, mut writer) = std::io::pipe().map_err(|e| Error::Snapshot(format!("pipe: {e}")))?;
+    let (mut reader, mut writer) = std::io::pipe().map_err(|e| Error::Snapshot(Failure::caused_by("pipe", e)))?;
     // The writer end closes when the source returns, which ends the stream.
     let producer = std::thread::Builder::new()
         .name("cairn-snapshot-write".into())
@@ -78,14 +78,14 @@ fn stream(to: u64, message: Bytes, source: SnapshotSource, transport: &dyn Trans
                 source(&mut writer)
             }
         })
-        .map_err(|e| Error::Snapshot(format!("spawn the snapshot writer: {e}")))?;
+        .map_err(|e| Error::Snapshot(Failure::caused_by("spawn the snapshot writer", e)))?;
     let sent = transport.send_snapshot(to, message, &mut reader);
     // A writer still writing sees the pipe closed and stops.
     drop(reader);
     let produced = producer
         .join()
-        .map_err(|_| Error::Internal("the snapshot writer panicked".into()))?;
-    sent.map_err(|e| Error::Snapshot(format!("to member {to}: {e}")))?;
+        .map_err(|_| Error::internal("the snapshot writer panicked"))?;
+    sent.map_err(|e| Error::Snapshot(Failure::caused_by(format!("to member {to}"), e)))?;
     produced
 }
 

@@ -263,14 +263,14 @@ pub(super) type Swept = (Mutex<()>, parking_lot::Condvar);
 fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Result<(Encoded, Vec<PathBuf>)> {
     let mut st = state.write();
     if staged.index() <= st.applied_index {
-        return Err(Error::Internal(format!(
+        return Err(Error::internal(format!(
             "a snapshot at {} cannot replace the state at {}",
             staged.index(),
             st.applied_index
         )));
     }
     let Some((mut store, mut lessor, meta)) = staged.take() else {
-        return Err(Error::Internal("a staged snapshot was installed twice".into()));
+        return Err(Error::internal("a staged snapshot was installed twice"));
     };
     // Snapshots of the old state still running unpin the new one when they stop.
     store.pinned = st.store.pinned;

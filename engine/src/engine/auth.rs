@@ -26,7 +26,7 @@ impl Engine {
         let rx = self.inner.submit(super::kv::guarded(Request::Auth(change), guard))?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Auth, revision) => Ok(Applied { response: (), revision }),
-            (other, _) => Err(Error::Internal(format!("auth change answered with {other:?}"))),
+            (other, _) => Err(Error::internal(format!("auth change answered with {other:?}"))),
         }))
     }
 
@@ -42,7 +42,7 @@ impl Engine {
         let rx = self.inner.submit(request)?;
         Ok(Pending::new(rx, |answer| match answer {
             (Response::Authenticated { token }, _) => Ok(token),
-            (other, _) => Err(Error::Internal(format!("authenticate answered with {other:?}"))),
+            (other, _) => Err(Error::internal(format!("authenticate answered with {other:?}"))),
         }))
     }
 

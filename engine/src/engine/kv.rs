@@ -34,7 +34,7 @@ pub(super) fn guarded(request: Request, guard: Option<u64>) -> Request {
 }
 
 fn unexpected(what: &str, answer: Response) -> Error {
-    Error::Internal(format!("{what} answered with {answer:?}"))
+    Error::internal(format!("{what} answered with {answer:?}"))
 }
 
 impl Engine {

@@ -43,7 +43,7 @@ impl Engine {
                 response: LeaseGrant { id, ttl },
                 revision,
             }),
-            (other, _) => Err(Error::Internal(format!("lease grant answered with {other:?}"))),
+            (other, _) => Err(Error::internal(format!("lease grant answered with {other:?}"))),
         }
     }
 
@@ -59,7 +59,7 @@ impl Engine {
             .propose(super::kv::guarded(Request::LeaseRevoke { id }, guard))?
         {
             (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
-            (other, _) => Err(Error::Internal(format!("lease revoke answered with {other:?}"))),
+            (other, _) => Err(Error::internal(format!("lease revoke answered with {other:?}"))),
         }
     }
 

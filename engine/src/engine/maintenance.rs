@@ -14,7 +14,7 @@ use crate::backend::{FileMaker, DATA_DIR};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::Config;
 use crate::consensus::{MemberAttributes, Membership, RecentRequests};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::mvcc::store::{HashKv, StoreMeta};
 use crate::request::{Alarm, Request, Response};
 use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
@@ -87,9 +87,9 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
         let (records, last) = {
             let st = state.read();
             if st.installs != installs {
-                return Err(Error::Snapshot(
-                    "a snapshot from the leader replaced the state while this one was taken".into(),
-                ));
+                return Err(Error::Snapshot(Failure::new(
+                    "a snapshot from the leader replaced the state while this one was taken",
+                )));
             }
             st.store
                 .export_chunk(after, meta.current, meta.compacted, SNAPSHOT_CHUNK)?
@@ -108,7 +108,7 @@ impl Engine {
     pub fn compact(&self, revision: i64) -> Result<Applied<()>> {
         match self.inner.propose(Request::Compact { revision })? {
             (Response::Compact, revision) => Ok(Applied { response: (), revision }),
-            (other, _) => Err(Error::Internal(format!("compact answered with {other:?}"))),
+            (other, _) => Err(Error::internal(format!("compact answered with {other:?}"))),
         }
     }
 
@@ -183,10 +183,10 @@ impl Engine {
 
     fn restore_with(snapshot: &mut dyn std::io::Read, dir: &Path, membership: Option<Membership>) -> Result<()> {
         if checkpoint::in_use(dir) {
-            return Err(Error::Snapshot(format!(
+            return Err(Error::Snapshot(Failure::new(format!(
                 "{} already holds data; restore into a new directory",
                 dir.display()
-            )));
+            ))));
         }
         let data_dir = dir.join(DATA_DIR);
         let restored = (|| {

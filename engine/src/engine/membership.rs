@@ -12,7 +12,7 @@ use super::Inner;
 use crate::consensus::node::{Input, MemberChange};
 use crate::consensus::transfer::Staged;
 use crate::consensus::MemberAttributes;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
 use crate::request::Request;
 
@@ -72,12 +72,12 @@ impl Inbox {
     pub fn deliver_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
         use protobuf::Message as _;
         let m = raft::eraftpb::Message::parse_from_bytes(message)
-            .map_err(|e| Error::Snapshot(format!("the snapshot's raft message does not decode: {e}")))?;
+            .map_err(|e| Error::Snapshot(Failure::caused_by("the snapshot's raft message does not decode", e)))?;
         if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
-            return Err(Error::Snapshot(format!(
+            return Err(Error::Snapshot(Failure::new(format!(
                 "a {:?} message came with snapshot data",
                 m.get_msg_type()
-            )));
+            ))));
         }
         let index = m.get_snapshot().get_metadata().index;
         let inner = self.inner.upgrade().ok_or(Error::Closed)?;
@@ -93,10 +93,10 @@ impl Inbox {
         drop(inner);
         let staged = Staged::read(data, maker, lessor)?;
         if staged.index() < index {
-            return Err(Error::Snapshot(format!(
+            return Err(Error::Snapshot(Failure::new(format!(
                 "the snapshot's data is at index {}, its message says {index}",
                 staged.index()
-            )));
+            ))));
         }
         let (reply, answer) = bounded(1);
         self.tx

@@ -58,7 +58,7 @@ use crate::config::Config;
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{NoPeers, Node, NodeConfig, Status, Transport};
 use crate::consensus::{Membership, RecentRequests};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
 use crate::mvcc::store::Store;
 use crate::request::Alarm;
@@ -300,7 +300,7 @@ impl Engine {
                         apply_loop(apply_rx, apply_shared, applier, batch, swept)
                     }
                 })
-                .map_err(|e| Error::Internal(format!("spawn apply thread: {e}")))?
+                .map_err(|e| Error::Internal(Failure::caused_by("spawn apply thread", e)))?
         };
         let watch_thread = {
             let (state, hub) = (state.clone(), hub.clone());
@@ -315,7 +315,7 @@ impl Engine {
                         watch_loop(state, hub, fed, stop_rx, every, progress_every)
                     }
                 })
-                .map_err(|e| Error::Internal(format!("spawn watch thread: {e}")))?;
+                .map_err(|e| Error::Internal(Failure::caused_by("spawn watch thread", e)))?;
             (stop_tx, thread)
         };
         let seed = std::time::SystemTime::now()
@@ -365,7 +365,7 @@ impl Engine {
                         checker_loop(inner, stop_rx, every)
                     }
                 })
-                .map_err(|e| Error::Internal(format!("spawn lease checker: {e}")))?;
+                .map_err(|e| Error::Internal(Failure::caused_by("spawn lease checker", e)))?;
             *engine.checker.lock() = Some((stop_tx, thread));
         }
         Ok(engine)

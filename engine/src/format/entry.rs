@@ -35,10 +35,8 @@ pub(crate) enum DecodeError {
 /// The entry's bytes: the format byte, then the request. A request that does not serialize is
 /// an error, never an entry that would not decode.
 pub(crate) fn encode(request: Request) -> crate::Result<Vec<u8>> {
-    postcard::to_extend(&Entry::from(request), vec![FORMAT_V1]).map_err(|e| crate::Error::Encode {
-        what: "a log entry",
-        reason: e.to_string(),
-    })
+    postcard::to_extend(&Entry::from(request), vec![FORMAT_V1])
+        .map_err(|e| crate::Error::Encode(crate::Failure::caused_by("a log entry", e)))
 }
 
 /// The request an entry holds.

@@ -153,10 +153,8 @@ pub(crate) mod attributes {
 
     /// A context's bytes.
     pub(crate) fn encode(attributes: &MemberAttributes) -> crate::Result<Vec<u8>> {
-        postcard::to_allocvec(&Attributes::from(attributes)).map_err(|e| crate::Error::Encode {
-            what: "member attributes",
-            reason: e.to_string(),
-        })
+        postcard::to_allocvec(&Attributes::from(attributes))
+            .map_err(|e| crate::Error::Encode(crate::Failure::caused_by("member attributes", e)))
     }
 
     /// Attributes from a context; one that does not decode (or an empty one) gives none.

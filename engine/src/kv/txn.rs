@@ -341,7 +341,7 @@ impl TxnRequest {
                 RequestOp::Range(r) => ResponseOp::Range(r.apply(store)?),
                 RequestOp::Txn(t) => ResponseOp::Txn(t.read_along(store, path)?),
                 RequestOp::Put(_) | RequestOp::DeleteRange(_) => {
-                    return Err(Error::Internal("a write in a txn read without writing".to_string()))
+                    return Err(Error::internal("a write in a txn read without writing"))
                 }
             });
         }

@@ -105,7 +105,7 @@ impl Lessor {
     pub(crate) fn grant(&mut self, id: i64, ttl: i64) -> Result<i64> {
         // Any ID but 0 (no lease): etcd grants negative ones too.
         if id == 0 {
-            return Err(Error::Internal("a lease grant with ID 0 reached the lessor".into()));
+            return Err(Error::internal("a lease grant with ID 0 reached the lessor"));
         }
         if ttl > MAX_LEASE_TTL {
             return Err(Error::LeaseTtlTooLarge);

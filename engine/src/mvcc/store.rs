@@ -21,7 +21,7 @@ use super::revision::Revision;
 use super::revision_log::RevisionLog;
 use crate::backend::record::{self, Record};
 use crate::backend::{Active, Backend, FileLen, FileMaker, Loc, Mark, Sealed};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,7 +137,7 @@ struct Compaction {
 }
 
 fn internal(e: KeyIndexError) -> Error {
-    Error::Internal(e.to_string())
+    Error::Internal(Failure::caused_by("the key index", e))
 }
 
 impl Compaction {
@@ -187,7 +187,7 @@ impl Defrag {
                 .iter()
                 .find(|(id, _)| *id == loc.file)
                 .map(|(_, f)| f)
-                .ok_or_else(|| Error::Internal(format!("record {loc:?} is in no file being defragmented")))?;
+                .ok_or_else(|| Error::internal(format!("record {loc:?} is in no file being defragmented")))?;
             let record = file.read(*loc)?;
             let active = match out {
                 Some(a) => a,
@@ -256,7 +256,12 @@ impl Store {
         backend.scan(|loc, record| {
             index
                 .restore(record.key, record.rev, record.created, record.version)
-                .map_err(|e| Error::Backend(format!("data files disagree at revision {}: {e}", record.rev)))?;
+                .map_err(|e| {
+                    Error::Backend(Failure::caused_by(
+                        format!("data files disagree at revision {}", record.rev),
+                        e,
+                    ))
+                })?;
             log.insert(record.rev, loc);
             Ok(())
         })?;
@@ -347,7 +352,7 @@ impl Store {
         let loc = self
             .log
             .get(&rev)
-            .ok_or_else(|| Error::Internal(format!("no record stored for revision {rev}")))?;
+            .ok_or_else(|| Error::internal(format!("no record stored for revision {rev}")))?;
         self.backend.read(loc)
     }
 
@@ -368,7 +373,7 @@ impl Store {
         }
         let record = self.record(found.modified)?;
         if record.is_tombstone() {
-            return Err(Error::Internal(format!("revision {} is a tombstone", found.modified)));
+            return Err(Error::internal(format!("revision {} is a tombstone", found.modified)));
         }
         Ok(KeyValue {
             key: Bytes::copy_from_slice(key),
@@ -690,7 +695,7 @@ impl Store {
         // below it. Checked in debug builds only: it walks the whole log under the lock.
         #[cfg(debug_assertions)]
         if let Some((rev, loc)) = self.log.iter().find(|(_, l)| old.contains(&l.file)) {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "revision {rev} still in an old data file at {loc:?}"
             )));
         }

@@ -266,7 +266,7 @@ impl SnapshotSender {
         self.buffer.extend_from_slice(&digest);
         let blob = std::mem::take(&mut self.buffer);
         self.send(blob, 0)
-            .map_err(|e| cairn_engine::Error::Snapshot(e.to_string()))
+            .map_err(|e| cairn_engine::Error::Snapshot(cairn_engine::Failure::caused_by("send the last chunk", e)))
     }
 }
 
