@@ -43,7 +43,7 @@ fn engine_benches(c: &mut Criterion) {
             let (engine, value) = (&engine, &value);
             s.spawn(move || {
                 for i in (t..1000).step_by(8) {
-                    engine.put(put(format!("k{i:07}").as_bytes(), value)).expect("load");
+                    engine.write(put(format!("k{i:07}").as_bytes(), value)).expect("load");
                 }
             });
         }
@@ -59,7 +59,7 @@ fn engine_benches(c: &mut Criterion) {
         b.iter(|| {
             n += 1;
             engine
-                .put(put(format!("p{}", n % 1000).as_bytes(), &value))
+                .write(put(format!("p{}", n % 1000).as_bytes(), &value))
                 .expect("put")
         })
     });
@@ -115,7 +115,7 @@ fn engine_benches(c: &mut Criterion) {
         .collect();
     group.bench_function("watch/fanout/1000", |b| {
         b.iter(|| {
-            engine.put(put(b"w/k", &value)).expect("put");
+            engine.write(put(b"w/k", &value)).expect("put");
             for w in &watchers {
                 black_box(w.recv_timeout(Duration::from_secs(10)).expect("event"));
             }
@@ -195,7 +195,7 @@ fn maintenance_benches(c: &mut Criterion) {
                     s.spawn(|| {
                         let mut i = 0u64;
                         while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                            engine.put(put(format!("w{i}").as_bytes(), b"v")).expect("put");
+                            engine.write(put(format!("w{i}").as_bytes(), b"v")).expect("put");
                             i += 1;
                         }
                     });

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_engine::{Config, Engine, LocalNetwork, PutRequest, RangeRequest};
+use cairn_engine::{Engine, LocalNetwork, PutRequest, RangeRequest};
 
 const MEMBERS: [u64; 3] = [1, 2, 3];
 
@@ -19,12 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let net = LocalNetwork::new(7);
     let mut members = Vec::new();
     for id in MEMBERS {
-        let config = Config {
-            member_id: id,
-            initial_members: MEMBERS.to_vec(),
-            ..Config::default()
-        };
-        let engine = Engine::open_member(format!("{root}/member-{id}"), config, net.transport(id))?;
+        let engine = Engine::builder(format!("{root}/member-{id}"))
+            .member(id)
+            .peers(MEMBERS)
+            .transport(net.transport(id))
+            .open()?;
         net.attach(id, engine.inbox()?);
         members.push(engine);
     }
@@ -48,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             value: Bytes::from(runs.to_string()),
             ..PutRequest::default()
         };
-        match via.put(put) {
+        match via.write(put) {
             Ok(_) => break runs,
             Err(e) if e.is_transient() && Instant::now() < deadline => continue,
             Err(e) => return Err(e.into()),

@@ -22,19 +22,6 @@ pub struct Config {
     /// entries rather than a snapshot of the whole state (etcd's
     /// `--experimental-snapshot-catchup-entries`). Default 5,000.
     pub snapshot_catch_up_entries: u64,
-    /// This member's Raft ID; a single-node engine is the group of one with this ID. Default 1.
-    pub member_id: u64,
-    /// The members of a new group (etcd's `--initial-cluster`), this one included; empty for
-    /// a group of one. Ignored once the member has data. Default empty.
-    pub initial_members: Vec<u64>,
-    /// The names and peer URLs of `initial_members` (etcd's `--initial-cluster`), recorded in
-    /// the group's first entries; members not listed have none until they are updated or
-    /// publish. Default empty.
-    pub initial_attributes: std::collections::BTreeMap<u64, crate::MemberAttributes>,
-    /// A new member joining a group that exists already (etcd's `--initial-cluster-state
-    /// existing`): it starts with no membership and learns it, and the log, from the leader
-    /// after the group has added it. Default false.
-    pub join_existing: bool,
     /// The Raft tick (etcd's `--heartbeat-interval`). Default 100 ms.
     pub raft_tick: Duration,
     /// Ticks without a leader before a follower campaigns (etcd's `--election-timeout` is
@@ -98,10 +85,6 @@ impl Default for Config {
             wal_dir: None,
             checkpoint_entries: 10_000,
             snapshot_catch_up_entries: 5_000,
-            member_id: 1,
-            initial_members: Vec::new(),
-            initial_attributes: Default::default(),
-            join_existing: false,
             raft_tick: Duration::from_millis(100),
             election_ticks: 10,
             heartbeat_ticks: 1,
@@ -147,13 +130,10 @@ impl Config {
                 "data_file_size must be between 4 KiB and 1 GiB".into(),
             ));
         }
-        if self.member_id == 0 || self.raft_tick.is_zero() || self.heartbeat_ticks == 0 {
+        if self.raft_tick.is_zero() || self.heartbeat_ticks == 0 {
             return Err(Error::InvalidConfig(
-                "member_id, raft_tick and heartbeat_ticks must be positive".into(),
+                "raft_tick and heartbeat_ticks must be positive".into(),
             ));
-        }
-        if !self.initial_members.is_empty() && !self.initial_members.contains(&self.member_id) {
-            return Err(Error::InvalidConfig("initial_members must include member_id".into()));
         }
         if self.election_ticks <= self.heartbeat_ticks {
             return Err(Error::InvalidConfig(

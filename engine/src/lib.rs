@@ -1,30 +1,127 @@
-//! cairn's engine: the MVCC state machine and the embedded, durable [`Engine`].
+//! cairn's engine: an embedded, Raft-replicated MVCC key-value store with etcd's semantics.
 //!
-//! [`Store`] is the MVCC core: revisions, per-key generations, the B-tree key index, and etcd's
-//! read, write and compaction semantics, with etcd's KV requests over it (Range with sorting and
-//! filters, Put, DeleteRange, Txn with compares and nested txns). [`Engine`] keeps it in a
-//! directory: each request is a raft-rs log entry, in the WAL before it is applied, changes
-//! live in memory-mapped data files, and checkpoints bound what a restart replays. It serves
-//! txns, compaction, non-blocking defragmentation, leases, watch and streamed snapshots. An
-//! engine is a Raft group of one ([`Engine::open`]) or a member of a bigger group
-//! ([`Engine::open_member`] with a [`Transport`]; [`LocalNetwork`] for members in one process).
+//! An [`Engine`] keeps its state in a directory: every write is a raft-rs log entry, durable in
+//! the write-ahead log before it is applied; values live in memory-mapped data files; and
+//! checkpoints bound what a restart replays. It serves etcd's KV requests (range, put, delete,
+//! txn), compaction, defragmentation that never stops writes, leases, watches and snapshots. An
+//! engine is a group of one ([`Engine::open`]) or a member of a bigger group
+//! ([`Engine::builder`] with a [`Transport`]). [`Store`] is the MVCC core on its own.
 //!
-//! ```no_run
-//! use cairn_engine::{Config, Engine, PutRequest, RangeRequest};
+//! # Put and get
+//!
+//! ```
+//! use cairn_engine::{Config, Engine};
 //!
 //! # fn main() -> cairn_engine::Result<()> {
-//! let engine = Engine::open("/var/lib/cairn", Config::default())?;
-//! let written = engine.put(PutRequest {
-//!     key: b"greeting".to_vec(),
-//!     value: "hello".into(),
-//!     ..PutRequest::default()
-//! })?;
-//! let read = engine.range(&RangeRequest::key("greeting"))?;
-//! assert_eq!(read.revision, written.revision);
-//! assert_eq!(read.kvs.first().map(|kv| kv.value.clone()), Some("hello".into()));
+//! # let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Config::default())?;
+//! let revision = engine.put("greeting", "hello")?;
+//! let kv = engine.get("greeting")?.expect("just put");
+//! assert_eq!((kv.value.as_ref(), kv.mod_revision), (&b"hello"[..], revision));
+//! engine.put("greetings/fr", "bonjour")?;
+//! assert_eq!(engine.get_prefix("greetings/")?.len(), 1);
+//! assert!(engine.delete("greeting")?);
 //! engine.close()
 //! # }
 //! ```
+//!
+//! Every write is one of etcd's requests ([`PutRequest`], [`DeleteRangeRequest`],
+//! [`TxnRequest`]) given to [`Engine::write`]; reads are [`RangeRequest`]s given to
+//! [`Engine::range`]. `put`, `delete`, `get` and `get_prefix` are shorthands for the common
+//! cases. Each blocking call has an async twin (`write_async`, `range_async`, ...) that no
+//! thread waits in.
+//!
+//! # Transactions
+//!
+//! A txn's compares are checked and one branch applied in one revision, atomically:
+//!
+//! ```
+//! use cairn_engine::{Compare, Config, Engine, PutRequest, TxnRequest};
+//!
+//! # fn main() -> cairn_engine::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Config::default())?;
+//! let seen = engine.put("leader", "a")?;
+//! // Take over only if nobody wrote the key since we read it.
+//! let takeover = TxnRequest::when([Compare::mod_revision("leader").eq(seen)])
+//!     .then([PutRequest::new("leader", "b")])
+//!     .otherwise([cairn_engine::RangeRequest::key("leader")]);
+//! let applied = engine.txn(takeover)?;
+//! assert!(applied.response.succeeded);
+//! assert_eq!(engine.get("leader")?.map(|kv| kv.value), Some("b".into()));
+//! # engine.close()
+//! # }
+//! ```
+//!
+//! # Watch
+//!
+//! A [`Watch`] delivers every change to a key or prefix, in revision order, from any revision
+//! still in history. Read it blocking (`for response in &watch`) or as an async stream
+//! (`futures_core::Stream`; see `examples/watch_stream.rs`).
+//!
+//! ```
+//! use cairn_engine::{Config, Engine, EventKind, WatchRequest, WatchResponse};
+//!
+//! # fn main() -> cairn_engine::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Config::default())?;
+//! let first = engine.put("jobs/1", "queued")?;
+//! engine.delete("jobs/1")?;
+//! let watch = engine.watch(&WatchRequest::prefix("jobs/").from_revision(first))?;
+//! let Some(WatchResponse::Events { events, .. }) = watch.recv() else { panic!("no events") };
+//! let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+//! assert_eq!(kinds, [EventKind::Put, EventKind::Delete]);
+//! # engine.close()
+//! # }
+//! ```
+//!
+//! # Leases
+//!
+//! Keys attached to a lease are deleted when it expires or is revoked; a holder keeps it alive.
+//!
+//! ```
+//! use cairn_engine::{Config, Engine, PutRequest};
+//!
+//! # fn main() -> cairn_engine::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Config::default())?;
+//! let lease = engine.lease_grant(0, 10)?.response.id; // 0: the engine picks the ID
+//! engine.write(PutRequest::new("session/me", "alive").with_lease(lease))?;
+//! assert_eq!(engine.lease_keep_alive(lease)?, 10);
+//! engine.lease_revoke(lease)?;
+//! assert!(engine.get("session/me")?.is_none(), "revoking deletes the lease's keys");
+//! # engine.close()
+//! # }
+//! ```
+//!
+//! # Errors
+//!
+//! [`Error`] says what a caller can act on: [`Error::is_transient`] (a retry may succeed: no
+//! leader yet, a leader change, a timeout), [`Error::outcome_unknown`] (a write may have been
+//! applied all the same), and the cause of an I/O failure ([`Error::io_error`]).
+//!
+//! # Replication
+//!
+//! ```no_run
+//! use cairn_engine::{Engine, LocalNetwork};
+//!
+//! # fn main() -> cairn_engine::Result<()> {
+//! let net = LocalNetwork::new(7); // members in one process; a server brings its own Transport
+//! let mut members = Vec::new();
+//! for id in [1, 2, 3] {
+//!     let engine = Engine::builder(format!("/var/lib/cairn/member-{id}"))
+//!         .member(id)
+//!         .peers([1, 2, 3])
+//!         .transport(net.transport(id))
+//!         .open()?;
+//!     net.attach(id, engine.inbox()?);
+//!     members.push(engine);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! docs/design.md in the repository describes how it all works.
 
 #![warn(missing_docs)]
 
@@ -52,8 +149,8 @@ pub use consensus::local::LocalNetwork;
 pub use consensus::node::Transport;
 pub use consensus::MemberAttributes;
 pub use engine::{
-    Applied, Defragmented, Engine, Inbox, LeaseGrant, Member, Members, Pending, PendingFuture, RaftStatus,
-    SnapshotInfo, Watch, WatchGroup,
+    Applied, Defragmented, Engine, EngineBuilder, Inbox, LeaseGrant, Member, Members, Peer, Pending, PendingFuture,
+    RaftStatus, SnapshotInfo, Watch, WatchGroup, WriteRequest,
 };
 pub use error::{Error, Failure, Result};
 pub use kv::build::CompareOn;

@@ -64,7 +64,7 @@ fn put(key: &str, value: Bytes) -> PutRequest {
 /// Puts `key` and returns the acknowledgement.
 fn put_acked(engine: &Engine, key: &str, tag: &str, len: usize) -> Ack {
     let v = value(key, tag, len);
-    let revision = engine.put(put(key, v.clone())).unwrap().revision;
+    let revision = engine.write(put(key, v.clone())).unwrap().revision;
     (key.to_owned(), v, revision)
 }
 
@@ -78,7 +78,7 @@ fn load(engine: &Engine, keys: usize, versions: usize, len: usize) -> Kvs {
                 .map(|i| {
                     let k = key(i);
                     let v = value(&k, &format!("load{version}"), len);
-                    let p = engine.put_async(put(&k, v.clone())).unwrap();
+                    let p = engine.write_async(put(&k, v.clone())).unwrap();
                     (k, v, p)
                 })
                 .collect();

@@ -25,21 +25,19 @@ fn peer_url(id: u64) -> String {
     format!("http://m{id}:2380")
 }
 
-fn config(id: u64) -> Config {
-    let initial_attributes = MEMBERS
-        .iter()
-        .map(|m| {
-            let attributes = MemberAttributes {
-                name: format!("m{m}"),
-                ..MemberAttributes::with_peer_urls(vec![peer_url(*m)])
-            };
-            (*m, attributes)
-        })
-        .collect();
+/// The group's members, with their names and peer URLs.
+fn peers() -> impl Iterator<Item = (u64, MemberAttributes)> {
+    MEMBERS.iter().map(|m| {
+        let attributes = MemberAttributes {
+            name: format!("m{m}"),
+            ..MemberAttributes::with_peer_urls(vec![peer_url(*m)])
+        };
+        (*m, attributes)
+    })
+}
+
+fn config(_id: u64) -> Config {
     Config {
-        member_id: id,
-        initial_members: MEMBERS.to_vec(),
-        initial_attributes,
         raft_tick: Duration::from_millis(10),
         election_ticks: 10,
         heartbeat_ticks: 1,
@@ -91,7 +89,13 @@ impl Cluster {
             clock: Arc::new(self.clock.clone()),
             ..(self.config)(id)
         };
-        let engine = Engine::open_member(self.dir(id), config, self.net.transport(id)).unwrap();
+        let engine = Engine::builder(self.dir(id))
+            .member(id)
+            .peers(peers())
+            .config(config)
+            .transport(self.net.transport(id))
+            .open()
+            .unwrap();
         self.net.attach(id, engine.inbox().unwrap());
         self.members[(id - 1) as usize] = Some(engine);
     }
@@ -139,7 +143,7 @@ fn put(key: &str, value: &str) -> PutRequest {
 fn put_through(engine: &Engine, key: &str, value: &str) -> i64 {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        match engine.put(put(key, value)) {
+        match engine.write(put(key, value)) {
             Ok(applied) => return applied.revision,
             Err(Error::NoLeader | Error::LeaderChanged | Error::Timeout) if Instant::now() < deadline => {}
             Err(e) => panic!("put {key}: {e}"),
@@ -297,7 +301,7 @@ fn a_partitioned_leader_serves_no_stale_read_and_acknowledges_no_write() {
     };
     assert_eq!(r.kvs[0].value.as_ref(), b"2");
     // Nor can it acknowledge a write.
-    match c.member(old).put(put("k", "3")) {
+    match c.member(old).write(put("k", "3")) {
         Ok(a) => panic!("the minority acknowledged a write at revision {}", a.revision),
         Err(e) => assert!(
             matches!(e, Error::Timeout | Error::LeaderChanged | Error::NoLeader),
@@ -337,16 +341,13 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
     };
     assert_eq!(c.member(leader).member_list().last(), Some(&added));
     let dir4 = c.dir(1).parent().unwrap().join("m4");
-    let joiner = Engine::open_member(
-        &dir4,
-        Config {
-            join_existing: true,
-            initial_members: Vec::new(),
-            ..config(4)
-        },
-        c.net.transport(4),
-    )
-    .unwrap();
+    let joiner = Engine::builder(&dir4)
+        .member(4)
+        .join_existing()
+        .config(config(4))
+        .transport(c.net.transport(4))
+        .open()
+        .unwrap();
     c.net.attach(4, joiner.inbox().unwrap());
     // It catches up while writes go on.
     let target = c.member(leader).current_revision();
@@ -490,7 +491,7 @@ fn a_member_far_behind_catches_up_by_snapshot() {
     }
     let lease = c.member(leader).lease_grant(0, 600).unwrap().response.id;
     c.member(leader)
-        .put(PutRequest {
+        .write(PutRequest {
             lease,
             ..put("leased", "v")
         })
@@ -500,7 +501,7 @@ fn a_member_far_behind_catches_up_by_snapshot() {
         compact_at = put_through(c.member(leader), &format!("while-down{}", i % 50), &format!("v{i}"));
     }
     c.member(leader)
-        .delete_range(cairn_engine::DeleteRangeRequest {
+        .write(cairn_engine::DeleteRangeRequest {
             key: b"before0".to_vec(),
             ..Default::default()
         })
@@ -598,7 +599,7 @@ fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
                         let after = cut.load(Ordering::Acquire);
                         i += 1;
                         let answer = match kind {
-                            "put" => match engine.put_async(put(&format!("m{id}/{i}"), "v")) {
+                            "put" => match engine.write_async(put(&format!("m{id}/{i}"), "v")) {
                                 Ok(pending) => within_patience(pending).map(|_| ()),
                                 Err(e) => Err(e),
                             },

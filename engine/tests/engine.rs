@@ -40,12 +40,12 @@ fn writes_and_their_history_survive_reopening() {
     let engine = Engine::open(dir.path(), small()).unwrap();
     for i in 0..50 {
         let r = engine
-            .put(put(&format!("key/{:02}", i % 10), &format!("v{i}")))
+            .write(put(&format!("key/{:02}", i % 10), &format!("v{i}")))
             .unwrap();
         assert_eq!(r.revision, i + 2, "the first write of an empty store gets revision 2");
     }
     let deleted = engine
-        .delete_range(DeleteRangeRequest {
+        .write(DeleteRangeRequest {
             key: b"key/00".to_vec(),
             range_end: b"key/05".to_vec(),
             prev_kv: true,
@@ -87,7 +87,7 @@ fn writes_and_their_history_survive_reopening() {
         "{compacted:?}"
     );
     // The log continues where it left off.
-    assert_eq!(engine.put(put("after", "reopen")).unwrap().revision, 54);
+    assert_eq!(engine.write(put("after", "reopen")).unwrap().revision, 54);
 }
 
 #[test]
@@ -99,7 +99,7 @@ fn concurrent_writers_get_unique_dense_revisions() {
             let engine = engine.clone();
             std::thread::spawn(move || {
                 (0..25)
-                    .map(|i| engine.put(put(&format!("t{t}/{i}"), "v")).unwrap().revision)
+                    .map(|i| engine.write(put(&format!("t{t}/{i}"), "v")).unwrap().revision)
                     .collect::<Vec<i64>>()
             })
         })
@@ -121,7 +121,7 @@ fn serial_writes_and_bursts_interleave_in_log_order() {
     for round in 0..4 {
         for i in 0..10 {
             let value = format!("serial {round}/{i}");
-            written.push((engine.put(put("k", &value)).unwrap().revision, value));
+            written.push((engine.write(put("k", &value)).unwrap().revision, value));
         }
         let burst: Vec<_> = (0..16)
             .map(|t| {
@@ -130,7 +130,7 @@ fn serial_writes_and_bursts_interleave_in_log_order() {
                     (0..5)
                         .map(|i| {
                             let value = format!("burst {round}/{t}/{i}");
-                            (engine.put(put("k", &value)).unwrap().revision, value)
+                            (engine.write(put("k", &value)).unwrap().revision, value)
                         })
                         .collect::<Vec<_>>()
                 })
@@ -175,7 +175,7 @@ fn a_lone_compaction_is_swept() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Arc::new(Engine::open(dir.path(), small()).unwrap());
     for i in 0..20 {
-        engine.put(put("k", &format!("v{i}"))).unwrap();
+        engine.write(put("k", &format!("v{i}"))).unwrap();
     }
     engine.compact(15).unwrap();
     assert_swept(&engine);
@@ -213,7 +213,7 @@ fn a_compaction_during_a_snapshot_is_swept_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Arc::new(Engine::open(dir.path(), small()).unwrap());
     for i in 0..20 {
-        engine.put(put("k", &format!("v{i}"))).unwrap();
+        engine.write(put("k", &format!("v{i}"))).unwrap();
     }
     let (started, has_started) = std::sync::mpsc::channel();
     let (go, held) = std::sync::mpsc::channel();
@@ -238,8 +238,8 @@ fn a_compaction_during_a_snapshot_is_swept_after_it() {
 fn etcd_errors_come_back() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
-    assert_eq!(engine.put(put("", "v")).unwrap_err(), Error::EmptyKey);
-    engine.put(put("a", "1")).unwrap();
+    assert_eq!(engine.write(put("", "v")).unwrap_err(), Error::EmptyKey);
+    engine.write(put("a", "1")).unwrap();
     let future = engine.range(&RangeRequest {
         key: b"a".to_vec(),
         revision: 5,
@@ -263,7 +263,7 @@ fn etcd_errors_come_back() {
         ignore_value: true,
         ..PutRequest::default()
     };
-    assert_eq!(engine.put(keep_missing).unwrap_err(), Error::KeyNotFound);
+    assert_eq!(engine.write(keep_missing).unwrap_err(), Error::KeyNotFound);
 }
 
 #[test]
@@ -271,11 +271,11 @@ fn writes_can_be_awaited() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
     // Both are logged before either is awaited: they share the group commit.
-    let first = engine.put_async(put("a", "1")).unwrap();
-    let second = engine.put_async(put("b", "2")).unwrap();
+    let first = engine.write_async(put("a", "1")).unwrap();
+    let second = engine.write_async(put("b", "2")).unwrap();
     let (first, second) = pollster::block_on(async { (first.await, second.await) });
     assert_eq!((first.unwrap().revision, second.unwrap().revision), (2, 3));
-    let err = engine.put_async(put("", "v")).unwrap_err();
+    let err = engine.write_async(put("", "v")).unwrap_err();
     assert_eq!(err, Error::EmptyKey);
 }
 
@@ -283,8 +283,8 @@ fn writes_can_be_awaited() {
 fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
-    engine.put(put("a", "1")).unwrap();
-    let written = engine.put_async(put("b", "2")).unwrap();
+    engine.write(put("a", "1")).unwrap();
+    let written = engine.write_async(put("b", "2")).unwrap();
     assert_eq!(pollster::block_on(written).unwrap().revision, 3);
     // A linearizable read after a write was acknowledged sees it.
     let read = pollster::block_on(engine.range_async(&RangeRequest::all())).unwrap();
@@ -345,7 +345,7 @@ fn a_damaged_checkpoint_is_refused_not_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
     for i in 0..20 {
-        engine.put(put(&format!("k{i}"), "v")).unwrap();
+        engine.write(put(&format!("k{i}"), "v")).unwrap();
     }
     engine.close().unwrap();
     let path = dir.path().join("checkpoint");
@@ -387,7 +387,7 @@ fn a_snapshot_restores_into_an_identical_engine() {
     for i in 0..30 {
         let mut req = put(&format!("k{}", i % 7), &format!("v{i}"));
         req.lease = if i % 2 == 0 { lease } else { 0 };
-        engine.put(req).unwrap();
+        engine.write(req).unwrap();
     }
     engine.compact(10).unwrap();
     let mut snapshot = Vec::new();
@@ -408,7 +408,7 @@ fn a_snapshot_restores_into_an_identical_engine() {
     );
     // It carries on from where the snapshot was taken.
     assert_eq!(
-        restored.put(put("new", "x")).unwrap().revision,
+        restored.write(put("new", "x")).unwrap().revision,
         engine.current_revision() + 1
     );
 
@@ -443,7 +443,7 @@ fn get_and_get_prefix_read_current_values() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
     for (k, v) in [("a/1", "x"), ("a/2", "y"), ("b", "z"), ("a/1", "x2")] {
-        engine.put(PutRequest::new(k, v)).unwrap();
+        engine.write(PutRequest::new(k, v)).unwrap();
     }
     assert_eq!(engine.get("a/1").unwrap().map(|kv| kv.value), Some(Bytes::from("x2")));
     assert_eq!(engine.get("missing").unwrap(), None);
@@ -454,6 +454,26 @@ fn get_and_get_prefix_read_current_values() {
         .map(|kv| kv.key.to_vec())
         .collect();
     assert_eq!(keys, vec![b"a/1".to_vec(), b"a/2".to_vec()]);
-    engine.delete_range(DeleteRangeRequest::prefix("a/")).unwrap();
+    engine.write(DeleteRangeRequest::prefix("a/")).unwrap();
     assert!(engine.get_prefix("a/").unwrap().is_empty());
+}
+
+#[test]
+fn the_builder_refuses_an_identity_that_cannot_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |b: cairn_engine::EngineBuilder| match b.open() {
+        Err(Error::InvalidConfig(why)) => why,
+        other => panic!("opened: {other:?}"),
+    };
+    assert!(refused(Engine::builder(dir.path()).member(0)).contains("member ID"));
+    assert!(refused(Engine::builder(dir.path()).member(4).peers([1, 2, 3])).contains("include this member"));
+    assert!(refused(Engine::builder(dir.path()).member(1).peers([1, 0])).contains("must not be 0"));
+    // Nothing was created by the refusals, and the defaults open a group of one, member 1.
+    assert!(!dir.path().join("wal").exists());
+    let engine = Engine::builder(dir.path()).open().unwrap();
+    assert_eq!(engine.member_id(), 1);
+    assert_eq!(engine.put("k", "v").unwrap(), engine.current_revision());
+    assert_eq!(engine.get("k").unwrap().map(|kv| kv.value), Some("v".into()));
+    assert!(engine.delete("k").unwrap());
+    assert!(!engine.delete("k").unwrap(), "gone already");
 }

@@ -100,13 +100,13 @@ proptest! {
             match op {
                 Op::Put { key, value, prev_kv } => {
                     let req = PutRequest { key: KEYS[key].into(), value: Bytes::from(vec![value]), prev_kv, ..PutRequest::default() };
-                    let got = engine.put(req.clone()).map(|a| (a.response, a.revision));
+                    let got = engine.write(req.clone()).map(|a| (a.response, a.revision));
                     prop_assert_eq!(got, req.apply(&mut reference));
                 }
                 Op::Delete { key, prefix } => {
                     let range_end = if prefix { cairn_engine::prefix_end(KEYS[key].as_bytes()) } else { Vec::new() };
                     let req = DeleteRangeRequest { key: KEYS[key].into(), range_end, prev_kv: true };
-                    let got = engine.delete_range(req.clone()).map(|a| (a.response, a.revision));
+                    let got = engine.write(req.clone()).map(|a| (a.response, a.revision));
                     prop_assert_eq!(got, req.apply(&mut reference));
                 }
                 Op::Cas { key, version, value } => {

@@ -26,7 +26,7 @@ fn config(clock: &ManualClock) -> Config {
 
 fn put(engine: &Engine, key: &str, lease: i64) -> Result<i64, Error> {
     engine
-        .put(PutRequest {
+        .write(PutRequest {
             key: key.as_bytes().to_vec(),
             value: Bytes::from_static(b"v"),
             lease,

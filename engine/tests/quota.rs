@@ -18,7 +18,7 @@ fn config() -> Config {
 
 fn put(engine: &Engine, key: &str) -> Result<i64, Error> {
     engine
-        .put(PutRequest {
+        .write(PutRequest {
             key: key.as_bytes().to_vec(),
             value: Bytes::from(vec![b'v'; 200]),
             ..PutRequest::default()

@@ -35,7 +35,7 @@ fn config(buffer: usize) -> Config {
 
 fn put(engine: &Engine, key: &str, value: &str) -> i64 {
     engine
-        .put(PutRequest {
+        .write(PutRequest {
             key: key.as_bytes().to_vec(),
             value: Bytes::copy_from_slice(value.as_bytes()),
             ..PutRequest::default()
@@ -110,7 +110,7 @@ fn live_events_with_prev_kv_and_filters() {
     put(&engine, "a/x", "1");
     put(&engine, "b", "outside");
     engine
-        .delete_range(DeleteRangeRequest {
+        .write(DeleteRangeRequest {
             key: b"a/x".to_vec(),
             range_end: vec![],
             prev_kv: false,
@@ -457,7 +457,7 @@ fn a_watch_is_an_iterator_of_its_responses() {
     let watch = engine
         .watch(&WatchRequest::prefix("it/").from_revision(first).with_prev_kv())
         .unwrap();
-    let seen: Vec<(String, String, Option<String>)> = watch
+    let seen: Vec<(String, String, Option<String>)> = (&watch)
         .flat_map(|response| match response {
             WatchResponse::Events { events, .. } => events.to_vec(),
             other => panic!("not events: {other:?}"),
@@ -476,4 +476,49 @@ fn a_watch_is_an_iterator_of_its_responses() {
             ("it/a".to_string(), "3".to_string(), Some("1".to_string())),
         ]
     );
+}
+
+#[test]
+fn a_watch_is_an_async_stream_that_ends_when_the_engine_closes() {
+    use tokio_stream::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(64)).unwrap();
+    let start = put(&engine, "unwatched", "x") + 1;
+    let mut watch = engine.watch(&WatchRequest::prefix("s/").from_revision(start)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (awaiting_tx, awaiting_rx) = std::sync::mpsc::channel::<()>();
+    // The writes and the close happen on another thread while the task waits on the stream:
+    // only the engine's wake-ups can move it.
+    let writer = std::thread::spawn(move || {
+        awaiting_rx.recv().unwrap();
+        for (i, key) in ["s/a", "other", "s/b", "s/c"].iter().enumerate() {
+            put(&engine, key, &i.to_string());
+        }
+        awaiting_rx.recv().unwrap();
+        engine.close().unwrap();
+    });
+    let keys = runtime.block_on(async {
+        let mut keys = Vec::new();
+        awaiting_tx.send(()).unwrap();
+        while keys.len() < 3 {
+            let next = tokio::time::timeout(HANG, watch.next()).await.expect("woken");
+            match next.expect("open") {
+                WatchResponse::Events { events, .. } => {
+                    keys.extend(events.iter().map(|e| String::from_utf8(e.kv.key.to_vec()).unwrap()))
+                }
+                other => panic!("not events: {other:?}"),
+            }
+        }
+        awaiting_tx.send(()).unwrap();
+        let end = tokio::time::timeout(HANG, watch.next())
+            .await
+            .expect("woken at the close");
+        assert!(end.is_none(), "the stream ends with the engine: {end:?}");
+        keys
+    });
+    writer.join().unwrap();
+    assert_eq!(keys, ["s/a", "s/b", "s/c"]);
 }

@@ -58,18 +58,18 @@ fn valid() -> &'static (Vec<u8>, Vec<cairn_engine::KeyValue>) {
         let lease = engine.lease_grant(7, 3600).expect("grant").response.id;
         for i in 0..12 {
             engine
-                .put(put(&format!("k{}", i % 5), &format!("v{i}"), 0))
+                .write(put(&format!("k{}", i % 5), &format!("v{i}"), 0))
                 .expect("put");
         }
-        engine.put(put("leased", "x", lease)).expect("put");
+        engine.write(put("leased", "x", lease)).expect("put");
         engine
-            .delete_range(DeleteRangeRequest {
+            .write(DeleteRangeRequest {
                 key: b"k3".to_vec(),
                 ..DeleteRangeRequest::default()
             })
             .expect("delete");
         engine.compact(8).expect("compact");
-        engine.put(put("k1", "after", 0)).expect("put");
+        engine.write(put("k1", "after", 0)).expect("put");
         let mut out = Vec::new();
         engine.snapshot(&mut out).expect("snapshot");
         let all = engine.range(&RangeRequest::all()).expect("range").kvs;

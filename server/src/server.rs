@@ -48,6 +48,10 @@ struct Plan {
     dir: PathBuf,
     config: Config,
     member_id: u64,
+    /// A new cluster's members, with the names and peer URLs `--initial-cluster` gives them.
+    initial_members: Vec<cairn_engine::Peer>,
+    /// `--initial-cluster-state existing`: the member joins a running cluster.
+    join_existing: bool,
     cluster_id: u64,
     client_urls: Vec<String>,
     advertise_client_urls: Vec<String>,
@@ -156,11 +160,14 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         ],
         &protocols,
     )?;
+    let initial_members = ids
+        .iter()
+        .map(|id| cairn_engine::Peer {
+            id: *id,
+            attributes: initial_attributes.get(id).cloned(),
+        })
+        .collect();
     let config = Config {
-        member_id: me.id,
-        initial_members: ids.clone(),
-        initial_attributes,
-        join_existing: f.initial_cluster_state == ClusterState::Existing,
         wal_dir: f.wal_dir.clone(),
         checkpoint_entries: f.snapshot_count,
         snapshot_catch_up_entries: f.compat.snapshot_catchup_entries(),
@@ -182,6 +189,8 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         dir,
         config,
         member_id: me.id,
+        initial_members,
+        join_existing: f.initial_cluster_state == ClusterState::Existing,
         cluster_id: crate::ids::cluster_id(&ids),
         client_urls,
         advertise_client_urls,
@@ -516,12 +525,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let mut plan = plan(&f)?;
     let member_dir = plan.dir.join("member");
     let (member_id, cluster_id) = identity(&plan, &member_dir).await?;
-    plan.config.member_id = member_id;
-    if plan.config.join_existing {
-        // It learns the members, and everything else, from the cluster's log.
-        plan.config.initial_members.clear();
-        plan.config.initial_attributes.clear();
-    }
+    plan.member_id = member_id;
     let cluster = Arc::new(crate::peer::ClusterId::new(cluster_id));
     let peers = PeerNetwork::new(
         member_id,
@@ -546,8 +550,17 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         });
     }
     let engine = {
-        let (dir, config, transport) = (member_dir.clone(), plan.config.clone(), peers.transport());
-        tokio::task::spawn_blocking(move || Engine::open_member(&dir, config, transport))
+        let mut builder = Engine::builder(&member_dir)
+            .config(plan.config.clone())
+            .member(member_id)
+            .transport(peers.transport());
+        builder = if plan.join_existing {
+            // It learns the members, and everything else, from the cluster's log.
+            builder.join_existing()
+        } else {
+            builder.peers(plan.initial_members.clone())
+        };
+        tokio::task::spawn_blocking(move || builder.open())
             .await
             .map_err(|e| ServeError::Other(e.to_string()))?
             .map_err(|source| ServeError::Open {
@@ -656,7 +669,7 @@ async fn identity(plan: &Plan, member_dir: &std::path::Path) -> Result<(u64, u64
     if let Some(cluster) = load_cluster_id(member_dir) {
         return Ok((load_member_id(member_dir).unwrap_or(plan.member_id), cluster));
     }
-    if !plan.config.join_existing {
+    if !plan.join_existing {
         store_cluster_id(member_dir, plan.cluster_id).map_err(write_error)?;
         return Ok((plan.member_id, plan.cluster_id));
     }

@@ -119,7 +119,7 @@ fn every_fixture_data_dir_opens_with_what_was_written() {
         assert_eq!(members[0].peer_urls, vec!["http://127.0.0.1:2380".to_string()]);
         // It goes on from there, and reopens from what it wrote itself.
         engine
-            .put(cairn_engine::PutRequest {
+            .write(cairn_engine::PutRequest {
                 key: b"after".to_vec(),
                 value: bytes::Bytes::from("x"),
                 ..Default::default()

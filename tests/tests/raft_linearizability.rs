@@ -106,7 +106,7 @@ fn cas(key: &str, expected: Option<&str>, new: &str) -> TxnRequest {
 fn put_through(engine: &Engine, key: &str, value: &str) -> i64 {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        match engine.put(put(key, value)) {
+        match engine.write(put(key, value)) {
             Ok(applied) => return applied.revision,
             Err(e) if indeterminate(&e) && Instant::now() < deadline => {}
             Err(e) => panic!("put {key} through {}: {e}", engine.member_id()),
@@ -160,10 +160,8 @@ impl Cluster {
         (self.ids.len() - 1) / 2
     }
 
-    fn config(&self, id: u64) -> Config {
+    fn config(&self) -> Config {
         Config {
-            member_id: id,
-            initial_members: self.ids.clone(),
             raft_tick: Duration::from_millis(10),
             election_ticks: 10,
             heartbeat_ticks: 1,
@@ -192,7 +190,13 @@ impl Cluster {
         let engine = loop {
             // Opening waits to apply what the member knows committed; on a loaded machine
             // that may take longer than the request timeout.
-            match Engine::open_member(&self.dirs[self.pos(id)], self.config(id), self.net.transport(id)) {
+            let opened = Engine::builder(&self.dirs[self.pos(id)])
+                .member(id)
+                .peers(self.ids.iter().copied())
+                .config(self.config())
+                .transport(self.net.transport(id))
+                .open();
+            match opened {
                 Ok(engine) => break engine,
                 Err(Error::Timeout) if Instant::now() < deadline => {}
                 Err(e) => panic!("open member {id}: {e}"),
@@ -310,7 +314,7 @@ fn client(
             written += 1;
             let value = format!("c{me}-{written}");
             // Proposed, the member may be stopped: the call then fails with `Closed`.
-            let pending = engine.put_async(put(&key, &value));
+            let pending = engine.write_async(put(&key, &value));
             drop(engine);
             let output = match pending.and_then(|p| p.wait()) {
                 Ok(_) => {
@@ -351,7 +355,7 @@ fn client(
             } else {
                 last_seen.get(&key).cloned().flatten()
             };
-            let pending = engine.txn_async(cas(&key, expected.as_deref(), &new));
+            let pending = engine.write_async(cas(&key, expected.as_deref(), &new));
             drop(engine);
             let output = match pending.and_then(|p| p.wait()) {
                 Ok(applied) => {

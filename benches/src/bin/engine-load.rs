@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Keys are 8 bytes, values 256 bytes, written by `--writers` threads keeping writes in
-//! flight (`put_async`), so the WAL's group commit batches them. It prints the load rate, the
+//! flight (`write_async`), so the WAL's group commit batches them. It prints the load rate, the
 //! process's resident memory after loading, the data and WAL sizes, and the time `close`
 //! takes. Reopening runs in a fresh process (this binary with `--reopen`), so its resident
 //! memory is what a restarted member uses, not this process's leftover heap.
@@ -131,7 +131,7 @@ fn load(engine: &Engine, args: &Args, value: &Bytes) -> Result<Duration, String>
                             value: value.clone(),
                             ..PutRequest::default()
                         };
-                        pending.push_back(engine.put_async(req).map_err(|e| format!("put: {e}"))?);
+                        pending.push_back(engine.write_async(req).map_err(|e| format!("put: {e}"))?);
                         if pending.len() >= args.in_flight {
                             if let Some(p) = pending.pop_front() {
                                 p.wait().map_err(|e| format!("put: {e}"))?;
@@ -175,7 +175,7 @@ fn probed<T>(
                             ..PutRequest::default()
                         };
                         let t = Instant::now();
-                        engine.put(req).map_err(|e| format!("probe put: {e}"))?;
+                        engine.write(req).map_err(|e| format!("probe put: {e}"))?;
                         h.saturating_record(t.elapsed().as_micros() as u64);
                         i += args.probes * 7919;
                     }

@@ -262,7 +262,7 @@ fn proposer(leader: &Engine, id: usize, phase: &AtomicU8, value: &Bytes) -> Work
         };
         n += 1;
         let started = Instant::now();
-        let outcome = leader.put(request);
+        let outcome = leader.write(request);
         let took = started.elapsed();
         if let Err(e) = outcome {
             phase.store(STOPPED, Ordering::SeqCst);
@@ -314,12 +314,12 @@ impl Group {
         let opened = match &self.net {
             None => Engine::open(&member_dir, Config::default()),
             Some(net) => {
-                let config = Config {
-                    member_id: id,
-                    initial_members: self.ids.clone(),
-                    ..Config::default()
-                };
-                Engine::open_member(&member_dir, config, net.transport(id)).and_then(|engine| {
+                let opened = Engine::builder(&member_dir)
+                    .member(id)
+                    .peers(self.ids.iter().copied())
+                    .transport(net.transport(id))
+                    .open();
+                opened.and_then(|engine| {
                     net.attach(id, engine.inbox()?);
                     Ok(engine)
                 })
@@ -479,7 +479,7 @@ struct CatchUpResult {
     write_latency: Percentiles,
     /// From reopening the follower until it had applied the leader's revision.
     catch_up: Duration,
-    /// The part of `catch_up` spent in `Engine::open_member` (its own log, before it can hear
+    /// The part of `catch_up` spent opening the member (`EngineBuilder::open`) (its own log, before it can hear
     /// from the leader).
     reopen: Duration,
     /// The leader's `Engine::size_in_use()` once the keys were written: the history a snapshot
@@ -523,7 +523,7 @@ fn filler(leader: &Engine, id: usize, next: &AtomicU64, keys: u64, phase: &Atomi
             ..PutRequest::default()
         };
         let started = Instant::now();
-        let outcome = leader.put(request);
+        let outcome = leader.write(request);
         let took = started.elapsed();
         if let Err(e) = outcome {
             phase.store(STOPPED, Ordering::SeqCst);

@@ -183,7 +183,7 @@ mod tests {
                 value: Bytes::from(vec![b'v'; 100]),
                 ..PutRequest::default()
             };
-            engine.put(put).unwrap();
+            engine.write(put).unwrap();
         }
         let mut stream = Vec::new();
         engine.snapshot(&mut stream).unwrap();

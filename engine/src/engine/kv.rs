@@ -33,8 +33,96 @@ pub(super) fn guarded(request: Request, guard: Option<u64>) -> Request {
     }
 }
 
-fn unexpected(what: &str, answer: Response) -> Error {
-    Error::internal(format!("{what} answered with {answer:?}"))
+/// One of etcd's write requests, for [`Engine::write`]: [`PutRequest`],
+/// [`DeleteRangeRequest`] or [`TxnRequest`] (sealed).
+pub trait WriteRequest: sealed::Write {}
+
+impl WriteRequest for PutRequest {}
+impl WriteRequest for DeleteRangeRequest {}
+impl WriteRequest for TxnRequest {}
+
+// The supertrait makes the engine's own types reachable from a public trait, but nothing outside
+// the crate can name it, so none can implement or call it.
+#[allow(private_interfaces)]
+pub(crate) mod sealed {
+    use super::*;
+
+    /// What [`Engine::write`] does with each kind of request.
+    pub trait Write: Sized {
+        /// What applying it answers.
+        type Response: Unpin;
+        /// Checks it before it is logged (etcd's validation, and the quota for what it adds).
+        fn admit(&self, inner: &Inner) -> Result<()>;
+        /// The request as logged.
+        fn into_request(self) -> Request;
+        /// Its answer, or the unexpected one.
+        fn answer(response: Response) -> std::result::Result<Self::Response, Response>;
+    }
+
+    impl Write for PutRequest {
+        type Response = PutResponse;
+
+        fn admit(&self, inner: &Inner) -> Result<()> {
+            self.validate()?;
+            inner.check_quota(crate::mvcc::store::record_size(self.key.len(), self.value.len()))
+        }
+
+        fn into_request(self) -> Request {
+            Request::Put(self)
+        }
+
+        fn answer(response: Response) -> std::result::Result<PutResponse, Response> {
+            match response {
+                Response::Put(r) => Ok(r),
+                other => Err(other),
+            }
+        }
+    }
+
+    impl Write for DeleteRangeRequest {
+        type Response = DeleteRangeResponse;
+
+        fn admit(&self, _: &Inner) -> Result<()> {
+            if self.key.is_empty() {
+                return Err(Error::EmptyKey);
+            }
+            Ok(())
+        }
+
+        fn into_request(self) -> Request {
+            Request::DeleteRange(self)
+        }
+
+        fn answer(response: Response) -> std::result::Result<DeleteRangeResponse, Response> {
+            match response {
+                Response::DeleteRange(r) => Ok(r),
+                other => Err(other),
+            }
+        }
+    }
+
+    impl Write for TxnRequest {
+        type Response = TxnResponse;
+
+        fn admit(&self, inner: &Inner) -> Result<()> {
+            self.validate(inner.config.max_txn_ops)?;
+            if !self.is_read_only() {
+                inner.check_quota(self.put_bytes())?;
+            }
+            Ok(())
+        }
+
+        fn into_request(self) -> Request {
+            Request::Txn(self)
+        }
+
+        fn answer(response: Response) -> std::result::Result<TxnResponse, Response> {
+            match response {
+                Response::Txn(r) => Ok(r),
+                other => Err(other),
+            }
+        }
+    }
 }
 
 impl Engine {
@@ -50,60 +138,53 @@ impl Engine {
         Ok(self.range(&RangeRequest::prefix(prefix.as_ref()))?.kvs)
     }
 
-    /// Puts a key (etcd's `Put`).
-    pub fn put(&self, request: PutRequest) -> Result<Applied<PutResponse>> {
-        self.put_async(request)?.wait()
+    /// Puts `value` at `key`, and returns the store's revision after it (a convenience over
+    /// [`Engine::write`] of a [`PutRequest`]).
+    pub fn put(&self, key: impl AsRef<[u8]>, value: impl Into<bytes::Bytes>) -> Result<i64> {
+        Ok(self.write(PutRequest::new(key.as_ref(), value))?.revision)
     }
 
-    /// [`Engine::put`] for async code: logs the request now, and the returned [`Pending`]
+    /// Deletes `key`; whether it existed (a convenience over [`Engine::write`] of a
+    /// [`DeleteRangeRequest`]).
+    pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<bool> {
+        Ok(self.write(DeleteRangeRequest::key(key.as_ref()))?.response.deleted > 0)
+    }
+
+    /// Applies one of etcd's write requests through the log: a [`PutRequest`], a
+    /// [`DeleteRangeRequest`] or a [`TxnRequest`] (every txn, a read-only one too; [`Engine::txn`]
+    /// answers those without the log). Blocks until it is applied, or fails with
+    /// [`Error::Timeout`] after `Config::request_timeout`.
+    ///
+    /// A write takes its request by value (it moves into the log); a read borrows it.
+    pub fn write<W: WriteRequest>(&self, request: W) -> Result<Applied<W::Response>> {
+        self.write_async(request)?.wait()
+    }
+
+    /// [`Engine::write`] for async code: logs the request now, and the returned [`Pending`]
     /// can be awaited (or waited on).
-    pub fn put_async(&self, request: PutRequest) -> Result<Pending<Applied<PutResponse>>> {
-        self.put_async_as(request, None)
+    pub fn write_async<W: WriteRequest>(&self, request: W) -> Result<Pending<Applied<W::Response>>> {
+        self.write_async_as(request, None)
     }
 
-    /// [`Engine::put_async`] permitted at auth revision `guard`: refused with
+    /// [`Engine::write_async`] permitted at auth revision `guard`: refused with
     /// [`crate::AuthError::OldRevision`] if the auth store changed before it is applied.
-    pub fn put_async_as(&self, request: PutRequest, guard: Option<u64>) -> Result<Pending<Applied<PutResponse>>> {
-        request.validate()?;
-        self.inner
-            .check_quota(crate::mvcc::store::record_size(request.key.len(), request.value.len()))?;
-        let rx = self.inner.submit(guarded(Request::Put(request), guard))?;
-        Ok(Pending::new(rx, |answer| match answer {
-            (Response::Put(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(unexpected("put", other)),
-        }))
-    }
-
-    /// Deletes a key or range (etcd's `DeleteRange`).
-    pub fn delete_range(&self, request: DeleteRangeRequest) -> Result<Applied<DeleteRangeResponse>> {
-        self.delete_range_async(request)?.wait()
-    }
-
-    /// [`Engine::delete_range`] for async code.
-    pub fn delete_range_async(&self, request: DeleteRangeRequest) -> Result<Pending<Applied<DeleteRangeResponse>>> {
-        self.delete_range_async_as(request, None)
-    }
-
-    /// [`Engine::delete_range_async`] permitted at auth revision `guard`.
-    pub fn delete_range_async_as(
+    pub fn write_async_as<W: WriteRequest>(
         &self,
-        request: DeleteRangeRequest,
+        request: W,
         guard: Option<u64>,
-    ) -> Result<Pending<Applied<DeleteRangeResponse>>> {
-        if request.key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
-        let rx = self.inner.submit(guarded(Request::DeleteRange(request), guard))?;
-        Ok(Pending::new(rx, |answer| match answer {
-            (Response::DeleteRange(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(unexpected("delete", other)),
+    ) -> Result<Pending<Applied<W::Response>>> {
+        request.admit(&self.inner)?;
+        let rx = self.inner.submit(guarded(request.into_request(), guard))?;
+        Ok(Pending::new(rx, |(response, revision)| match W::answer(response) {
+            Ok(response) => Ok(Applied { response, revision }),
+            Err(other) => Err(Error::internal(format!("a write answered with {other:?}"))),
         }))
     }
 
     /// Runs a transaction (etcd's `Txn`). A read-only one ([`TxnRequest::is_read_only`]) is
     /// answered from this member's state, as etcd does, after the read barrier unless every
     /// op is a serializable range ([`TxnRequest::is_serializable`]); any other goes through
-    /// the log.
+    /// the log ([`Engine::write`]).
     pub fn txn(&self, request: TxnRequest) -> Result<Applied<TxnResponse>> {
         if request.is_read_only() {
             request.validate(self.inner.config.max_txn_ops)?;
@@ -112,15 +193,15 @@ impl Engine {
             }
             return self.read_txn_locally(&request);
         }
-        self.txn_async(request)?.wait()
+        self.write(request)
     }
 
     /// [`Engine::txn`] of a read-only txn, for async code: no thread waits for the read
     /// barrier, which fails after `Config::request_timeout` ([`Engine::read_barrier_async`]).
-    /// Fails with [`Error::Misuse`] if the txn writes (use [`Engine::txn_async`]).
+    /// Fails with [`Error::Misuse`] if the txn writes (use [`Engine::write_async`]).
     pub async fn read_txn_async(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
         if !request.is_read_only() {
-            return Err(Error::Misuse("read_txn_async of a txn that writes: use txn_async"));
+            return Err(Error::Misuse("read_txn_async of a txn that writes: use write_async"));
         }
         request.validate(self.inner.config.max_txn_ops)?;
         if !request.is_serializable() {
@@ -132,25 +213,6 @@ impl Engine {
     fn read_txn_locally(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
         let (response, revision) = request.read(&self.inner.state.read().store)?;
         Ok(Applied { response, revision })
-    }
-
-    /// [`Engine::txn`] for async code; every txn goes through the log here, a read-only one
-    /// too (correct, but [`Engine::read_txn_async`] answers it without the log).
-    pub fn txn_async(&self, request: TxnRequest) -> Result<Pending<Applied<TxnResponse>>> {
-        self.txn_async_as(request, None)
-    }
-
-    /// [`Engine::txn_async`] permitted at auth revision `guard`.
-    pub fn txn_async_as(&self, request: TxnRequest, guard: Option<u64>) -> Result<Pending<Applied<TxnResponse>>> {
-        request.validate(self.inner.config.max_txn_ops)?;
-        if !request.is_read_only() {
-            self.inner.check_quota(request.put_bytes())?;
-        }
-        let rx = self.inner.submit(guarded(Request::Txn(request), guard))?;
-        Ok(Pending::new(rx, |answer| match answer {
-            (Response::Txn(response), revision) => Ok(Applied { response, revision }),
-            (other, _) => Err(unexpected("txn", other)),
-        }))
     }
 
     /// Reads a key or range (etcd's `Range`), concurrently with other reads. Linearizable
@@ -220,7 +282,7 @@ impl Inner {
     /// committed anything, so applying everything in its log makes a read linearizable);
     /// any other member joins a ReadIndex round, batched with the other reads.
     fn read_index(&self) -> Result<ReadIndex> {
-        if let Some(index) = self.log.sole_voter_last_index(self.config.member_id) {
+        if let Some(index) = self.log.sole_voter_last_index(self.member_id) {
             return Ok(ReadIndex::Known(index));
         }
         let (reply, answer) = oneshot::channel();

@@ -69,7 +69,7 @@ impl Engine {
     /// remaining TTL is cleared through the log, as etcd does, so a restart cannot resume from
     /// it.
     pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.inner.config.member_id) {
+        if self.leader() != Some(self.inner.member_id) {
             return Err(Error::NotLeader);
         }
         // Everything committed is applied first (etcd's waitAppliedIndex), so a lease granted
@@ -86,7 +86,7 @@ impl Engine {
     /// the log. Bound the wait with a timeout of your runtime's (see
     /// [`Engine::read_barrier_async`]).
     pub async fn lease_keep_alive_async(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.inner.config.member_id) {
+        if self.leader() != Some(self.inner.member_id) {
             return Err(Error::NotLeader);
         }
         self.read_barrier_async().await?;
@@ -138,7 +138,7 @@ impl Inner {
     fn expire_leases(&self) -> (usize, bool) {
         // Only the leader expires leases, by proposing revokes, once it has restarted their
         // clocks in its term.
-        let leading = self.status.leader.load(Ordering::Relaxed) == self.config.member_id
+        let leading = self.status.leader.load(Ordering::Relaxed) == self.member_id
             && self.status.leases_term.load(Ordering::Acquire) == self.status.term.load(Ordering::Relaxed);
         if !leading {
             return (0, false);

@@ -182,7 +182,7 @@ impl Engine {
     /// Records this member's name and client URLs in the group (what an etcd member publishes
     /// when it starts); returns once applied here.
     pub fn member_publish(&self, name: String, client_urls: Vec<String>) -> Result<()> {
-        let id = self.inner.config.member_id;
+        let id = self.inner.member_id;
         self.inner
             .propose(Request::MemberPublish { id, name, client_urls })
             .map(|_| ())

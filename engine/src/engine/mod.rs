@@ -27,6 +27,7 @@
 
 mod apply;
 mod auth;
+mod builder;
 mod checkpointing;
 mod kv;
 mod leases;
@@ -46,6 +47,7 @@ use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use apply::{apply_loop, AppliedIndex, Applier, Handoff, Swept};
+use builder::Identity;
 use checkpointing::{checkpoint_and_release, Checkpointing};
 use leases::checker_loop;
 use maintenance::write_snapshot;
@@ -64,7 +66,8 @@ use crate::mvcc::store::Store;
 use crate::request::Alarm;
 use crate::watch::hub::WatchHub;
 
-pub use kv::Applied;
+pub use builder::{EngineBuilder, Peer};
+pub use kv::{Applied, WriteRequest};
 pub use leases::LeaseGrant;
 pub use maintenance::{Defragmented, SnapshotInfo};
 pub use membership::{Inbox, Member, Members};
@@ -105,6 +108,8 @@ struct State {
 /// What the engine's handle shares with its threads.
 struct Inner {
     config: Config,
+    /// This member's Raft ID.
+    member_id: u64,
     /// The node's handle and the log; `None` once closed. The engine's locks are taken in the
     /// one order docs/design.md gives ("Concurrency model"), this one first.
     replica: Mutex<Option<Replica>>,
@@ -146,22 +151,19 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Opens (or creates) the engine in `dir`, recovering everything its log holds.
+    /// Opens (or creates) a group of one in `dir`, recovering everything its log holds:
+    /// `Engine::builder(dir).config(config).open()`.
     pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine> {
-        Engine::open_member(dir, config, Arc::new(NoPeers))
+        Engine::builder(dir).config(config).open()
     }
 
-    /// Opens (or creates) a member of a replicated group in `dir`: its ID is
-    /// `config.member_id`; a new group's members are `config.initial_members`; messages to
-    /// the others go through `transport`, and theirs arrive through [`Engine::receive`] or
-    /// an [`Inbox`]. A member that was part of a group resumes from its own data, whatever
-    /// `initial_members` says.
-    pub fn open_member(dir: impl AsRef<Path>, config: Config, transport: Arc<dyn Transport>) -> Result<Engine> {
+    fn start(dir: &Path, config: Config, identity: Identity, transport: Arc<dyn Transport>) -> Result<Engine> {
+        let member_id = identity.member_id;
         // Every log event of this member, from its threads too (each enters the span it was
         // started in), names the member.
-        let _member = tracing::info_span!("member", id = %format_args!("{:x}", config.member_id)).entered();
+        let _member = tracing::info_span!("member", id = %format_args!("{member_id:x}")).entered();
         config.validate()?;
-        let dir = dir.as_ref().to_path_buf();
+        let dir = dir.to_path_buf();
         // The WAL locks the directory: nothing below runs in two processes at once.
         let wal_dir = config.wal_dir.clone().unwrap_or_else(|| dir.join("wal"));
         let mut replay = Wal::open(wal_dir, config.wal.clone())?;
@@ -212,19 +214,19 @@ impl Engine {
         log.finish_replay(config.snapshot_catch_up_entries);
         state.store.release_pages();
         let wal = Arc::new(replay.finish()?);
-        if state.applied_index == 0 && log.last_index() == 0 && !config.join_existing {
-            let members = if config.initial_members.is_empty() {
-                vec![config.member_id]
+        if state.applied_index == 0 && log.last_index() == 0 && !identity.join_existing {
+            let members = if identity.peers.is_empty() {
+                vec![member_id]
             } else {
-                config.initial_members.clone()
+                identity.peers.clone()
             };
-            crate::consensus::log::bootstrap(&log, &wal, &members, &config.initial_attributes)?;
+            crate::consensus::log::bootstrap(&log, &wal, &members, &identity.attributes)?;
         }
         let single = if log.last_index() > state.applied_index && state.membership.voters.is_empty() {
             // A new group: its members are in its first entries.
-            !config.join_existing && (config.initial_members.is_empty() || config.initial_members == [config.member_id])
+            !identity.join_existing && (identity.peers.is_empty() || identity.peers == [member_id])
         } else {
-            state.membership.voters == [config.member_id] && state.membership.learners.is_empty()
+            state.membership.voters == [member_id] && state.membership.learners.is_empty()
         };
         // A group of one is leader again at once and commits everything in its log with the
         // empty entry of its new term (so leases have restarted their clocks by then too); a
@@ -237,7 +239,7 @@ impl Engine {
         let applied = Arc::new(AppliedIndex::default());
         applied.set(state.applied_index);
         let node_config = NodeConfig {
-            id: config.member_id,
+            id: member_id,
             tick: config.raft_tick,
             election_ticks: config.election_ticks,
             heartbeat_ticks: config.heartbeat_ticks,
@@ -255,7 +257,7 @@ impl Engine {
         let waiters: Arc<Waiters> = Arc::default();
         let (handoff, apply_rx, apply_shared) = Handoff::new(state.clone());
         let status = Arc::new(Status::default());
-        let learner = state.read().membership.learners.contains(&config.member_id);
+        let learner = state.read().membership.learners.contains(&member_id);
         status.learner.store(learner, std::sync::atomic::Ordering::Relaxed);
         let snapshots = {
             let state = state.clone();
@@ -286,7 +288,7 @@ impl Engine {
                 applied: applied.clone(),
                 node: node.tx.clone(),
                 status: status.clone(),
-                member_id: config.member_id,
+                member_id,
                 log: log.clone(),
                 defragmenting: defragmenting.clone(),
             };
@@ -321,7 +323,7 @@ impl Engine {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
-        let first_request = ((config.member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
+        let first_request = ((member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
         let inner = Arc::new(Inner {
             replica: Mutex::new(Some(Replica { node, wal })),
             log,
@@ -335,6 +337,7 @@ impl Engine {
             defragmenting,
             swept,
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
+            member_id,
             config,
         });
         let engine = Engine {

@@ -74,7 +74,7 @@ impl Engine {
 
     /// This member's ID.
     pub fn member_id(&self) -> u64 {
-        self.inner.config.member_id
+        self.inner.member_id
     }
 
     /// How many snapshots from the leader this member has installed since it was opened (a

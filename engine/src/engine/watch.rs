@@ -2,10 +2,12 @@
 //! hands the revisions the apply thread queues to the synced watchers, catches lagging
 //! watchers up from history, and sends periodic progress notifications.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, TryRecvError};
 use parking_lot::{Mutex, RwLock};
 
 use super::{Engine, State};
@@ -92,10 +94,14 @@ fn catch_up(state: &RwLock<State>, hub: &Mutex<WatchHub>) -> bool {
     hub.lock().deliver_history(need, &events, seen)
 }
 
-/// A watcher: the responses for one [`WatchRequest`]. Dropping it cancels the watch.
+/// A watcher: the responses for one [`WatchRequest`], blocking ([`Watch::recv`], or
+/// `for response in &watch`) or async (a [`futures_core::Stream`]: `watch.next().await` with
+/// `StreamExt`). Dropping it cancels the watch.
 #[derive(Debug)]
 pub struct Watch {
     group: WatchGroup,
+    /// The task to wake when a response is queued, while one is waiting on the stream.
+    waker: Arc<Mutex<Option<Waker>>>,
 }
 
 impl Watch {
@@ -115,13 +121,54 @@ impl Watch {
     }
 }
 
-/// A watch as a blocking iterator of its responses: it ends when the engine closes (or the
-/// watch is canceled), as [`Watch::recv`] does.
-impl Iterator for Watch {
+/// A watch as a blocking iterator of its responses (`for response in &watch`): it ends when
+/// the engine closes (or the watch is canceled), as [`Watch::recv`] does. The iterator is
+/// `&Watch`, as `Read` is `&File`, so that `watch.next()` is the stream's, unambiguously.
+impl Iterator for &Watch {
     type Item = WatchResponse;
 
     fn next(&mut self) -> Option<WatchResponse> {
         self.recv()
+    }
+}
+
+/// Wakes the task waiting on a [`Watch`]'s stream when a response is queued, and once more when
+/// the engine drops the watch's queue (closing), so that the stream sees its end.
+struct StreamWaker(Arc<Mutex<Option<Waker>>>);
+
+impl StreamWaker {
+    fn wake(&self) {
+        if let Some(waker) = self.0.lock().take() {
+            waker.wake();
+        }
+    }
+}
+
+impl Drop for StreamWaker {
+    fn drop(&mut self) {
+        self.wake();
+    }
+}
+
+/// A watch as an async stream of its responses, ending when the engine closes (or the watch is
+/// canceled). No thread waits: the engine wakes the task when a response is queued.
+impl futures_core::Stream for Watch {
+    type Item = WatchResponse;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchResponse>> {
+        let this = self.get_mut();
+        let next = |rx: &Receiver<Delivery>| match rx.try_recv() {
+            Ok(delivery) => Some(Poll::Ready(Some(delivery.response))),
+            Err(TryRecvError::Disconnected) => Some(Poll::Ready(None)),
+            Err(TryRecvError::Empty) => None,
+        };
+        if let Some(ready) = next(&this.group.rx) {
+            return ready;
+        }
+        *this.waker.lock() = Some(cx.waker().clone());
+        // A response queued between the first look and the waker's registration woke nobody:
+        // look again.
+        next(&this.group.rx).unwrap_or(Poll::Pending)
     }
 }
 
@@ -167,9 +214,11 @@ impl Engine {
     /// replayed from history, then changes follow as they are applied.
     /// An empty key means `"\0"`, as in etcd (with `range_end` `"\0"`: every key).
     pub fn watch(&self, request: &WatchRequest) -> Result<Watch> {
-        let group = self.watch_group(None);
+        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
+        let wakes = StreamWaker(waker.clone());
+        let group = self.watch_group(Some(Arc::new(move || wakes.wake())));
         self.watch_in(&group, request)?;
-        Ok(Watch { group })
+        Ok(Watch { group, waker })
     }
 
     /// A new, empty [`WatchGroup`]; `wake` is called after each delivery is queued for it.

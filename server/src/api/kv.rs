@@ -116,7 +116,7 @@ impl Kv for KvService {
             .await?;
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.put_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::put_response(applied.response, header)))
@@ -132,7 +132,7 @@ impl Kv for KvService {
             .await?;
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.delete_range_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::delete_response(applied.response, header)))
@@ -151,7 +151,7 @@ impl Kv for KvService {
         }
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.txn_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         Ok(Response::new(convert::txn_response(applied.response, header)))

@@ -11,8 +11,8 @@
 //! A lease request either revokes a lease this writer granted earlier (a third of the time, if
 //! it has one), printing `revoking` before, or grants a new one with TTL
 //! [`engine_crash::LEASE_TTL`] and puts one or two [`engine_crash::lease_key`]s attached to it.
-//! Puts go through `put`, `put_async(..)?.wait()` or an awaited `put_async`, chosen at random;
-//! deletes through `delete_range` or `delete_range_async(..)?.wait()`. Once a call returns `Ok`
+//! Puts go through `put`, `write_async(..)?.wait()` or an awaited `write_async`, chosen at random;
+//! deletes through `delete_range` or `write_async(..)?.wait()`. Once a call returns `Ok`
 //! the writer prints its line (module docs of [`engine_crash`]): every line is a promise that the
 //! write is durable and applied. Writer 0 also asks for a compaction at the current revision
 //! less [`COMPACT_LAG`] each time `<compact-every>` more writes have been acknowledged, printing
@@ -172,9 +172,9 @@ impl Writer {
     /// Puts through one of the three ways the engine offers, chosen at random.
     fn send_put(&mut self, request: PutRequest) -> Result<Applied<PutResponse>, Error> {
         match self.rng.below(3) {
-            0 => self.engine.put(request),
-            1 => self.engine.put_async(request)?.wait(),
-            _ => pollster::block_on(self.engine.put_async(request)?.into_future()),
+            0 => self.engine.write(request),
+            1 => self.engine.write_async(request)?.wait(),
+            _ => pollster::block_on(self.engine.write_async(request)?.into_future()),
         }
     }
 
@@ -261,11 +261,9 @@ impl Writer {
             ..DeleteRangeRequest::default()
         };
         let applied = if self.rng.below(2) == 0 {
-            self.engine.delete_range(request)
+            self.engine.write(request)
         } else {
-            self.engine
-                .delete_range_async(request)
-                .and_then(|pending| pending.wait())
+            self.engine.write_async(request).and_then(|pending| pending.wait())
         }
         .map_err(|e| format!("delete {key}: {e}"))?;
         self.ack(&Line::Delete {

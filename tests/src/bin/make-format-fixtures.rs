@@ -55,23 +55,23 @@ fn run(out: &Path) -> Result<()> {
     let data = out.join("data");
     let engine = Engine::open(&data, cairn_tests::format_fixture_config())?;
     for i in 0..20 {
-        engine.put(put(&format!("key/{i:02}"), &format!("v{i}")))?;
+        engine.write(put(&format!("key/{i:02}"), &format!("v{i}")))?;
     }
-    engine.put(PutRequest {
+    engine.write(PutRequest {
         prev_kv: true,
         ..put("key/00", "v0-again")
     })?;
-    engine.delete_range(DeleteRangeRequest {
+    engine.write(DeleteRangeRequest {
         key: b"key/19".to_vec(),
         ..DeleteRangeRequest::default()
     })?;
     let leased = engine.lease_grant(100, 3600)?.response.id;
-    engine.put(PutRequest {
+    engine.write(PutRequest {
         lease: leased,
         ..put("leased/a", "la")
     })?;
     let doomed = engine.lease_grant(200, 3600)?.response.id;
-    engine.put(PutRequest {
+    engine.write(PutRequest {
         lease: doomed,
         ..put("doomed/a", "da")
     })?;
@@ -94,7 +94,7 @@ fn run(out: &Path) -> Result<()> {
         failure: vec![RequestOp::Put(put("txn/never", "x"))],
     };
     engine.txn(nested)?;
-    let compact_at = engine.put(put("key/01", "v1-again"))?.revision;
+    let compact_at = engine.write(put("key/01", "v1-again"))?.revision;
     engine.compact(compact_at - 1)?;
     engine.wait_compacted()?;
 
@@ -143,8 +143,8 @@ fn run(out: &Path) -> Result<()> {
     engine
         .authenticate_async("root".into(), "fixturetokenabcd".into(), revision)?
         .wait()?;
-    engine.put_async_as(put("app/guarded", "g"), Some(revision))?.wait()?;
-    engine.put(put("key/last", "end"))?;
+    engine.write_async_as(put("app/guarded", "g"), Some(revision))?.wait()?;
+    engine.write(put("key/last", "end"))?;
 
     let mut snapshot = std::fs::File::create(out.join("snapshot.cairn"))?;
     engine.snapshot(&mut snapshot)?;
