@@ -58,6 +58,16 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
+    /// The percentiles of a distribution the WAL or the engine kept.
+    pub fn of_distribution(d: &cairn_wal::Distribution) -> Percentiles {
+        let at = |q| (!d.is_empty()).then(|| d.quantile(q));
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+
     pub fn of(h: &Histogram<u64>) -> Percentiles {
         let at = |q| (!h.is_empty()).then(|| h.value_at_quantile(q));
         Percentiles {

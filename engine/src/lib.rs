@@ -5,7 +5,7 @@
 //! checkpoints bound what a restart replays. It serves etcd's KV requests (range, put, delete,
 //! txn), compaction, defragmentation that never stops writes, leases, watches and snapshots. An
 //! engine is a group of one ([`Engine::open`]) or a member of a bigger group
-//! ([`Engine::builder`] with a [`Transport`]). [`Store`] is the MVCC core on its own.
+//! ([`Engine::builder`] with a [`Transport`]).
 //!
 //! # Put and get
 //!
@@ -162,6 +162,10 @@ pub use kv::txn::{
 pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use mvcc::index::prefix_end;
 pub use mvcc::revision::Revision;
-pub use mvcc::store::{Event, EventKind, HashKv, KeyValue, RangeResult, ReadOptions, Store, WriteTxn};
+pub use mvcc::store::{Event, EventKind, HashKv, KeyValue};
+/// The MVCC core on its own, without log, files or threads: for model tests and benchmarks
+/// (the `testing` feature).
+#[cfg(feature = "testing")]
+pub use mvcc::store::{RangeResult, ReadOptions, Store, WriteTxn};
 pub use request::Alarm;
 pub use watch::hub::{fragment as fragment_events, Delivery, Wake, WatchRequest, WatchResponse};

@@ -538,12 +538,9 @@ fn etcd_range(model: &Model, req: &RangeRequest) -> Result<RangeResponse, Error>
             }
         }
     }
-    Ok(RangeResponse {
-        kvs,
-        more,
-        count,
-        revision: at,
-    })
+    let mut expected = RangeResponse::default();
+    (expected.kvs, expected.more, expected.count, expected.revision) = (kvs, more, count, at);
+    Ok(expected)
 }
 
 proptest! {

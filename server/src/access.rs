@@ -42,7 +42,10 @@ impl Default for Settings {
 /// A caller known to the auth store at a revision (etcd's `AuthInfo`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
+    /// The user's name (a certificate's common name is taken as one).
     pub user: String,
+    /// The auth store's revision the caller was identified at (a JWT's own, else the store's
+    /// current one): a check against a store that has changed since is refused as out of date.
     pub revision: u64,
 }
 
@@ -119,7 +122,10 @@ fn user_of(caller: Option<&Caller>) -> (&str, u64) {
 /// What one request needs, in etcd's terms.
 #[derive(Debug)]
 pub enum Need<'a> {
+    /// Read on a key and range end as a request gives them: the key alone if the end is
+    /// empty, `[key, end)` otherwise, every key from `key` on if the end is `"\0"`.
     Read(&'a [u8], &'a [u8]),
+    /// Write on a key and range end, read as for [`Need::Read`].
     Write(&'a [u8], &'a [u8]),
     /// Write on every key attached to the lease, unless the caller is an admin.
     LeaseWrite(i64),

@@ -76,6 +76,7 @@ pub fn range_response(r: engine::RangeResponse, header: pb::ResponseHeader) -> p
     }
 }
 
+/// A put request; only the key is copied (the value's buffer is shared).
 pub fn put_request(r: pb::PutRequest) -> engine::PutRequest {
     engine::PutRequest {
         key: r.key.to_vec(),
@@ -87,6 +88,7 @@ pub fn put_request(r: pb::PutRequest) -> engine::PutRequest {
     }
 }
 
+/// A put answer under `header`, with the previous key-value if the request asked for it.
 pub fn put_response(r: engine::PutResponse, header: pb::ResponseHeader) -> pb::PutResponse {
     pb::PutResponse {
         header: Some(header),
@@ -94,6 +96,8 @@ pub fn put_response(r: engine::PutResponse, header: pb::ResponseHeader) -> pb::P
     }
 }
 
+/// A delete-range request; `range_end` keeps etcd's meaning (empty: the key alone; `"\0"`:
+/// every key from `key` on).
 pub fn delete_request(r: pb::DeleteRangeRequest) -> engine::DeleteRangeRequest {
     engine::DeleteRangeRequest {
         key: r.key.to_vec(),
@@ -102,6 +106,8 @@ pub fn delete_request(r: pb::DeleteRangeRequest) -> engine::DeleteRangeRequest {
     }
 }
 
+/// A delete-range answer under `header`: the count deleted, and the deleted key-values if the
+/// request asked for them.
 pub fn delete_response(r: engine::DeleteRangeResponse, header: pb::ResponseHeader) -> pb::DeleteRangeResponse {
     pb::DeleteRangeResponse {
         header: Some(header),
@@ -156,6 +162,9 @@ fn request_op(op: pb::RequestOp) -> Result<Option<engine::RequestOp>, Refusal> {
     })
 }
 
+/// A txn request, nested txns included. Empty operations are dropped, as etcd skips them; an
+/// unknown compare result or target, or an unknown sort option in a range, is refused as
+/// [`Refusal::InvalidSortOption`].
 pub fn txn_request(t: pb::TxnRequest) -> Result<engine::TxnRequest, Refusal> {
     let ops = |list: Vec<pb::RequestOp>| -> Result<Vec<engine::RequestOp>, Refusal> {
         let mut out = Vec::with_capacity(list.len());

@@ -50,7 +50,6 @@ impl From<Refusal> for Status {
     }
 }
 
-/// etcd's code and message for an engine error.
 /// etcd's status for an auth error.
 pub fn auth_status(e: AuthError) -> Status {
     let code = match e {
@@ -77,6 +76,9 @@ pub fn auth_status(e: AuthError) -> Status {
     Status::new(code, format!("etcdserver: {e}"))
 }
 
+/// etcd's code and message for an engine error. One etcd has no text for (an I/O, WAL or
+/// other internal failure) is logged and answered as `Internal`, `etcdserver: ` and the
+/// engine's own message.
 pub fn status(e: &Error) -> Status {
     let (code, message): (Code, &str) = match e {
         Error::Auth(a) => return auth_status(*a),

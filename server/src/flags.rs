@@ -19,8 +19,11 @@ pub use security::Security;
 #[derive(Debug, Parser)]
 #[command(name = "cairn", version, about)]
 pub struct Cli {
+    /// An offline tool to run instead of the server; `None` runs a member.
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// The server's flags, with their defaults and `ETCD_*` variables; parsed with a
+    /// subcommand too (the tools log at `--log-level`).
     #[command(flatten)]
     pub flags: Flags,
 }
@@ -33,6 +36,7 @@ pub enum Command {
     Snapshot(SnapshotCommand),
 }
 
+/// `cairn snapshot`'s tools.
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
     /// Create a member's data directory from a snapshot (`etcdctl snapshot save`'s file).
@@ -41,11 +45,14 @@ pub enum SnapshotCommand {
     Status(StatusArgs),
 }
 
+/// `cairn snapshot restore`'s arguments.
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
     /// The snapshot file.
     pub file: PathBuf,
     /// The data directory to create (default: ./<name>.cairn).
+    // `<name>` is help text (clap turns doc comments into help), not an HTML tag.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// The restored member's name.
@@ -65,6 +72,7 @@ pub struct RestoreArgs {
     pub skip_hash_check: bool,
 }
 
+/// `cairn snapshot status`'s arguments.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The snapshot file.
@@ -92,7 +100,10 @@ pub enum CompactionMode {
     Revision,
 }
 
-/// `--log-level`.
+/// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
+// No variant docs: clap turns doc comments into help text, which would describe each value
+// in `--help`.
+#[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogLevel {
     Debug,
@@ -110,6 +121,8 @@ pub struct Flags {
     #[arg(long, env = "ETCD_NAME", default_value = "default")]
     pub name: String,
     /// Path to the data directory (default: ./<name>.cairn).
+    // `<name>` is help text (clap turns doc comments into help), not an HTML tag.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, env = "ETCD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Path to a dedicated WAL directory.
@@ -181,7 +194,9 @@ pub struct Flags {
 #[derive(Debug, thiserror::Error)]
 #[error("--{flag}: {reason}")]
 pub struct BadFlag {
+    /// The flag's name, without the leading `--`.
     pub flag: &'static str,
+    /// What is wrong with its value.
     pub reason: String,
 }
 
@@ -217,8 +232,11 @@ pub fn url_list(flag: &'static str, value: &str) -> Result<Vec<String>, BadFlag>
 /// One member of `--initial-cluster`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InitialMember {
+    /// The member's name (`--name` on that member).
     pub name: String,
+    /// Its peer URLs, every one given for its name.
     pub peer_urls: Vec<String>,
+    /// Its ID, derived from its peer URLs and `--initial-cluster-token` ([`ids::member_id`]).
     pub id: u64,
 }
 

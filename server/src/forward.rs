@@ -21,7 +21,9 @@ pub struct Forwarder {
 /// Where a request goes: served here, or sent on to the leader over `Channel`.
 #[derive(Debug)]
 pub enum Route {
+    /// This member is the leader: serve the request here.
     Here,
+    /// Another member leads: send the request over this channel to its first client URL.
     Leader(Channel),
 }
 

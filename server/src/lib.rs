@@ -1,6 +1,8 @@
 //! cairn's etcd-compatible server: a thin tonic layer over the embedded engine
 //! ([`cairn_engine`]), HTTP health and metrics, and the `cairn` binary's configuration.
 
+#![warn(missing_docs)]
+
 pub mod access;
 pub mod api;
 pub mod compactor;

@@ -38,6 +38,8 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, promet
 }
 
 impl Metrics {
+    /// Every metric, registered in a registry of their own. An error means a metric's name or
+    /// help is invalid, or two share a name: a bug, not a condition to handle.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let r = Registry::new();
         let refused = IntCounter::with_opts(Opts::new(
@@ -208,14 +210,14 @@ const GRPC_METHODS: &[(&str, &str, &str)] = &[
 
 /// A Prometheus histogram, in seconds with etcd's buckets (1 ms doubling to 8.192 s), from a
 /// histogram of microseconds.
-fn histogram_family(name: &str, help: &str, us: &hdrhistogram::Histogram<u64>) -> MetricFamily {
+fn histogram_family(name: &str, help: &str, us: &cairn_engine::wal::Distribution) -> MetricFamily {
     let mut buckets = Vec::new();
     let mut bound_s = 0.001f64;
     for _ in 0..14 {
         let bound_us = (bound_s * 1e6) as u64;
         let mut b = Bucket::default();
         b.set_upper_bound(bound_s);
-        b.set_cumulative_count(us.count_between(0, bound_us));
+        b.set_cumulative_count(us.count_at_most(bound_us));
         buckets.push(b);
         bound_s *= 2.0;
     }

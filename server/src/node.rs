@@ -36,6 +36,7 @@ pub struct Node {
     pub cluster: Arc<crate::peer::ClusterId>,
     /// This member's ID (its Raft ID).
     pub member_id: u64,
+    /// What a request may hold, and the backend quota, from the flags.
     pub limits: Limits,
     /// Where leader-only requests go from a follower.
     pub forward: crate::forward::Forwarder,
@@ -82,12 +83,12 @@ impl Node {
         }
     }
 
-    /// The header of a response that reads no revision: the current one.
     /// The caller of `request` (see [`crate::access::caller`]).
     pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Option<crate::access::Caller>, Status> {
         crate::access::caller(&self.engine, &self.access, request).await
     }
 
+    /// The header of a response that reads no revision: the current one.
     pub fn current_header(&self) -> ResponseHeader {
         self.header(self.engine.current_revision())
     }

@@ -42,10 +42,13 @@ const MEMBER_ID_FILE: &str = "member_id";
 pub struct ClusterId(AtomicU64);
 
 impl ClusterId {
+    /// The ID `id`: the one bootstrapped from the initial members' IDs, or the one a joining
+    /// member learned from its peers.
     pub fn new(id: u64) -> ClusterId {
         ClusterId(AtomicU64::new(id))
     }
 
+    /// The ID, as response headers and peer messages carry it.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }

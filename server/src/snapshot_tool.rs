@@ -17,12 +17,18 @@ const HASH_LEN: u64 = 32;
 /// Why a tool failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
+    /// Reading or writing the named file or directory failed.
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    /// The arguments or the snapshot will not do: a damaged file, one without its SHA-256
+    /// trailer (unless `--skip-hash-check`), a data directory that already exists, `--name`
+    /// missing from `--initial-cluster`.
     #[error("{0}")]
     Invalid(String),
+    /// A URL or `--initial-cluster` argument does not parse.
     #[error(transparent)]
     Flag(#[from] flags::BadFlag),
+    /// The engine could not read the snapshot, or restore it into the new directory.
     #[error(transparent)]
     Engine(#[from] cairn_engine::Error),
 }

@@ -22,6 +22,7 @@ mod notifier;
 mod pipeline;
 mod recovery;
 mod segment;
+#[cfg(any(test, feature = "testing"))]
 mod sim;
 mod stats;
 mod types;
@@ -34,7 +35,9 @@ pub use frame::{decode_frame, encode_frame, framed_len, Frame, FrameKind, FRAME_
 pub use fs::{DirLock, FileSystem, StdFs, WalFile};
 pub use recovery::{repair, repair_with, RepairReport, Replay};
 pub use segment::{parse_segment_name, segment_name, SegmentHeader, HEADER_LEN as SEGMENT_HEADER_LEN};
+/// Crash and fault simulation, for tests (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
 pub use sim::{SimFs, SyncGate, SECTOR};
-pub use stats::{latency_histogram, StatsSnapshot};
+pub use stats::{Distribution, StatsSnapshot};
 pub use types::{Appended, Durability, LogIndex, Record, SegmentSeq};
 pub use wal::{Ticket, TicketFuture, Wal};

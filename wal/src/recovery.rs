@@ -24,7 +24,6 @@ use crate::error::{CorruptionReason, Error, FrameError, Result};
 use crate::frame::{claimed_extent, decode_frame, is_zero_header, FrameKind};
 use crate::fs::{DirLock, FileSystem, WalFile};
 use crate::segment::{is_tmp_name, parse_segment_name, SegmentHeader, BROKEN_SUFFIX, HEADER_LEN};
-use crate::sim::SECTOR;
 use crate::types::{LogIndex, Record};
 use crate::wal::Wal;
 use crate::writer::{LogTracker, SegmentMeta, WriterInit};
@@ -345,6 +344,10 @@ impl Iterator for Replay {
         }
     }
 }
+
+/// The smallest unit a device writes: a write lost in a crash leaves whole sectors zeroed
+/// (or old). 512 bytes, the smallest any disk has, so a lost sector is never missed.
+pub(crate) const SECTOR: usize = 512;
 
 /// Whether damage at absolute offset `at` of the last segment, with `rest` the bytes from there
 /// to the end of the file, is a torn tail rather than corruption (see the module docs).

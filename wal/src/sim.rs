@@ -19,8 +19,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::fs::{DirLock, FileSystem, WalFile};
 
-/// The sector size crash simulation tears at in [`SimFs::crash_sectors`].
-pub const SECTOR: usize = 512;
+/// The sector size crash simulation tears at in [`SimFs::crash_sectors`]: the one recovery
+/// assumes a device writes in.
+pub const SECTOR: usize = crate::recovery::SECTOR;
 
 /// A simulated file system; clones share the same state.
 #[derive(Debug, Clone, Default)]

@@ -52,7 +52,7 @@ impl Wal {
         Wal::open_with(Arc::new(StdFs), dir, config)
     }
 
-    /// Opens the log through the given file system (a [`crate::SimFs`] in tests).
+    /// Opens the log through the given file system (the `testing` feature's `SimFs` in tests).
     pub fn open_with(fs: Arc<dyn FileSystem>, dir: impl AsRef<Path>, config: Config) -> Result<Replay> {
         Replay::open(fs, dir.as_ref().to_path_buf(), config)
     }

@@ -395,7 +395,7 @@ fn measure_wal(
     };
 
     let mut window_fsyncs = 0;
-    let mut fsync_latency = histogram(LATENCY_CEILING)?;
+    let mut fsync_latency = cairn_wal::Distribution::default();
     let mut elapsed = Duration::ZERO;
     if spawn_error.is_none() {
         sleep_unless_stopped(&phase, warmup);
@@ -410,9 +410,8 @@ fn measure_wal(
             elapsed = started.elapsed();
             let after = wal.stats();
             window_fsyncs = after.fsyncs.saturating_sub(before.fsyncs);
-            fsync_latency = after.fsync_latency_us;
-            // Only the window's fsyncs; a failure here only means the warm-up ones stay in.
-            let _ = fsync_latency.subtract(&before.fsync_latency_us);
+            // Only the window's fsyncs.
+            fsync_latency = after.fsync_latency_us.since(&before.fsync_latency_us);
         }
     }
 
@@ -431,7 +430,7 @@ fn measure_wal(
         latency: Percentiles::of(&latency),
         records,
         fsyncs: window_fsyncs,
-        fsync_latency: Percentiles::of(&fsync_latency),
+        fsync_latency: Percentiles::of_distribution(&fsync_latency),
         elapsed,
     })
 }

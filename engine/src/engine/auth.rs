@@ -20,7 +20,7 @@ impl Engine {
         self.auth_read(|a| (a.enabled(), a.revision()))
     }
 
-    /// Changes the auth store through the log; `guard` as for [`Engine::put_async_as`]
+    /// Changes the auth store through the log; `guard` as for [`Engine::write_async_as`]
     /// (the caller checked the admin permission at that revision).
     pub fn auth_change_async(&self, change: AuthChange, guard: Option<u64>) -> Result<Pending<Applied<()>>> {
         let rx = self.inner.submit(super::kv::guarded(Request::Auth(change), guard))?;

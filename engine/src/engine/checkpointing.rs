@@ -56,7 +56,7 @@ pub(super) struct Checkpointing {
     /// Log entries kept before a checkpoint (`Config::snapshot_catch_up_entries`).
     pub(super) catch_up: u64,
     /// How long writing each checkpoint took, in microseconds.
-    pub(super) latency_us: Mutex<hdrhistogram::Histogram<u64>>,
+    pub(super) latency_us: Mutex<cairn_wal::Distribution>,
 }
 
 /// Syncs the data files a checkpoint names, writes it, and releases the log it covers.
@@ -69,8 +69,7 @@ pub(super) fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointin
     FileMaker::sync_files(&dir.join(DATA_DIR), &c.layout)?;
     checkpoint::write_bytes(dir, &c.bytes)?;
     *newest = c.order;
-    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let _ = checkpointing.latency_us.lock().record(took.max(1));
+    checkpointing.latency_us.lock().record_duration(started.elapsed());
     // The last entries before the checkpoint stay, for followers that are behind.
     wal.release_before(LogIndex(
         c.applied.saturating_add(1).saturating_sub(checkpointing.catch_up),
@@ -141,7 +140,7 @@ mod tests {
         let checkpointing = Checkpointing {
             newest: Mutex::new((0, 0)),
             catch_up: 5000,
-            latency_us: Mutex::new(cairn_wal::latency_histogram()),
+            latency_us: Mutex::new(cairn_wal::Distribution::default()),
         };
         write_and_release(dir.path(), &at(10), &wal, &checkpointing).unwrap();
         write_and_release(dir.path(), &at(5), &wal, &checkpointing).unwrap();

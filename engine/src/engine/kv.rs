@@ -14,6 +14,7 @@ use crate::request::{Request, Response};
 
 /// A response with the store's revision after the request (etcd's `header.revision`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Applied<T> {
     /// The request's own answer.
     pub response: T,

@@ -16,6 +16,7 @@ use crate::request::{Request, Response};
 
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseGrant {
     /// The lease's ID: the one asked for, or one the engine chose when asked for 0.
     pub id: i64,

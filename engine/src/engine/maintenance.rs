@@ -21,6 +21,7 @@ use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
 
 /// What [`Engine::inspect_snapshot`] found in a snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SnapshotInfo {
     /// The revision it was taken at.
     pub revision: i64,
@@ -38,6 +39,7 @@ pub struct SnapshotInfo {
 
 /// What a defragmentation did: the data files' size before and after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Defragmented {
     /// Bytes the data files took when defragmentation began ([`Engine::size`]).
     pub before: u64,

@@ -18,6 +18,7 @@ use crate::request::Request;
 
 /// The members of a group (etcd's `MemberList`, by ID).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Members {
     /// Members that vote.
     pub voters: Vec<u64>,
@@ -27,6 +28,7 @@ pub struct Members {
 
 /// A member of the group, as [`Engine::member_list`] reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Member {
     /// Its Raft ID.
     pub id: u64,

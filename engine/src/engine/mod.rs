@@ -251,7 +251,7 @@ impl Engine {
         let checkpointing = Arc::new(Checkpointing {
             newest: Mutex::new((state.read().applied_index, state.read().epoch)),
             catch_up: config.snapshot_catch_up_entries,
-            latency_us: Mutex::new(cairn_wal::latency_histogram()),
+            latency_us: Mutex::new(cairn_wal::Distribution::default()),
         });
         let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
         let waiters: Arc<Waiters> = Arc::default();

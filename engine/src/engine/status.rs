@@ -8,6 +8,7 @@ use crate::error::Result;
 
 /// What a member knows of Raft at one moment ([`Engine::raft_status`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RaftStatus {
     /// The leader it knows of.
     pub leader: Option<u64>,
@@ -97,7 +98,7 @@ impl Engine {
 
     /// How long checkpoints took to write (data files synced, checkpoint file written and
     /// synced), in microseconds: etcd's backend commit, for metrics.
-    pub fn checkpoint_latency_us(&self) -> hdrhistogram::Histogram<u64> {
+    pub fn checkpoint_latency_us(&self) -> cairn_wal::Distribution {
         self.inner.checkpointing.latency_us.lock().clone()
     }
 

@@ -75,6 +75,7 @@ pub struct RangeRequest {
 
 /// etcd's `RangeResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RangeResponse {
     /// The key-values found, sorted and filtered as asked, at most `limit` of them.
     pub kvs: Vec<KeyValue>,

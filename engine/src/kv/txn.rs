@@ -40,6 +40,7 @@ pub struct PutRequest {
 
 /// etcd's `PutResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PutResponse {
     /// The key-value before the put, if the request asked for it and the key existed.
     pub prev_kv: Option<KeyValue>,
@@ -59,6 +60,7 @@ pub struct DeleteRangeRequest {
 
 /// etcd's `DeleteRangeResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeleteRangeResponse {
     /// How many keys were deleted.
     pub deleted: i64,
@@ -151,6 +153,7 @@ pub struct TxnRequest {
 
 /// etcd's `TxnResponse`, less the header.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TxnResponse {
     /// Whether every compare held (the success branch ran).
     pub succeeded: bool,

@@ -47,6 +47,7 @@ pub(crate) struct LeaseRecord {
 
 /// What [`crate::Engine::lease_time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseStatus {
     /// The lease asked about.
     pub id: i64,

@@ -68,6 +68,7 @@ pub enum EventKind {
 
 /// etcd's `HashKV` answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HashKv {
     /// CRC-32 over every change still in history up to `hash_revision`.
     pub hash: u32,

@@ -176,6 +176,7 @@ pub type Wake = Arc<dyn Fn() + Send + Sync>;
 /// One response for one or more watchers of a sink, in the order it was queued: each watcher's
 /// responses arrive in revision order.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Delivery {
     /// The watchers it is for (the IDs the hub gave them), ascending.
     pub watchers: Vec<u64>,

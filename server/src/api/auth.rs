@@ -27,6 +27,7 @@ pub struct AuthService {
 }
 
 impl AuthService {
+    /// The service for `node`, hashing new passwords at its `--bcrypt-cost`.
     pub fn new(node: Arc<Node>) -> AuthService {
         AuthService { node }
     }

@@ -23,6 +23,8 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
+    /// The service for `node`; `token` is `--initial-cluster-token`, from which (with the
+    /// peer URLs and the time) added members' IDs are derived.
     pub fn new(node: Arc<Node>, token: String) -> ClusterService {
         ClusterService { node, token }
     }

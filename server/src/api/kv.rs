@@ -22,6 +22,8 @@ pub struct KvService {
 }
 
 impl KvService {
+    /// The service for `node`: writes are checked against `node.limits` (request size, txn
+    /// operations) before they are proposed.
     pub fn new(node: Arc<Node>) -> KvService {
         KvService { node }
     }

@@ -20,6 +20,7 @@ pub struct LeaseService {
 }
 
 impl LeaseService {
+    /// The service for `node`; keep-alives and TTL queries a follower gets go on to the leader.
     pub fn new(node: Arc<Node>) -> LeaseService {
         LeaseService { node }
     }

@@ -22,6 +22,8 @@ pub struct MaintenanceService {
 }
 
 impl MaintenanceService {
+    /// The service for `node`. Once auth is on, Status and listing alarms need an
+    /// authenticated caller, everything else an admin.
     pub fn new(node: Arc<Node>) -> MaintenanceService {
         MaintenanceService { node }
     }

@@ -27,6 +27,9 @@ pub const FEATURE_GATES: &[(&str, &str)] = &[
 ];
 
 /// The flags of this module.
+// The hidden flags are documented a group at a time, on the first of each; clap turns doc
+// comments into help text, so each is not given one of its own.
+#[allow(missing_docs)]
 #[derive(Debug, Args)]
 pub struct Compat {
     /// How often idle watchers that asked for progress notifications get one (a Go duration).

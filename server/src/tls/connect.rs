@@ -27,6 +27,7 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// Dials with `tls` for https URLs; with `None`, an https URL fails to connect.
     pub fn new(tls: Option<Tls>) -> Connector {
         Connector { tls }
     }

@@ -10,7 +10,7 @@
 //! - [`listener`]: accepting TLS connections, each handshake in a task of its own and bounded in
 //!   time, failures logged and never fatal.
 //! - [`connect`]: dialing peers and leaders over http or https.
-//! - [`verify`]: etcd's checks beyond the chain: the CRL, allowed CNs and hostnames.
+//! - `verify`: etcd's checks beyond the chain: the CRL, allowed CNs and hostnames.
 //! - [`self_signed`]: `--auto-tls` and `--peer-auto-tls`.
 
 use std::path::{Path, PathBuf};
@@ -33,12 +33,29 @@ pub use listener::TlsListener;
 /// Why TLS cannot be set up, or a handshake cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A certificate, key, CA or CRL file could not be read (or, for `--auto-tls`, written).
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why reading or writing it failed.
+        source: std::io::Error,
+    },
+    /// A file was read but holds no usable certificate, key or CRL.
     #[error("{path}: {reason}")]
-    Parse { path: PathBuf, reason: String },
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its contents.
+        reason: String,
+    },
+    /// The flags do not make a working setup: a bad TLS version or cipher suite, a missing
+    /// file, a pair given by halves, an https URL without a certificate, a self-signed
+    /// certificate that cannot be made.
     #[error("{0}")]
     Config(String),
+    /// rustls refused the configuration (for example, a key that does not match its
+    /// certificate, or versions the suites cannot serve).
     #[error(transparent)]
     Rustls(#[from] rustls::Error),
 }
@@ -199,9 +216,11 @@ pub struct Files {
     /// This member's certificate chain and key, as a server (and as a client, unless the
     /// client pair is given).
     pub cert: Option<PathBuf>,
+    /// The private key for `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: Option<PathBuf>,
     /// The pair this member presents when it connects as a client, if not the server pair.
     pub client_cert: Option<PathBuf>,
+    /// The private key for `client_cert`; the two are given together or not at all.
     pub client_key: Option<PathBuf>,
     /// The CAs that sign the certificates clients (or, dialing out, servers) present.
     pub trusted_ca: Option<PathBuf>,
@@ -296,6 +315,7 @@ impl Tls {
         Ok(tls)
     }
 
+    /// The files and rules this port's TLS was made from.
     pub fn files(&self) -> &Files {
         &self.0.files
     }

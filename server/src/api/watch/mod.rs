@@ -46,6 +46,8 @@ pub struct WatchService {
 }
 
 impl WatchService {
+    /// The service for `node`, served with [`crate::pb::watch_wire`]'s server, which sends
+    /// its [`WireResponse`]s as they are; each stream it serves is a task of its own.
     pub fn new(node: Arc<Node>) -> WatchService {
         WatchService { node }
     }

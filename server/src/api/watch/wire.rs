@@ -30,7 +30,9 @@ pub enum WireResponse {
     /// Events of one or more revisions, encoded ahead of time, with this watcher's header
     /// and ID.
     Events {
+        /// The response header, at the revision of the last events carried.
         header: pb::ResponseHeader,
+        /// The watcher the events are for (left out of the bytes when 0, as prost leaves it).
         watch_id: i64,
         /// Each an encoded run of `events` fields, in order (one, unless runs were merged).
         events: SmallVec<[Bytes; 1]>,
