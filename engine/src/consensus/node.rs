@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::future::{Future as _, IntoFuture as _};
 
 use cairn_wal::{Durability, LogIndex, Record, TicketFuture, Wal};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
@@ -232,23 +232,26 @@ pub(crate) struct NodeConfig {
 }
 
 /// A running node thread.
-pub(crate) struct Node {
+pub(crate) struct NodeHandle {
     pub(crate) tx: Sender<Input>,
     threads: Vec<JoinHandle<()>>,
 }
 
-impl Node {
-    /// Starts the node thread over `log` and `wal`; committed entries go
-    /// to `apply`; a follower far behind is sent what `snapshots` writes.
+impl NodeHandle {
+    /// Starts the node thread over `log` and `wal`, taking its input from `inputs` (made by
+    /// the caller, so that what the node feeds can hold the sender before it starts);
+    /// committed entries go to `apply`; a follower far behind is sent what `snapshots` writes.
+    #[allow(clippy::too_many_arguments)] // each is a distinct part the node thread owns
     pub(crate) fn spawn(
         config: NodeConfig,
+        (tx, rx): (Sender<Input>, Receiver<Input>),
         log: RaftLog,
         wal: Arc<Wal>,
         transport: Arc<dyn Transport>,
         apply: Box<dyn ApplyQueue>,
         status: Arc<Status>,
         snapshots: SnapshotSource,
-    ) -> Result<Node> {
+    ) -> Result<NodeHandle> {
         let raft_config = raft::Config {
             id: config.id,
             election_tick: config.election_ticks,
@@ -272,7 +275,6 @@ impl Node {
             raw.campaign()
                 .map_err(|e| Error::Internal(Failure::caused_by("campaign", e)))?;
         }
-        let (tx, rx) = unbounded();
         let (nudge_tx, nudges) = bounded(1);
         let node = NodeThread {
             raw,
@@ -304,7 +306,7 @@ impl Node {
                 }
             })
             .map_err(|e| Error::Internal(Failure::caused_by("spawn raft thread", e)))?;
-        Ok(Node {
+        Ok(NodeHandle {
             tx,
             threads: vec![thread],
         })

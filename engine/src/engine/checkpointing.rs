@@ -15,6 +15,7 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::error::Result;
 
 /// A checkpoint encoded under the state lock, to write without it.
+#[derive(Debug)]
 pub(super) struct Encoded {
     bytes: Vec<u8>,
     order: (u64, u64),
@@ -99,31 +100,10 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::consensus::{Membership, RecentRequests};
-    use crate::lease::lessor::Lessor;
-    use crate::mvcc::store::Store;
 
     fn at(applied: u64) -> Encoded {
-        let mut state = State {
-            store: Store::new(),
-            lessor: Lessor::new(1, Arc::new(crate::clock::ManualClock::default())),
-            alarms: Default::default(),
-            auth: Default::default(),
-            tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
-                std::time::Duration::from_secs(300),
-                Arc::new(crate::clock::ManualClock::default()),
-            )),
-            applied_index: applied,
-            applied_term: 0,
-            membership: Membership::default(),
-            recent: RecentRequests::default(),
-            epoch: 0,
-            installs: 0,
-        };
-        let mut c = state.checkpoint().unwrap();
+        let mut c = State::empty(applied).checkpoint().unwrap();
         c.layout.clear();
         c
     }

@@ -118,15 +118,15 @@ impl Engine {
     /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Engine::defragment`]
     /// then returns its space.
     pub fn wait_compacted(&self) -> Result<()> {
-        let (lock, signal) = &*self.inner.swept;
-        let mut guard = lock.lock();
-        while self.inner.state.read().store.compaction_unfinished() {
+        self.inner.swept.wait(|| {
+            if !self.inner.state.read().store.compaction_unfinished() {
+                return Ok(true);
+            }
             if self.inner.replica.lock().is_none() {
                 return Err(Error::Closed);
             }
-            signal.wait_for(&mut guard, std::time::Duration::from_millis(100));
-        }
-        Ok(())
+            Ok(false)
+        })
     }
 
     /// Writes a snapshot of the complete state (history, leases, alarms, applied index) to

@@ -46,7 +46,7 @@ use cairn_wal::Wal;
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
-use apply::{apply_loop, AppliedIndex, Applier, Handoff, Swept};
+use apply::{AppliedIndex, ApplyThread, Applying, Handoff, Publisher, Swept};
 use builder::Identity;
 use checkpointing::{checkpoint_and_release, Checkpointing};
 use leases::checker_loop;
@@ -58,7 +58,7 @@ use crate::backend::DATA_DIR;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
-use crate::consensus::node::{NoPeers, Node, NodeConfig, Status, Transport};
+use crate::consensus::node::{NoPeers, NodeConfig, NodeHandle, Status, Transport};
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
@@ -77,7 +77,7 @@ pub use watch::{Watch, WatchGroup};
 
 /// The running Raft node and the log it writes.
 struct Replica {
-    node: Node,
+    node: NodeHandle,
     wal: Arc<Wal>,
 }
 
@@ -103,6 +103,30 @@ struct State {
     /// Snapshots from the leader installed since open: a snapshot being taken of the old
     /// state cannot go on reading the new one.
     installs: u64,
+}
+
+#[cfg(test)]
+impl State {
+    /// An empty state in memory, applied up to `applied`, for the apply core's tests.
+    fn empty(applied: u64) -> State {
+        let clock: Arc<dyn crate::Clock> = Arc::new(crate::clock::ManualClock::default());
+        State {
+            store: Store::new(),
+            lessor: Lessor::new(1, clock.clone()),
+            alarms: Default::default(),
+            auth: Default::default(),
+            tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
+                std::time::Duration::from_secs(300),
+                clock,
+            )),
+            applied_index: applied,
+            applied_term: 0,
+            membership: Membership::default(),
+            recent: RecentRequests::default(),
+            epoch: 0,
+            installs: 0,
+        }
+    }
 }
 
 /// What the engine's handle shares with its threads.
@@ -253,9 +277,8 @@ impl Engine {
             catch_up: config.snapshot_catch_up_entries,
             latency_us: Mutex::new(cairn_wal::Distribution::default()),
         });
-        let swept: Arc<Swept> = Arc::new((Mutex::new(()), parking_lot::Condvar::new()));
+        let swept: Arc<Swept> = Arc::default();
         let waiters: Arc<Waiters> = Arc::default();
-        let (handoff, apply_rx, apply_shared) = Handoff::new(state.clone());
         let status = Arc::new(Status::default());
         let learner = state.read().membership.learners.contains(&member_id);
         status.learner.store(learner, std::sync::atomic::Ordering::Relaxed);
@@ -263,8 +286,30 @@ impl Engine {
             let state = state.clone();
             Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
         };
-        let node = Node::spawn(
+        let defragmenting = Arc::new(Mutex::new(()));
+        let (feed, fed) = bounded(watch::FEED_DEPTH);
+        // Everything the threads share exists before any of them starts.
+        let node_inputs = crossbeam_channel::unbounded();
+        let publisher = Publisher {
+            state: state.clone(),
+            hub: hub.clone(),
+            feed,
+            watchers: hub.lock().counter(),
+            wal: wal.clone(),
+            dir: dir.clone(),
+            checkpointing: checkpointing.clone(),
+            waiters: waiters.clone(),
+            applied: applied.clone(),
+            node: node_inputs.0.clone(),
+            status: status.clone(),
+            member_id,
+            log: log.clone(),
+            defragmenting: defragmenting.clone(),
+        };
+        let (handoff, apply_rx, apply_shared) = Handoff::new(Applying::new(publisher, config.checkpoint_entries));
+        let node = NodeHandle::spawn(
             node_config,
+            node_inputs,
             log.clone(),
             wal.clone(),
             transport,
@@ -272,35 +317,19 @@ impl Engine {
             status.clone(),
             snapshots,
         )?;
-        let defragmenting = Arc::new(Mutex::new(()));
-        let (feed, fed) = bounded(watch::FEED_DEPTH);
         let apply_thread = {
-            let applier = Applier {
-                state: state.clone(),
-                hub: hub.clone(),
-                feed,
-                watchers: hub.lock().counter(),
-                wal: wal.clone(),
-                dir: dir.clone(),
-                checkpoint_entries: config.checkpoint_entries,
-                checkpointing: checkpointing.clone(),
-                waiters: waiters.clone(),
-                applied: applied.clone(),
-                node: node.tx.clone(),
-                status: status.clone(),
-                member_id,
-                log: log.clone(),
-                defragmenting: defragmenting.clone(),
+            let thread = ApplyThread {
+                rx: apply_rx,
+                shared: apply_shared,
+                compaction_batch: config.compaction_batch,
+                swept: swept.clone(),
             };
+            let span = tracing::Span::current();
             std::thread::Builder::new()
                 .name("cairn-apply".into())
-                .spawn({
-                    let (batch, swept) = (config.compaction_batch, swept.clone());
-                    let span = tracing::Span::current();
-                    move || {
-                        let _span = span.enter();
-                        apply_loop(apply_rx, apply_shared, applier, batch, swept)
-                    }
+                .spawn(move || {
+                    let _span = span.enter();
+                    thread.run()
                 })
                 .map_err(|e| Error::Internal(Failure::caused_by("spawn apply thread", e)))?
         };

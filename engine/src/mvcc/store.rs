@@ -712,6 +712,17 @@ pub(crate) struct LeaseChange {
     pub(crate) to: i64,
 }
 
+/// One change a [`WriteTxn`] made to the key index, to take back if the request fails.
+#[derive(Debug)]
+struct Undo {
+    key: Vec<u8>,
+    rev: Revision,
+    /// Whether the change was a delete.
+    tombstone: bool,
+    /// The key's `modified` before it (`None`: no history before).
+    previous: Option<Revision>,
+}
+
 /// One write request in progress (see the module docs). Dropped without
 /// [`WriteTxn::end`], it undoes every change it made: a write request is applied whole or
 /// not at all.
@@ -722,9 +733,8 @@ pub struct WriteTxn<'a> {
     /// Changes made so far; the next one's sub-revision.
     sub: i64,
     lease_changes: Vec<LeaseChange>,
-    /// Every change made, in order, to take back: key, revision, whether a delete, and the
-    /// key's previous `modified` (`None`: no history before).
-    undo: Vec<(Vec<u8>, Revision, bool, Option<Revision>)>,
+    /// Every change made, in order, to take back.
+    undo: Vec<Undo>,
     /// Where the data files ended before the request, to cut its records off again.
     mark: Mark,
     finished: bool,
@@ -735,7 +745,13 @@ impl Drop for WriteTxn<'_> {
         if self.finished || self.sub == 0 {
             return;
         }
-        for (key, rev, tombstone, previous) in std::mem::take(&mut self.undo).into_iter().rev() {
+        for Undo {
+            key,
+            rev,
+            tombstone,
+            previous,
+        } in std::mem::take(&mut self.undo).into_iter().rev()
+        {
             self.store.index.undo(&key, rev, tombstone, previous);
         }
         // Newest first: each is then the log's last entry, taken off its end.
@@ -797,7 +813,12 @@ impl WriteTxn<'_> {
         let previous = self.store.index.modified(key);
         let rev = self.next_revision();
         let found = self.store.index.put(key, rev).map_err(internal)?;
-        self.undo.push((key.to_vec(), rev, false, previous));
+        self.undo.push(Undo {
+            key: key.to_vec(),
+            rev,
+            tombstone: false,
+            previous,
+        });
         self.append(key, rev, &value, lease, Some(found))?;
         Ok(prev)
     }
@@ -825,7 +846,12 @@ impl WriteTxn<'_> {
             let previous = self.store.index.modified(&k);
             let rev = self.next_revision();
             self.store.index.tombstone(&k, rev).map_err(internal)?;
-            self.undo.push((k.clone(), rev, true, previous));
+            self.undo.push(Undo {
+                key: k.clone(),
+                rev,
+                tombstone: true,
+                previous,
+            });
             self.append(&k, rev, &[], 0, None)?;
         }
         Ok(deleted)

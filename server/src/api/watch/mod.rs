@@ -124,9 +124,19 @@ struct Route {
     /// The watch ID the client knows.
     id: i64,
     fragment: bool,
-    /// The watcher's response of events still open to more revisions: the drain it was made
-    /// in, its place in that drain's batch, and the bytes of events it carries.
-    open: Option<(u64, usize, usize)>,
+    /// The watcher's response of events still open to more revisions.
+    open: Option<OpenResponse>,
+}
+
+/// A response of events in a drain's batch that later revisions may still join.
+#[derive(Debug, Clone, Copy)]
+struct OpenResponse {
+    /// The drain it was made in.
+    drain: u64,
+    /// Its place in that drain's batch.
+    at: usize,
+    /// The bytes of events it carries.
+    carried: usize,
 }
 
 /// One client stream.
@@ -444,20 +454,24 @@ impl Batch {
     /// Events of one revision (encoded) for the watcher of `route`.
     fn events(&mut self, route: &mut Route, header: pb::ResponseHeader, encoded: &bytes::Bytes) {
         let size = encoded.len();
-        if let Some((drain, at, carried)) = route.open {
-            if drain == self.drain && carried + size <= COALESCE_BYTES {
+        if let Some(open) = route.open.as_mut() {
+            if open.drain == self.drain && open.carried + size <= COALESCE_BYTES {
                 if let Some(WireResponse::Events {
                     header: last, events, ..
-                }) = self.out.get_mut(at)
+                }) = self.out.get_mut(open.at)
                 {
                     *last = header;
                     events.push(encoded.clone());
-                    route.open = Some((drain, at, carried + size));
+                    open.carried += size;
                     return;
                 }
             }
         }
-        route.open = Some((self.drain, self.out.len(), size));
+        route.open = Some(OpenResponse {
+            drain: self.drain,
+            at: self.out.len(),
+            carried: size,
+        });
         self.out.push(WireResponse::Events {
             header,
             watch_id: route.id,
