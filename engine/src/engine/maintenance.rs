@@ -2,7 +2,7 @@
 //! (taken in bounded memory while writes go on, restored into a new directory, inspected),
 //! alarms and HashKV.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 
 use parking_lot::RwLock;
@@ -242,66 +242,43 @@ impl Engine {
         let _one = self.inner.defragmenting.lock();
         let wal = self.inner.wal()?;
         let state = &self.inner.state;
-        let (defrag, before) = {
+        let (mut copying, before) = {
             let mut st = state.write();
-            let before = st.store.size();
-            (st.store.begin_defrag()?, before)
+            (st.store.begin_defrag(DEFRAG_BATCH)?, st.store.size())
         };
-        let mut out = None;
-        let mut fresh = Vec::new();
-        let mut after = None;
-        // Copied records whose file is still being filled: not yet readable.
-        let mut pending: Vec<(crate::Revision, crate::backend::Loc)> = Vec::new();
-        // Copied records in sealed, registered files, waiting to be pointed at their copies.
-        let mut ready: VecDeque<(crate::Revision, crate::backend::Loc)> = VecDeque::new();
-        // Points one batch of `ready` at its copies, in one short lock hold handed fairly to
-        // any waiting writer. A file seals with a quarter of a million records at once:
-        // repointed back to back, they held the lock for tens of milliseconds.
-        let repoint = |ready: &mut VecDeque<_>| {
-            let n = ready.len().min(DEFRAG_BATCH);
-            if n > 0 {
-                let batch: Vec<_> = ready.drain(..n).collect();
-                let mut st = state.write();
-                st.store.defrag_migrate(&batch);
-                parking_lot::RwLockWriteGuard::unlock_fair(st);
-            }
-        };
+        // Each lock hold is short and handed fairly to any waiting writer: a file seals with a
+        // quarter of a million records at once, and repointed back to back they held the lock
+        // for tens of milliseconds.
         let rest = |started: std::time::Instant| {
             std::thread::sleep(started.elapsed().mul_f64((1.0 - DEFRAG_DUTY) / DEFRAG_DUTY));
         };
         loop {
             let started = std::time::Instant::now();
-            let chunk = state.read().store.defrag_chunk(&defrag, after, DEFRAG_BATCH);
-            let Some((last, _)) = chunk.last() else { break };
-            after = Some(*last);
-            let (moved, filled) = defrag.copy(&chunk, &mut out)?;
-            pending.extend(moved);
-            if !filled.is_empty() {
-                // Records in the file still being filled stay pending until it is sealed.
-                let sealed: Vec<u32> = filled.iter().map(|(id, _)| *id).collect();
-                let (done, still): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(_, l)| sealed.contains(&l.file));
-                pending = still;
-                fresh.extend(sealed);
-                state.write().store.defrag_register(filled);
-                ready.extend(done);
+            if !copying.fetch(&state.read().store) {
+                break;
             }
-            repoint(&mut ready);
+            copying.copy()?;
+            if copying.has_news() {
+                let mut st = state.write();
+                copying.install(&mut st.store);
+                parking_lot::RwLockWriteGuard::unlock_fair(st);
+            }
             rest(started);
         }
-        if let Some(active) = out.take() {
-            let (id, sealed) = defrag.finish(active)?;
-            fresh.push(id);
-            state.write().store.defrag_register(vec![(id, sealed)]);
-            ready.extend(pending.drain(..));
-        }
-        while !ready.is_empty() {
+        let mut repointing = copying.finish()?;
+        loop {
             let started = std::time::Instant::now();
-            repoint(&mut ready);
+            let mut st = state.write();
+            let more = repointing.install(&mut st.store);
+            parking_lot::RwLockWriteGuard::unlock_fair(st);
+            if !more {
+                break;
+            }
             rest(started);
         }
         let (encoded, old_paths, after_size) = {
             let mut st = state.write();
-            let old = st.store.defrag_switch(&defrag, &fresh)?;
+            let old = repointing.switch(&mut st.store)?;
             st.epoch += 1;
             (st.checkpoint()?, old, st.store.size())
         };

@@ -5,6 +5,7 @@
 //! generations), `index` (the B-tree of all keys), `store` (reads and write requests), plus
 //! `revision_log` (where each revision's record lives, etcd's key bucket).
 
+pub(crate) mod defrag;
 pub(crate) mod index;
 pub(crate) mod key_index;
 pub(crate) mod revision;

@@ -20,7 +20,7 @@ use super::key_index::{Found, KeyIndexError};
 use super::revision::Revision;
 use super::revision_log::RevisionLog;
 use crate::backend::record::{self, Record};
-use crate::backend::{Active, Backend, FileLen, FileMaker, Loc, Mark, Sealed};
+use crate::backend::{Backend, FileLen, FileMaker, Mark};
 use crate::error::{Error, Failure, Result};
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
@@ -110,8 +110,8 @@ pub struct RangeResult {
 #[derive(Debug)]
 pub struct Store {
     index: TreeIndex,
-    log: RevisionLog,
-    backend: Backend,
+    pub(super) log: RevisionLog,
+    pub(super) backend: Backend,
     /// The newest revision. Invariant: `compacted <= current`.
     current: i64,
     /// History below this revision is gone.
@@ -156,67 +156,6 @@ impl Default for Store {
 
 /// Data "files" of a store in memory.
 const IN_MEMORY_FILE_SIZE: usize = 1 << 20;
-
-/// A defragmentation syncs its copies every this many bytes.
-const DEFRAG_SYNC_BYTES: u64 = 512 << 10;
-
-/// Records and their new places.
-pub(crate) type Moved = Vec<(Revision, Loc)>;
-
-/// A defragmentation under way (see [`Store::begin_defrag`]).
-#[derive(Debug)]
-pub(crate) struct Defrag {
-    /// Records up to this revision are copied; later ones are written to new files anyway.
-    pub(crate) cut: Revision,
-    old: Vec<(u32, Sealed)>,
-    maker: FileMaker,
-}
-
-impl Defrag {
-    /// Copies the records of `chunk` (from [`Store::defrag_chunk`]) into `out`, starting new
-    /// files as they fill. Returns the records' new places and the files filled.
-    pub(crate) fn copy(
-        &self,
-        chunk: &[(Revision, Loc)],
-        out: &mut Option<Active>,
-    ) -> Result<(Moved, Vec<(u32, Sealed)>)> {
-        let mut moved = Vec::with_capacity(chunk.len());
-        let mut filled = Vec::new();
-        for (rev, loc) in chunk {
-            let file = self
-                .old
-                .iter()
-                .find(|(id, _)| *id == loc.file)
-                .map(|(_, f)| f)
-                .ok_or_else(|| Error::internal(format!("record {loc:?} is in no file being defragmented")))?;
-            let record = file.read(*loc)?;
-            let active = match out {
-                Some(a) => a,
-                None => out.insert(self.maker.create(record.padded_len())?),
-            };
-            let before = active.len();
-            let (new_loc, full) = self.maker.append(active, &record)?;
-            filled.extend(full);
-            moved.push((*rev, new_loc));
-            // Sync as it goes, a few MiB at a time, so the disk is never busy for long with
-            // the copies (the WAL's fsyncs queue behind them) and the final checkpoint has
-            // little left to sync.
-            if active.len() / DEFRAG_SYNC_BYTES != before / DEFRAG_SYNC_BYTES {
-                active.sync()?;
-            }
-        }
-        Ok((moved, filled))
-    }
-
-    /// Seals the last file copied into (see [`FileMaker::finish`]).
-    pub(crate) fn finish(&self, last: Active) -> Result<(u32, Sealed)> {
-        self.maker.finish(last)
-    }
-
-    pub(crate) fn old_ids(&self) -> Vec<u32> {
-        self.old.iter().map(|(id, _)| *id).collect()
-    }
-}
 
 impl Store {
     /// An empty store in memory at revision 1, as etcd's: the first write gets revision 2.
@@ -652,55 +591,6 @@ impl Store {
             last = Some(rev);
         }
         Ok((out, last))
-    }
-
-    /// Starts defragmenting: the active file is sealed (writes go on into a new one) and every
-    /// record kept so far is to be copied, in [`Store::defrag_chunk`]s, by [`Defrag::copy`]
-    /// (without the store's lock), then registered ([`Store::defrag_register`]) and pointed at
-    /// ([`Store::defrag_migrate`]), and finally
-    /// [`Store::defrag_switch`] drops the old files.
-    pub(crate) fn begin_defrag(&mut self) -> Result<Defrag> {
-        let (old, maker) = self.backend.begin_defrag()?;
-        let cut = Revision::new(self.current, i64::MAX);
-        Ok(Defrag { cut, old, maker })
-    }
-
-    /// The next `limit` records to copy, after revision `after`.
-    pub(crate) fn defrag_chunk(&self, defrag: &Defrag, after: Option<Revision>, limit: usize) -> Vec<(Revision, Loc)> {
-        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.log.range(from, Bound::Included(defrag.cut)).take(limit).collect()
-    }
-
-    /// Makes the copies in `files` readable (records may point into them from now on).
-    pub(crate) fn defrag_register(&mut self, files: Vec<(u32, Sealed)>) {
-        for (id, file) in files {
-            self.backend.register(id, file);
-        }
-    }
-
-    /// Points the records `moved` at their copies (records compacted away meanwhile are
-    /// skipped).
-    pub(crate) fn defrag_migrate(&mut self, moved: &[(Revision, Loc)]) {
-        for (rev, loc) in moved {
-            if let Some(at) = self.log.get_mut(rev) {
-                *at = *loc;
-            }
-        }
-    }
-
-    /// Finishes a defragmentation whose copies are the files `fresh`: returns the old files'
-    /// paths, to delete once a checkpoint of the new layout is durable.
-    pub(crate) fn defrag_switch(&mut self, defrag: &Defrag, fresh: &[u32]) -> Result<Vec<std::path::PathBuf>> {
-        let old = defrag.old_ids();
-        // Every record up to the cut was repointed: the revision log gains no revision at or
-        // below it. Checked in debug builds only: it walks the whole log under the lock.
-        #[cfg(debug_assertions)]
-        if let Some((rev, loc)) = self.log.iter().find(|(_, l)| old.contains(&l.file)) {
-            return Err(Error::internal(format!(
-                "revision {rev} still in an old data file at {loc:?}"
-            )));
-        }
-        Ok(self.backend.switch(&old, fresh))
     }
 }
 
