@@ -15,6 +15,9 @@ virtualenv under benches/compare/.env, and cairn and cairn-bench built in releas
     benches/compare/compare.py --dir /var/tmp/cmp --rounds 3 --seconds 10
     benches/compare/compare.py --dir /tmp/cmp --quick                  # a smoke run
     benches/compare/compare.py --dir /tmp/cmp --only put-100,million --keys 100000
+    # cairn against a cairn built from an earlier commit (a change must not cost performance):
+    benches/compare/compare.py --dir /var/tmp/ab --targets cairn,cairn-baseline \
+        --baseline-binary /tmp/cairn-base --only put-100,range-l-100,put-serial --rounds 4
 
 Workloads (--only takes a comma-separated list; each entry selects the names containing it):
 put-serial, put-100, range-l-100, put-100-mtls, range-l-100-mtls, put-100-auth, range-l-100-auth
@@ -68,7 +71,11 @@ def parse_args():
                          "15 with --quick)")
     ap.add_argument("--k8s-step", type=float, default=15,
                     help="measured seconds of each step of the Kubernetes-shaped search (5 with --quick)")
-    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5,etcd-3.7")
+    ap.add_argument("--targets", default="cairn,etcd-3.4,etcd-3.5,etcd-3.7",
+                    help="comma-separated: cairn, etcd-3.4, etcd-3.5, etcd-3.7, cairn-baseline")
+    ap.add_argument("--baseline-binary", type=Path,
+                    help="the cairn binary the cairn-baseline target runs (one built from an earlier "
+                         "commit, to check a change costs nothing: --targets cairn,cairn-baseline)")
     ap.add_argument("--only", help="run only these workloads (comma-separated; each selects the names containing it)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 1 round, 2 s workloads, 100,000 keys, 1,000 expiring leases")
@@ -92,7 +99,10 @@ def main():
     etcd37 = ensure_etcd37() if "etcd-3.7" in names else None
     cairn, bench_bin = build()
     targets = {"cairn": Target("cairn", cairn), "etcd-3.4": Target("etcd-3.4", etcd34),
-               "etcd-3.5": Target("etcd-3.5", etcd35), "etcd-3.7": Target("etcd-3.7", etcd37)}
+               "etcd-3.5": Target("etcd-3.5", etcd35), "etcd-3.7": Target("etcd-3.7", etcd37),
+               "cairn-baseline": Target("cairn-baseline", a.baseline_binary)}
+    if "cairn-baseline" in names and a.baseline_binary is None:
+        sys.exit("the cairn-baseline target needs --baseline-binary")
     chosen = [targets[t] for t in names]
     wanted = a.only.split(",") if a.only else None
     chosen_w = [w for w in workloads(a.keys, a.expiry_leases)

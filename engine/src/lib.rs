@@ -29,7 +29,10 @@
 //! [`TxnRequest`]) given to [`Engine::write`]; reads are [`RangeRequest`]s given to
 //! [`Engine::range`]. `put`, `delete`, `get` and `get_prefix` are shorthands for the common
 //! cases. Each blocking call has an async twin (`write_async`, `range_async`, ...) that no
-//! thread waits in.
+//! thread waits in. Requests are etcd's messages, with public fields: build them with their
+//! builders (`PutRequest::new(k, v).with_lease(id)`) or with `..Default::default()`, which keeps
+//! compiling when etcd's messages gain a field. What the engine returns (responses, reports) is
+//! `#[non_exhaustive]`: read its fields, never build it.
 //!
 //! # Transactions
 //!

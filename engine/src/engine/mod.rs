@@ -33,6 +33,7 @@ mod kv;
 mod leases;
 mod maintenance;
 mod membership;
+mod open;
 mod propose;
 mod status;
 mod watch;
@@ -51,16 +52,15 @@ use builder::Identity;
 use checkpointing::{checkpoint_and_release, Checkpointing};
 use leases::checker_loop;
 use maintenance::write_snapshot;
+use open::Recovered;
 use propose::Waiters;
 use watch::watch_loop;
 
-use crate::backend::DATA_DIR;
-use crate::checkpoint;
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
 use crate::consensus::node::{NoPeers, NodeConfig, NodeHandle, Status, Transport};
 use crate::consensus::{Membership, RecentRequests};
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Result};
 use crate::lease::lessor::Lessor;
 use crate::mvcc::store::Store;
 use crate::request::Alarm;
@@ -105,27 +105,39 @@ struct State {
     installs: u64,
 }
 
-#[cfg(test)]
 impl State {
-    /// An empty state in memory, applied up to `applied`, for the apply core's tests.
-    fn empty(applied: u64) -> State {
-        let clock: Arc<dyn crate::Clock> = Arc::new(crate::clock::ManualClock::default());
+    /// The state of `store` before anything is applied: membership, leases, alarms and users
+    /// come from a checkpoint, or from the log (a new group's first entries add its members).
+    fn new(store: Store, config: &Config) -> State {
         State {
-            store: Store::new(),
-            lessor: Lessor::new(1, clock.clone()),
+            store,
+            lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
             auth: Default::default(),
             tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
-                std::time::Duration::from_secs(300),
-                clock,
+                config.simple_token_ttl,
+                config.clock.clone(),
             )),
-            applied_index: applied,
+            applied_index: 0,
             applied_term: 0,
             membership: Membership::default(),
             recent: RecentRequests::default(),
             epoch: 0,
             installs: 0,
         }
+    }
+
+    /// An empty state in memory, applied up to `applied`, for the apply core's tests.
+    #[cfg(test)]
+    fn empty(applied: u64) -> State {
+        let config = Config {
+            clock: Arc::new(crate::clock::ManualClock::default()),
+            min_lease_ttl: 1,
+            ..Config::default()
+        };
+        let mut state = State::new(Store::new(), &config);
+        state.applied_index = applied;
+        state
     }
 }
 
@@ -188,78 +200,9 @@ impl Engine {
         let _member = tracing::info_span!("member", id = %format_args!("{member_id:x}")).entered();
         config.validate()?;
         let dir = dir.to_path_buf();
-        // The WAL locks the directory: nothing below runs in two processes at once.
-        let wal_dir = config.wal_dir.clone().unwrap_or_else(|| dir.join("wal"));
-        let mut replay = Wal::open(wal_dir, config.wal.clone())?;
-        let checkpoint = checkpoint::read(&dir)?;
-        let store = Store::open(
-            &dir.join(DATA_DIR),
-            config.data_file_size,
-            checkpoint.as_ref().map(|c| &c.store),
-        )?;
-        let mut state = State {
-            store,
-            lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
-            alarms: Default::default(),
-            auth: Default::default(),
-            tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
-                config.simple_token_ttl,
-                config.clock.clone(),
-            )),
-            applied_index: 0,
-            applied_term: 0,
-            // Learned from the log: a new group's first entries add its members.
-            membership: Membership::default(),
-            recent: RecentRequests::default(),
-            epoch: 0,
-            installs: 0,
-        };
-        if let Some(c) = checkpoint {
-            state.lessor.load(c.leases);
-            state.lessor.apply_changes(&state.store.leased_keys()?);
-            state.alarms = c.alarms.into_iter().collect();
-            state.auth = c.auth;
-            state.applied_index = c.applied_index;
-            state.applied_term = c.applied_term;
-            state.membership = c.membership;
-            state.recent = c.recent;
-            state.epoch = c.epoch;
-        }
-        // The Raft log after the checkpoint; the entries committed in it are applied by the
-        // apply thread once the node hands them over, before `open` returns.
-        let log = RaftLog::new(
-            state.applied_index,
-            state.applied_term,
-            state.membership.to_conf_state(),
-        );
-        for record in replay.by_ref() {
-            log.replay(record?)?;
-        }
-        log.finish_replay(config.snapshot_catch_up_entries);
-        state.store.release_pages();
-        let wal = Arc::new(replay.finish()?);
-        if state.applied_index == 0 && log.last_index() == 0 && !identity.join_existing {
-            let members = if identity.peers.is_empty() {
-                vec![member_id]
-            } else {
-                identity.peers.clone()
-            };
-            crate::consensus::log::bootstrap(&log, &wal, &members, &identity.attributes)?;
-        }
-        let single = if log.last_index() > state.applied_index && state.membership.voters.is_empty() {
-            // A new group: its members are in its first entries.
-            !identity.join_existing && (identity.peers.is_empty() || identity.peers == [member_id])
-        } else {
-            state.membership.voters == [member_id] && state.membership.learners.is_empty()
-        };
-        // A group of one is leader again at once and commits everything in its log with the
-        // empty entry of its new term (so leases have restarted their clocks by then too); a
-        // member of a bigger group knows only what was committed before it stopped.
-        let catch_up_to = if single {
-            log.last_index() + 1
-        } else {
-            log.hard_state().commit
-        };
+        let Recovered { state, log, wal } = open::recover(&dir, &config)?;
+        open::bootstrap(&state, &log, &wal, &identity)?;
+        let catch_up_to = open::catch_up_target(&state, &log, &identity);
         let applied = Arc::new(AppliedIndex::default());
         applied.set(state.applied_index);
         let node_config = NodeConfig {
@@ -324,29 +267,15 @@ impl Engine {
                 compaction_batch: config.compaction_batch,
                 swept: swept.clone(),
             };
-            let span = tracing::Span::current();
-            std::thread::Builder::new()
-                .name("cairn-apply".into())
-                .spawn(move || {
-                    let _span = span.enter();
-                    thread.run()
-                })
-                .map_err(|e| Error::Internal(Failure::caused_by("spawn apply thread", e)))?
+            open::spawn("cairn-apply", move || thread.run())?
         };
         let watch_thread = {
             let (state, hub) = (state.clone(), hub.clone());
             let (stop_tx, stop_rx) = bounded(0);
             let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
-            let thread = std::thread::Builder::new()
-                .name("cairn-watch".into())
-                .spawn({
-                    let span = tracing::Span::current();
-                    move || {
-                        let _span = span.enter();
-                        watch_loop(state, hub, fed, stop_rx, every, progress_every)
-                    }
-                })
-                .map_err(|e| Error::Internal(Failure::caused_by("spawn watch thread", e)))?;
+            let thread = open::spawn("cairn-watch", move || {
+                watch_loop(state, hub, fed, stop_rx, every, progress_every)
+            })?;
             (stop_tx, thread)
         };
         let seed = std::time::SystemTime::now()
@@ -388,16 +317,7 @@ impl Engine {
         if let Some(every) = engine.inner.config.lease_check_interval {
             let (stop_tx, stop_rx) = bounded(0);
             let inner = engine.inner.clone();
-            let thread = std::thread::Builder::new()
-                .name("cairn-lease-check".into())
-                .spawn({
-                    let span = tracing::Span::current();
-                    move || {
-                        let _span = span.enter();
-                        checker_loop(inner, stop_rx, every)
-                    }
-                })
-                .map_err(|e| Error::Internal(Failure::caused_by("spawn lease checker", e)))?;
+            let thread = open::spawn("cairn-lease-check", move || checker_loop(inner, stop_rx, every))?;
             *engine.checker.lock() = Some((stop_tx, thread));
         }
         Ok(engine)
