@@ -92,9 +92,9 @@ impl Engine {
     /// Writes a checkpoint now and releases the log before it (also done every
     /// `Config::checkpoint_entries` entries and on close).
     pub fn checkpoint(&self) -> Result<()> {
-        let wal = self.inner.wal()?;
-        let encoded = self.inner.state.write().checkpoint()?;
-        write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)
+        let wal = self.core.wal()?;
+        let encoded = self.core.state.write().checkpoint()?;
+        write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)
     }
 }
 

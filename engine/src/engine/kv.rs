@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::propose::Pending;
-use super::{Engine, Inner};
+use super::{Core, Engine};
 use crate::consensus::node::Input;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
@@ -53,7 +53,7 @@ pub(crate) mod sealed {
         /// What applying it answers.
         type Response: Unpin;
         /// Checks it before it is logged (etcd's validation, and the quota for what it adds).
-        fn admit(&self, inner: &Inner) -> Result<()>;
+        fn admit(&self, core: &Core) -> Result<()>;
         /// The request as logged.
         fn into_request(self) -> Request;
         /// Its answer, or the unexpected one.
@@ -63,9 +63,9 @@ pub(crate) mod sealed {
     impl Write for PutRequest {
         type Response = PutResponse;
 
-        fn admit(&self, inner: &Inner) -> Result<()> {
+        fn admit(&self, core: &Core) -> Result<()> {
             self.validate()?;
-            inner.check_quota(crate::mvcc::store::record_size(self.key.len(), self.value.len()))
+            core.check_quota(crate::mvcc::store::record_size(self.key.len(), self.value.len()))
         }
 
         fn into_request(self) -> Request {
@@ -83,7 +83,7 @@ pub(crate) mod sealed {
     impl Write for DeleteRangeRequest {
         type Response = DeleteRangeResponse;
 
-        fn admit(&self, _: &Inner) -> Result<()> {
+        fn admit(&self, _: &Core) -> Result<()> {
             if self.key.is_empty() {
                 return Err(Error::EmptyKey);
             }
@@ -105,10 +105,10 @@ pub(crate) mod sealed {
     impl Write for TxnRequest {
         type Response = TxnResponse;
 
-        fn admit(&self, inner: &Inner) -> Result<()> {
-            self.validate(inner.config.max_txn_ops)?;
+        fn admit(&self, core: &Core) -> Result<()> {
+            self.validate(core.config.max_txn_ops)?;
             if !self.is_read_only() {
-                inner.check_quota(self.put_bytes())?;
+                core.check_quota(self.put_bytes())?;
             }
             Ok(())
         }
@@ -174,8 +174,8 @@ impl Engine {
         request: W,
         guard: Option<u64>,
     ) -> Result<Pending<Applied<W::Response>>> {
-        request.admit(&self.inner)?;
-        let rx = self.inner.submit(guarded(request.into_request(), guard))?;
+        request.admit(&self.core)?;
+        let rx = self.core.submit(guarded(request.into_request(), guard))?;
         Ok(Pending::new(rx, |(response, revision)| match W::answer(response) {
             Ok(response) => Ok(Applied { response, revision }),
             Err(other) => Err(Error::internal(format!("a write answered with {other:?}"))),
@@ -188,9 +188,9 @@ impl Engine {
     /// the log ([`Engine::write`]).
     pub fn txn(&self, request: TxnRequest) -> Result<Applied<TxnResponse>> {
         if request.is_read_only() {
-            request.validate(self.inner.config.max_txn_ops)?;
+            request.validate(self.core.config.max_txn_ops)?;
             if !request.is_serializable() {
-                self.inner.read_barrier()?;
+                self.core.read_barrier()?;
             }
             return self.read_txn_locally(&request);
         }
@@ -204,7 +204,7 @@ impl Engine {
         if !request.is_read_only() {
             return Err(Error::Misuse("read_txn_async of a txn that writes: use write_async"));
         }
-        request.validate(self.inner.config.max_txn_ops)?;
+        request.validate(self.core.config.max_txn_ops)?;
         if !request.is_serializable() {
             self.read_barrier_async().await?;
         }
@@ -212,7 +212,7 @@ impl Engine {
     }
 
     fn read_txn_locally(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
-        let (response, revision) = request.read(&self.inner.state.read().store)?;
+        let (response, revision) = request.read(&self.core.state.read().store)?;
         Ok(Applied { response, revision })
     }
 
@@ -225,9 +225,9 @@ impl Engine {
             return Err(Error::EmptyKey);
         }
         if !request.serializable {
-            self.inner.read_barrier()?;
+            self.core.read_barrier()?;
         }
-        request.apply(&self.inner.state.read().store)
+        request.apply(&self.core.state.read().store)
     }
 
     /// [`Engine::range`] for async code: no thread waits for the read barrier, and a
@@ -239,25 +239,25 @@ impl Engine {
         if !request.serializable {
             self.read_barrier_async().await?;
         }
-        request.apply(&self.inner.state.read().store)
+        request.apply(&self.core.state.read().store)
     }
 
     /// Waits until this member has applied everything committed when it was called: what it
     /// reads next is linearizable (a ReadIndex round, shared with concurrent reads).
     pub fn read_barrier(&self) -> Result<()> {
-        self.inner.read_barrier()
+        self.core.read_barrier()
     }
 
     /// [`Engine::read_barrier`] for async code, without a thread waiting. It fails with
     /// [`Error::Timeout`] after `Config::request_timeout` (checked every 100 ms), as the
     /// blocking call does, whatever raft drops.
     pub async fn read_barrier_async(&self) -> Result<()> {
-        let deadline = Instant::now() + self.inner.config.request_timeout;
-        let index = match self.inner.read_index()? {
+        let deadline = Instant::now() + self.core.config.request_timeout;
+        let index = match self.core.read_index()? {
             ReadIndex::Known(index) => index,
             ReadIndex::Round(answer) => answer.await.map_err(|_| Error::Closed)??,
         };
-        match self.inner.applied.reached(index, deadline) {
+        match self.core.applied.reached(index, deadline) {
             None => Ok(()),
             Some(reached) => reached.await.map_err(|_| Error::Closed)?,
         }
@@ -266,7 +266,7 @@ impl Engine {
     /// How long a blocking call waits before [`Error::Timeout`] (`Config::request_timeout`):
     /// the deadline to give the async calls that have none of their own.
     pub fn request_timeout(&self) -> std::time::Duration {
-        self.inner.config.request_timeout
+        self.core.config.request_timeout
     }
 }
 
@@ -278,7 +278,7 @@ enum ReadIndex {
     Round(oneshot::Receiver<Result<u64>>),
 }
 
-impl Inner {
+impl Core {
     /// Where a read barrier stands: the sole voter needs no round (no other member can have
     /// committed anything, so applying everything in its log makes a read linearizable);
     /// any other member joins a ReadIndex round, batched with the other reads.

@@ -9,7 +9,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use super::kv::Applied;
 use super::propose::{wait_answer, Pending};
-use super::{Engine, Inner};
+use super::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseStatus;
 use crate::request::{Request, Response};
@@ -27,19 +27,19 @@ pub struct LeaseGrant {
 impl Engine {
     /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
     pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
-        self.inner.check_quota(crate::mvcc::store::record_size(0, 0))?;
-        let ttl = self.inner.state.read().lessor.effective_ttl(ttl);
+        self.core.check_quota(crate::mvcc::store::record_size(0, 0))?;
+        let ttl = self.core.state.read().lessor.effective_ttl(ttl);
         let id = if id != 0 {
             id
         } else {
             loop {
-                let candidate = self.inner.next_lease_id.fetch_add(1, Ordering::Relaxed).max(1);
-                if !self.inner.state.read().lessor.exists(candidate) {
+                let candidate = self.core.next_lease_id.fetch_add(1, Ordering::Relaxed).max(1);
+                if !self.core.state.read().lessor.exists(candidate) {
                     break candidate;
                 }
             }
         };
-        match self.inner.propose(Request::LeaseGrant { id, ttl })? {
+        match self.core.propose(Request::LeaseGrant { id, ttl })? {
             (Response::LeaseGrant { id, ttl }, revision) => Ok(Applied {
                 response: LeaseGrant { id, ttl },
                 revision,
@@ -56,7 +56,7 @@ impl Engine {
     /// [`Engine::lease_revoke`] permitted at auth revision `guard`.
     pub fn lease_revoke_as(&self, id: i64, guard: Option<u64>) -> Result<Applied<()>> {
         match self
-            .inner
+            .core
             .propose(super::kv::guarded(Request::LeaseRevoke { id }, guard))?
         {
             (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
@@ -70,15 +70,15 @@ impl Engine {
     /// remaining TTL is cleared through the log, as etcd does, so a restart cannot resume from
     /// it.
     pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.inner.member_id) {
+        if self.leader() != Some(self.core.member_id) {
             return Err(Error::NotLeader);
         }
         // Everything committed is applied first (etcd's waitAppliedIndex), so a lease granted
         // through another member is known here.
-        self.inner.read_barrier()?;
-        let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
+        self.core.read_barrier()?;
+        let (ttl, stale_checkpoint) = self.core.state.write().lessor.renew(id)?;
         if stale_checkpoint {
-            self.inner.propose(clear_checkpoint(id))?;
+            self.core.propose(clear_checkpoint(id))?;
         }
         Ok(ttl)
     }
@@ -87,13 +87,13 @@ impl Engine {
     /// the log. Bound the wait with a timeout of your runtime's (see
     /// [`Engine::read_barrier_async`]).
     pub async fn lease_keep_alive_async(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.inner.member_id) {
+        if self.leader() != Some(self.core.member_id) {
             return Err(Error::NotLeader);
         }
         self.read_barrier_async().await?;
-        let (ttl, stale_checkpoint) = self.inner.state.write().lessor.renew(id)?;
+        let (ttl, stale_checkpoint) = self.core.state.write().lessor.renew(id)?;
         if stale_checkpoint {
-            Pending::new(self.inner.submit(clear_checkpoint(id))?, |_| Ok(())).await?;
+            Pending::new(self.core.submit(clear_checkpoint(id))?, |_| Ok(())).await?;
         }
         Ok(ttl)
     }
@@ -101,12 +101,12 @@ impl Engine {
     /// A lease's remaining and granted TTL, and optionally its keys (etcd's `LeaseTimeToLive`;
     /// TTL -1 for an unknown lease).
     pub fn lease_time_to_live(&self, id: i64, keys: bool) -> LeaseStatus {
-        self.inner.state.read().lessor.time_to_live(id, keys)
+        self.core.state.read().lessor.time_to_live(id, keys)
     }
 
     /// Every lease ID (etcd's `LeaseLeases`).
     pub fn leases(&self) -> Vec<i64> {
-        self.inner.state.read().lessor.leases()
+        self.core.state.read().lessor.leases()
     }
 
     /// Revokes one round of expired leases now (at most `Config::lease_revoke_batch` leases,
@@ -114,17 +114,17 @@ impl Engine {
     /// The lease checker runs rounds periodically unless `Config::lease_check_interval` is
     /// `None`.
     pub fn expire_leases(&self) -> usize {
-        self.inner.expire_leases().0
+        self.core.expire_leases().0
     }
 
     /// Records every lease's remaining TTL durably, so that a restart resumes from it. The
     /// lease checker does this every `Config::lease_checkpoint_interval`.
     pub fn checkpoint_leases(&self) -> Result<()> {
-        self.inner.checkpoint_leases()
+        self.core.checkpoint_leases()
     }
 }
 
-impl Inner {
+impl Core {
     fn checkpoint_leases(&self) -> Result<()> {
         let remaining = self.state.read().lessor.remaining();
         if remaining.is_empty() {
@@ -172,21 +172,21 @@ impl Inner {
 
 /// Expires leases every `every`, and checkpoints their remaining TTLs every
 /// `lease_checkpoint_interval`, until told to stop.
-pub(super) fn checker_loop(inner: Arc<Inner>, stop: Receiver<()>, every: std::time::Duration) {
-    let checkpoint_every = inner.config.lease_checkpoint_interval;
-    let clock = inner.config.clock.clone();
+pub(super) fn checker_loop(core: Arc<Core>, stop: Receiver<()>, every: std::time::Duration) {
+    let checkpoint_every = core.config.lease_checkpoint_interval;
+    let clock = core.config.clock.clone();
     let mut last_checkpoint = clock.now();
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         // Round after round while expired leases remain; other writes get in between rounds
         // (they queue with the next round's revokes), and a stop request is seen between them.
-        while let (revoked, true) = inner.expire_leases() {
+        while let (revoked, true) = core.expire_leases() {
             if revoked == 0 || !matches!(stop.try_recv(), Err(TryRecvError::Empty)) {
                 break;
             }
         }
         if checkpoint_every.is_some_and(|period| clock.now().saturating_sub(last_checkpoint) >= period) {
             last_checkpoint = clock.now();
-            if let Err(e) = inner.checkpoint_leases() {
+            if let Err(e) = core.checkpoint_leases() {
                 tracing::warn!(error = %e, "lease checkpoint failed");
             }
         }

@@ -108,7 +108,7 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
 impl Engine {
     /// Drops history below `revision` (etcd's `Compact`).
     pub fn compact(&self, revision: i64) -> Result<Applied<()>> {
-        match self.inner.propose(Request::Compact { revision })? {
+        match self.core.propose(Request::Compact { revision })? {
             (Response::Compact, revision) => Ok(Applied { response: (), revision }),
             (other, _) => Err(Error::internal(format!("compact answered with {other:?}"))),
         }
@@ -118,11 +118,11 @@ impl Engine {
     /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Engine::defragment`]
     /// then returns its space.
     pub fn wait_compacted(&self) -> Result<()> {
-        self.inner.swept.wait(|| {
-            if !self.inner.state.read().store.compaction_unfinished() {
+        self.core.swept.wait(|| {
+            if !self.core.state.read().store.compaction_unfinished() {
                 return Ok(true);
             }
-            if self.inner.replica.lock().is_none() {
+            if self.core.replica.lock().is_none() {
                 return Err(Error::Closed);
             }
             Ok(false)
@@ -134,7 +134,7 @@ impl Engine {
     /// stays bounded and writes go on meanwhile (the compaction sweep waits until it is done).
     /// [`Engine::restore`] turns a snapshot into a data directory.
     pub fn snapshot(&self, out: &mut dyn std::io::Write) -> Result<u64> {
-        write_snapshot(&self.inner.state, out)
+        write_snapshot(&self.core.state, out)
     }
 
     /// Creates the data directory `dir` from a snapshot taken by [`Engine::snapshot`], in
@@ -239,9 +239,9 @@ impl Engine {
     /// deleted only once a checkpoint naming the new ones is durable; until then the old
     /// checkpoint still holds.
     pub fn defragment(&self) -> Result<Defragmented> {
-        let _one = self.inner.defragmenting.lock();
-        let wal = self.inner.wal()?;
-        let state = &self.inner.state;
+        let _one = self.core.defragmenting.lock();
+        let wal = self.core.wal()?;
+        let state = &self.core.state;
         let (mut copying, before) = {
             let mut st = state.write();
             (st.store.begin_defrag(DEFRAG_BATCH)?, st.store.size())
@@ -282,7 +282,7 @@ impl Engine {
             st.epoch += 1;
             (st.checkpoint()?, old, st.store.size())
         };
-        write_and_release(&self.dir, &encoded, &wal, &self.inner.checkpointing)?;
+        write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)?;
         for path in old_paths {
             if let Err(e) = crate::backend::delete_gradually(&path, true) {
                 tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
@@ -296,24 +296,22 @@ impl Engine {
 
     /// The alarms raised (etcd's `Alarm` list).
     pub fn alarms(&self) -> Vec<Alarm> {
-        self.inner.state.read().alarms.iter().copied().collect()
+        self.core.state.read().alarms.iter().copied().collect()
     }
 
     /// Raises `alarm` on every member (etcd's `Alarm` ACTIVATE); returns once applied here.
     pub fn alarm_activate(&self, alarm: Alarm) -> Result<()> {
-        self.inner.propose(Request::Alarm { activate: true, alarm }).map(|_| ())
+        self.core.propose(Request::Alarm { activate: true, alarm }).map(|_| ())
     }
 
     /// Disarms an alarm (etcd's `Alarm` deactivate), durably.
     pub fn alarm_disarm(&self, alarm: Alarm) -> Result<()> {
-        self.inner
-            .propose(Request::Alarm { activate: false, alarm })
-            .map(|_| ())
+        self.core.propose(Request::Alarm { activate: false, alarm }).map(|_| ())
     }
 
     /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
     /// equal on members that applied the same log, and across restarts.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
-        self.inner.state.read().store.hash_kv(revision)
+        self.core.state.read().store.hash_kv(revision)
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, Sender};
 
 use super::propose::wait_answer;
+use super::Core;
 use super::Engine;
-use super::Inner;
 use crate::consensus::node::{Input, MemberChange};
 use crate::consensus::transfer::Staged;
 use crate::consensus::MemberAttributes;
@@ -47,7 +47,7 @@ pub struct Member {
 #[derive(Clone, Debug)]
 pub struct Inbox {
     tx: Sender<Input>,
-    inner: std::sync::Weak<Inner>,
+    core: std::sync::Weak<Core>,
 }
 
 impl Inbox {
@@ -82,17 +82,17 @@ impl Inbox {
             ))));
         }
         let index = m.get_snapshot().get_metadata().index;
-        let inner = self.inner.upgrade().ok_or(Error::Closed)?;
+        let core = self.core.upgrade().ok_or(Error::Closed)?;
         let (maker, applied) = {
-            let st = inner.state.read();
+            let st = core.state.read();
             (st.store.file_maker(), st.applied_index)
         };
         if index <= applied {
             tracing::info!(index, applied, "turning down a snapshot older than the state");
             return Ok(());
         }
-        let lessor = Lessor::new(inner.config.min_lease_ttl, inner.config.clock.clone());
-        drop(inner);
+        let lessor = Lessor::new(core.config.min_lease_ttl, core.config.clock.clone());
+        drop(core);
         let staged = Staged::read(data, maker, lessor)?;
         if staged.index() < index {
             return Err(Error::Snapshot(Failure::new(format!(
@@ -133,14 +133,14 @@ impl Engine {
     /// transport's receiving side).
     pub fn inbox(&self) -> Result<Inbox> {
         Ok(Inbox {
-            tx: self.inner.node_tx()?,
-            inner: Arc::downgrade(&self.inner),
+            tx: self.core.node_tx()?,
+            core: Arc::downgrade(&self.core),
         })
     }
 
     /// The group's membership, as this member has applied it.
     pub fn members(&self) -> Members {
-        let st = self.inner.state.read();
+        let st = self.core.state.read();
         Members {
             voters: st.membership.voters.clone(),
             learners: st.membership.learners.clone(),
@@ -150,7 +150,7 @@ impl Engine {
     /// Every member with its attributes, in ID order (etcd's `MemberList`), as this member
     /// has applied them.
     pub fn member_list(&self) -> Vec<Member> {
-        let st = self.inner.state.read();
+        let st = self.core.state.read();
         let m = &st.membership;
         let mut ids: Vec<u64> = m
             .voters
@@ -178,20 +178,20 @@ impl Engine {
 
     /// Replaces member `id`'s peer URLs (etcd's `MemberUpdate`); returns once applied here.
     pub fn member_update(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
-        self.inner.propose(Request::MemberUpdate { id, peer_urls }).map(|_| ())
+        self.core.propose(Request::MemberUpdate { id, peer_urls }).map(|_| ())
     }
 
     /// Records this member's name and client URLs in the group (what an etcd member publishes
     /// when it starts); returns once applied here.
     pub fn member_publish(&self, name: String, client_urls: Vec<String>) -> Result<()> {
-        let id = self.inner.member_id;
-        self.inner
+        let id = self.core.member_id;
+        self.core
             .propose(Request::MemberPublish { id, name, client_urls })
             .map(|_| ())
     }
 
     fn change_members(&self, change: MemberChange) -> Result<()> {
-        let (rx, timeout) = self.inner.submit_input(|id| Input::ConfChange { id, change })?;
+        let (rx, timeout) = self.core.submit_input(|id| Input::ConfChange { id, change })?;
         wait_answer(rx, timeout).map(|_| ())
     }
 
@@ -225,13 +225,13 @@ impl Engine {
     /// Hands leadership to voter `to` (etcd's `MoveLeader`), waiting until this member sees
     /// it leading or `Config::request_timeout` passes. Call it on the leader.
     pub fn move_leader(&self, to: u64) -> Result<()> {
-        let config = &self.inner.config;
+        let config = &self.core.config;
         let deadline = std::time::Instant::now() + config.request_timeout;
         // raft-rs abandons a transfer that has not finished within an election timeout (the
         // transferee was catching up, a message was lost): ask again until the deadline.
         let attempt = config.raft_tick * u32::try_from(config.election_ticks * 2).unwrap_or(u32::MAX);
         loop {
-            let tx = self.inner.node_tx()?;
+            let tx = self.core.node_tx()?;
             let (reply, answer) = bounded(1);
             tx.send(Input::TransferLeader { to, reply })
                 .map_err(|_| Error::Closed)?;
@@ -244,7 +244,7 @@ impl Engine {
                 Err(_) => return Err(Error::Timeout),
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if self.inner.status.wait_leader(to, attempt.min(left)) {
+            if self.core.status.wait_leader(to, attempt.min(left)) {
                 return Ok(());
             }
             if std::time::Instant::now() >= deadline {

@@ -18,7 +18,7 @@
 //! data files and replays the log after it, so a crash at any point recovers every
 //! acknowledged write (and possibly some that were logged but not yet answered).
 //!
-//! This module holds [`Engine`] and what its threads share (`Inner`, `State`), with opening
+//! This module holds [`Engine`] and what its threads share (`Core`, `State`), with opening
 //! and closing. The rest of the API is split by concern: `kv` (put, delete_range, txn, range),
 //! `leases`, `watch`, `membership` (and the inbox peers' messages arrive through),
 //! `maintenance` (compaction, defragmentation, snapshots, alarms, HashKV) and `status`; the
@@ -142,8 +142,10 @@ impl State {
 }
 
 /// What the engine's handle shares with its threads.
-struct Inner {
+struct Core {
     config: Config,
+    /// The engine's directory.
+    dir: PathBuf,
     /// This member's Raft ID.
     member_id: u64,
     /// The node's handle and the log; `None` once closed. The engine's locks are taken in the
@@ -171,8 +173,7 @@ struct Inner {
 
 /// An open engine. `Engine` is `Send + Sync`: share it between threads.
 pub struct Engine {
-    dir: PathBuf,
-    inner: Arc<Inner>,
+    core: Arc<Core>,
     apply_thread: Mutex<Option<JoinHandle<()>>>,
     /// Dropping the sender stops the lease checker.
     checker: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
@@ -182,7 +183,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("dir", &self.core.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -213,111 +216,98 @@ impl Engine {
             applied: state.applied_index,
             read_timeout: config.request_timeout,
         };
-        let state = Arc::new(RwLock::new(state));
-        let hub = Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch)));
-        let checkpointing = Arc::new(Checkpointing {
-            newest: Mutex::new((state.read().applied_index, state.read().epoch)),
-            catch_up: config.snapshot_catch_up_entries,
-            latency_us: Mutex::new(cairn_wal::Distribution::default()),
-        });
-        let swept: Arc<Swept> = Arc::default();
-        let waiters: Arc<Waiters> = Arc::default();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+        let first_request = ((member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
         let status = Arc::new(Status::default());
-        let learner = state.read().membership.learners.contains(&member_id);
-        status.learner.store(learner, std::sync::atomic::Ordering::Relaxed);
-        let snapshots = {
-            let state = state.clone();
-            Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
-        };
-        let defragmenting = Arc::new(Mutex::new(()));
+        status.learner.store(
+            state.membership.learners.contains(&member_id),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Everything the threads share exists before any of them starts: the core, and the
+        // channels between them.
+        let core = Arc::new(Core {
+            checkpointing: Arc::new(Checkpointing {
+                newest: Mutex::new((state.applied_index, state.epoch)),
+                catch_up: config.snapshot_catch_up_entries,
+                latency_us: Mutex::new(cairn_wal::Distribution::default()),
+            }),
+            state: Arc::new(RwLock::new(state)),
+            hub: Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch))),
+            replica: Mutex::new(None),
+            log,
+            status,
+            waiters: Arc::default(),
+            next_request: AtomicU64::new(first_request),
+            applied,
+            defragmenting: Arc::new(Mutex::new(())),
+            swept: Arc::default(),
+            next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
+            member_id,
+            dir,
+            config,
+        });
         let (feed, fed) = bounded(watch::FEED_DEPTH);
-        // Everything the threads share exists before any of them starts.
         let node_inputs = crossbeam_channel::unbounded();
         let publisher = Publisher {
-            state: state.clone(),
-            hub: hub.clone(),
+            core: core.clone(),
             feed,
-            watchers: hub.lock().counter(),
+            watchers: core.hub.lock().counter(),
             wal: wal.clone(),
-            dir: dir.clone(),
-            checkpointing: checkpointing.clone(),
-            waiters: waiters.clone(),
-            applied: applied.clone(),
             node: node_inputs.0.clone(),
-            status: status.clone(),
-            member_id,
-            log: log.clone(),
-            defragmenting: defragmenting.clone(),
         };
-        let (handoff, apply_rx, apply_shared) = Handoff::new(Applying::new(publisher, config.checkpoint_entries));
+        let (handoff, apply_rx, apply_shared) = Handoff::new(Applying::new(publisher));
+        let snapshots = {
+            let state = core.state.clone();
+            Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
+        };
         let node = NodeHandle::spawn(
             node_config,
             node_inputs,
-            log.clone(),
+            core.log.clone(),
             wal.clone(),
             transport,
             Box::new(handoff),
-            status.clone(),
+            core.status.clone(),
             snapshots,
         )?;
+        *core.replica.lock() = Some(Replica { node, wal });
         let apply_thread = {
             let thread = ApplyThread {
                 rx: apply_rx,
                 shared: apply_shared,
-                compaction_batch: config.compaction_batch,
-                swept: swept.clone(),
             };
             open::spawn("cairn-apply", move || thread.run())?
         };
         let watch_thread = {
-            let (state, hub) = (state.clone(), hub.clone());
+            let (state, hub) = (core.state.clone(), core.hub.clone());
             let (stop_tx, stop_rx) = bounded(0);
-            let (every, progress_every) = (config.watch_sync_interval, config.watch_progress_interval);
+            let (every, progress_every) = (core.config.watch_sync_interval, core.config.watch_progress_interval);
             let thread = open::spawn("cairn-watch", move || {
                 watch_loop(state, hub, fed, stop_rx, every, progress_every)
             })?;
             (stop_tx, thread)
         };
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(1));
-        let first_request = ((member_id & 0xffff) << 48) | ((seed as u64) << 8 & ((1 << 48) - 1));
-        let inner = Arc::new(Inner {
-            replica: Mutex::new(Some(Replica { node, wal })),
-            log,
-            status,
-            waiters,
-            next_request: AtomicU64::new(first_request),
-            applied,
-            state,
-            hub,
-            checkpointing,
-            defragmenting,
-            swept,
-            next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
-            member_id,
-            config,
-        });
         let engine = Engine {
-            dir,
-            inner,
+            core,
             apply_thread: Mutex::new(Some(apply_thread)),
             checker: Mutex::new(None),
             watch_thread: Mutex::new(Some(watch_thread)),
         };
         let caught_up = engine
-            .inner
+            .core
             .applied
-            .wait(catch_up_to, engine.inner.config.request_timeout);
+            .wait(catch_up_to, engine.core.config.request_timeout);
         if !caught_up {
             return Err(Error::Timeout);
         }
         // Lease clocks restart now: a restart can delay expiry, never hasten it.
-        engine.inner.state.write().lessor.restart_clocks();
-        if let Some(every) = engine.inner.config.lease_check_interval {
+        engine.core.state.write().lessor.restart_clocks();
+        if let Some(every) = engine.core.config.lease_check_interval {
             let (stop_tx, stop_rx) = bounded(0);
-            let inner = engine.inner.clone();
-            let thread = open::spawn("cairn-lease-check", move || checker_loop(inner, stop_rx, every))?;
+            let core = engine.core.clone();
+            let thread = open::spawn("cairn-lease-check", move || checker_loop(core, stop_rx, every))?;
             *engine.checker.lock() = Some((stop_tx, thread));
         }
         Ok(engine)
@@ -325,7 +315,7 @@ impl Engine {
 
     /// The directory the engine lives in.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.core.dir
     }
 
     /// Stops accepting writes, lets every queued one finish, and syncs the log.
@@ -340,7 +330,7 @@ impl Engine {
                 let _ = thread.join();
             }
         }
-        let replica = self.inner.replica.lock().take();
+        let replica = self.core.replica.lock().take();
         let Some(Replica { node, wal }) = replica else {
             return Ok(());
         };
@@ -350,13 +340,13 @@ impl Engine {
             let _ = t.join();
         }
         // Proposals never committed: their callers get `Closed`.
-        self.inner.waiters.clear();
+        self.core.waiters.clear();
         // Everything queued is applied: checkpoint it, so the next open replays nothing.
         checkpoint_and_release(
-            &self.dir,
-            &mut self.inner.state.write(),
+            &self.core.dir,
+            &mut self.core.state.write(),
             &wal,
-            &self.inner.checkpointing,
+            &self.core.checkpointing,
         )?;
         match Arc::try_unwrap(wal) {
             Ok(wal) => wal.close()?,

@@ -11,7 +11,7 @@ use cairn_wal::Wal;
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
-use super::Inner;
+use super::Core;
 use crate::consensus::node::Input;
 use crate::error::{Error, Result};
 use crate::request::{Alarm, Request, Response};
@@ -167,7 +167,7 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
     }
 }
 
-impl Inner {
+impl Core {
     /// Where inputs for the node thread go.
     pub(super) fn node_tx(&self) -> Result<Sender<Input>> {
         let replica = self.replica.lock();

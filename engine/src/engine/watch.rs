@@ -224,11 +224,11 @@ impl Engine {
     /// A new, empty [`WatchGroup`]; `wake` is called after each delivery is queued for it.
     /// `wake` runs on the engine's threads, under its locks: it must only signal, never block.
     pub fn watch_group(&self, wake: Option<Wake>) -> WatchGroup {
-        let (sink, rx) = self.inner.hub.lock().sink(wake);
+        let (sink, rx) = self.core.hub.lock().sink(wake);
         WatchGroup {
             sink,
             rx,
-            hub: Arc::downgrade(&self.inner.hub),
+            hub: Arc::downgrade(&self.core.hub),
         }
     }
 
@@ -244,8 +244,8 @@ impl Engine {
         } else {
             request
         };
-        let st = self.inner.state.read();
-        Ok(self.inner.hub.lock().watch(
+        let st = self.core.state.read();
+        Ok(self.core.hub.lock().watch(
             group.sink,
             request,
             st.store.current_revision(),
@@ -257,8 +257,8 @@ impl Engine {
     /// (`Config::watch_progress_interval`) does: every synced watcher that asked for them and
     /// was sent nothing since the last tick gets [`WatchResponse::Progress`].
     pub fn notify_progress(&self) {
-        let st = self.inner.state.read();
-        self.inner.hub.lock().progress(st.store.current_revision());
+        let st = self.core.state.read();
+        self.core.hub.lock().progress(st.store.current_revision());
     }
 
     /// etcd's progress-request rule: the current revision if every watcher of `group` has
@@ -266,9 +266,9 @@ impl Engine {
     /// later). A stream answers a progress request only when this says so; kube-apiserver
     /// relies on it for consistent reads from its watch cache.
     pub fn watch_progress(&self, group: &WatchGroup) -> Option<i64> {
-        let st = self.inner.state.read();
+        let st = self.core.state.read();
         let current = st.store.current_revision();
-        let hub = self.inner.hub.lock();
+        let hub = self.core.hub.lock();
         hub.caught_up(group.sink, current).then_some(current)
     }
 }

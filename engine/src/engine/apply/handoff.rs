@@ -46,7 +46,7 @@ impl Handoff {
     /// shared part ([`super::ApplyThread`]).
     pub(in crate::engine) fn new(applying: Applying) -> (Handoff, Receiver<ToApply>, Arc<Shared>) {
         let (tx, rx) = unbounded();
-        let state = applying.publisher.state.clone();
+        let state = applying.publisher.core.state.clone();
         let shared = Arc::new(Shared {
             queued: AtomicUsize::new(0),
             applying: Mutex::new(applying),

@@ -28,11 +28,9 @@ pub(super) use handoff::{Handoff, Shared};
 use transition::{Entries, Outcome, Schedule, Step};
 
 use super::checkpointing::{write_and_release, Checkpointing, Encoded};
-use super::propose::Waiters;
 use super::watch::Fed;
-use super::State;
-use crate::consensus::log::RaftLog;
-use crate::consensus::node::{Input, Status, ToApply};
+use super::{Core, State};
+use crate::consensus::node::{Input, ToApply};
 use crate::consensus::transfer::Staged;
 use crate::error::{Error, Result};
 use crate::watch::hub::WatchHub;
@@ -107,41 +105,30 @@ impl AppliedIndex {
     }
 }
 
-/// Where a batch's [`Outcome`] is published: everything applying answers and feeds.
+/// Where a batch's [`Outcome`] is published: the engine's core (readers, waiters, the watch
+/// hub, the Raft log), and the channels to the watch thread, the node thread and the WAL.
 pub(in crate::engine) struct Publisher {
-    pub(in crate::engine) state: Arc<RwLock<State>>,
-    pub(in crate::engine) hub: Arc<Mutex<WatchHub>>,
+    pub(in crate::engine) core: Arc<Core>,
     /// Where each new revision's events go, for the watch thread to hand out.
     pub(in crate::engine) feed: Sender<Fed>,
     /// How many watchers there are (no events are built for none).
     pub(in crate::engine) watchers: Arc<AtomicUsize>,
+    /// The log checkpoints release.
     pub(in crate::engine) wal: Arc<Wal>,
-    pub(in crate::engine) dir: PathBuf,
-    pub(in crate::engine) checkpointing: Arc<Checkpointing>,
-    pub(in crate::engine) waiters: Arc<Waiters>,
-    pub(in crate::engine) applied: Arc<AppliedIndex>,
     /// To tell the node thread what was applied and what a checkpoint covers.
     pub(in crate::engine) node: Sender<Input>,
-    /// Where a leader's restarted lease clocks are recorded, and whether this member is a
-    /// learner.
-    pub(in crate::engine) status: Arc<Status>,
-    /// This member's ID.
-    pub(in crate::engine) member_id: u64,
-    /// Where the applied index is published, for snapshots sent to followers.
-    pub(in crate::engine) log: RaftLog,
-    /// Held while a snapshot from the leader is installed (no defragmentation meanwhile).
-    pub(in crate::engine) defragmenting: Arc<Mutex<()>>,
 }
 
 impl Publisher {
     /// Where the state now stands, for everyone who waits on it: the log (for snapshots sent
     /// to followers), readers waiting for an index, and the node thread.
     fn publish_position(&self, index: u64, term: u64, conf_state: raft::eraftpb::ConfState, learner: Option<bool>) {
+        let core = &self.core;
         if let Some(learner) = learner {
-            self.status.learner.store(learner, Ordering::Relaxed);
+            core.status.learner.store(learner, Ordering::Relaxed);
         }
-        self.log.publish_applied(index, term, conf_state);
-        self.applied.set(index);
+        core.log.publish_applied(index, term, conf_state);
+        core.applied.set(index);
         let _ = self.node.send(Input::Applied(index));
     }
 
@@ -160,7 +147,7 @@ impl Publisher {
             outcome.conf_state,
             outcome.learner,
         );
-        self.waiters.answer(outcome.answers);
+        self.core.waiters.answer(outcome.answers);
     }
 }
 
@@ -234,14 +221,14 @@ pub(in crate::engine) struct Applying {
 }
 
 impl Applying {
-    pub(in crate::engine) fn new(publisher: Publisher, checkpoint_entries: u64) -> Applying {
+    pub(in crate::engine) fn new(publisher: Publisher) -> Applying {
         Applying {
-            publisher,
             schedule: Schedule {
-                every: checkpoint_entries,
+                every: publisher.core.config.checkpoint_entries,
                 since: 0,
                 may_encode: false,
             },
+            publisher,
             writing: Arc::new(AtomicBool::new(false)),
             to_write: None,
         }
@@ -259,7 +246,7 @@ impl Applying {
         let outcome = st.apply_batch(
             batch,
             Step {
-                member_id: self.publisher.member_id,
+                member_id: self.publisher.core.member_id,
                 watchers: &self.publisher.watchers,
                 schedule: &mut self.schedule,
             },
@@ -274,7 +261,7 @@ impl Applying {
                 self.writing.store(false, Ordering::Release);
             }
             let _ = self.publisher.node.send(Input::Compact {
-                index: index.saturating_sub(self.publisher.checkpointing.catch_up),
+                index: index.saturating_sub(self.publisher.core.checkpointing.catch_up),
             });
         }
         compacting
@@ -289,30 +276,30 @@ impl Applying {
 
     /// Applies anything but entries.
     fn other(&mut self, work: ToApply) {
-        let with = &self.publisher;
+        let core = self.publisher.core.clone();
         match work {
             ToApply::Entries(batch) => {
-                let state = with.state.clone();
+                let state = core.state.clone();
                 // A compaction it begins is swept by the apply loop, which is the caller.
                 self.entries(state.write(), batch);
             }
             ToApply::Sweep => {}
             ToApply::Dropped { id, error } => {
-                with.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
-                with.waiters.answer([(id, Err(error))]);
+                core.status.proposals_failed.fetch_add(1, Ordering::Relaxed);
+                core.waiters.answer([(id, Err(error))]);
             }
             ToApply::BecameLeader { term } => {
                 // A new leader extends what the old one granted; it never expires early.
-                with.state.write().lessor.restart_clocks();
-                with.status.leases_term.store(term, Ordering::Release);
+                core.state.write().lessor.restart_clocks();
+                core.status.leases_term.store(term, Ordering::Release);
             }
             ToApply::Install { staged, reply } => {
                 let installed = {
-                    let _one = with.defragmenting.lock();
-                    install(&with.state, &with.hub, staged)
+                    let _one = core.defragmenting.lock();
+                    install(&core.state, &core.hub, staged)
                 };
                 let outcome = installed.and_then(|(encoded, old_files)| {
-                    write_and_release(&with.dir, &encoded, &with.wal, &with.checkpointing)?;
+                    write_and_release(&core.dir, &encoded, &self.publisher.wal, &core.checkpointing)?;
                     for path in old_files {
                         if let Err(e) = crate::backend::delete_gradually(&path, false) {
                             tracing::warn!(file = %path.display(), error = %e, "cannot delete an old data file");
@@ -322,11 +309,11 @@ impl Applying {
                 });
                 if let Ok(index) = outcome {
                     let (term, conf_state, learner) = {
-                        let st = with.state.read();
-                        let learner = st.membership.learners.contains(&with.member_id);
+                        let st = core.state.read();
+                        let learner = st.membership.learners.contains(&core.member_id);
                         (st.applied_term, st.membership.to_conf_state(), learner)
                     };
-                    with.publish_position(index, term, conf_state, Some(learner));
+                    self.publisher.publish_position(index, term, conf_state, Some(learner));
                     self.schedule.since = 0;
                 }
                 let _ = reply.send(outcome.map(|_| ()));
@@ -361,25 +348,15 @@ impl Checkpointer {
 pub(in crate::engine) struct ApplyThread {
     pub(in crate::engine) rx: Receiver<ToApply>,
     pub(in crate::engine) shared: Arc<Shared>,
-    /// Keys a compaction step sweeps (`Config::compaction_batch`).
-    pub(in crate::engine) compaction_batch: usize,
-    pub(in crate::engine) swept: Arc<Swept>,
 }
 
 impl ApplyThread {
     pub(in crate::engine) fn run(self) {
-        let ApplyThread {
-            rx,
-            shared,
-            compaction_batch,
-            swept,
-        } = self;
+        let ApplyThread { rx, shared } = self;
         let checkpointer = start_checkpointer(&shared);
-        let (state, waiters, applied) = {
-            let applying = shared.applying.lock();
-            let p = &applying.publisher;
-            (p.state.clone(), p.waiters.clone(), p.applied.clone())
-        };
+        let core = shared.applying.lock().publisher.core.clone();
+        let (state, waiters, applied, swept) = (&core.state, &core.waiters, &core.applied, &core.swept);
+        let compaction_batch = core.config.compaction_batch;
         let mut swept_waiters = Instant::now();
         loop {
             // Proposals raft lost, and async reads waiting for an index this member does not
@@ -441,9 +418,9 @@ fn start_checkpointer(shared: &Shared) -> Option<std::thread::JoinHandle<()>> {
     let (to_write, written) = bounded::<Encoded>(1);
     let p = &applying.publisher;
     let checkpointer = Checkpointer {
-        dir: p.dir.clone(),
+        dir: p.core.dir.clone(),
         wal: p.wal.clone(),
-        checkpointing: p.checkpointing.clone(),
+        checkpointing: p.core.checkpointing.clone(),
         writing: applying.writing.clone(),
         written,
     };
