@@ -136,6 +136,7 @@ mod config;
 mod consensus;
 mod engine;
 mod error;
+mod etcd;
 mod format;
 mod kv;
 mod lease;

@@ -1,0 +1,315 @@
+//! Reading a bbolt file, strictly read-only, a page at a time (memory stays bounded whatever
+//! the file's size). Every page visited is checked: within the high-water mark and the file,
+//! its own ID, a known type, elements inside the page; a page reached twice is a cycle.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use super::{BoltError, BucketRoot, BRANCH, BUCKET_HEADER, BUCKET_LEAF, ELEMENT, HEADER, LEAF, MAGIC, META, VERSION};
+
+/// What a walk calls for each leaf element: its flags, key and value.
+type Visit<'a> = dyn FnMut(u32, &[u8], &[u8]) -> Result<(), BoltError> + 'a;
+
+/// A tree deeper than this is damage: a bbolt tree of 2^32 pages is a handful of levels deep.
+const MAX_DEPTH: usize = 64;
+
+/// An open bbolt file.
+#[derive(Debug)]
+pub(crate) struct Db {
+    file: File,
+    page_size: u64,
+    /// Pages in use: every page of the tree is below it.
+    high_water: u64,
+    root: u64,
+    txid: u64,
+}
+
+/// The fields of a meta page that reading needs.
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    page_size: u32,
+    root: u64,
+    high_water: u64,
+    txid: u64,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The meta in a meta page's bytes, if it is valid.
+fn meta(page: &[u8]) -> Result<Meta, &'static str> {
+    let m = page.get(HEADER..HEADER + 64).ok_or("shorter than a meta page")?;
+    if u16_at(page, 8) != Some(META) {
+        return Err("not a meta page");
+    }
+    if u32_at(m, 0) != Some(MAGIC) {
+        return Err("bad magic");
+    }
+    if u32_at(m, 4) != Some(VERSION) {
+        return Err("unsupported version");
+    }
+    if u64_at(m, 56) != m.get(..56).map(super::fnv1a64) {
+        return Err("meta checksum mismatch");
+    }
+    let meta = Meta {
+        page_size: u32_at(m, 8).unwrap_or(0),
+        root: u64_at(m, 16).unwrap_or(0),
+        high_water: u64_at(m, 40).unwrap_or(0),
+        txid: u64_at(m, 48).unwrap_or(0),
+    };
+    if !(1024..=1 << 20).contains(&meta.page_size) || !meta.page_size.is_power_of_two() {
+        return Err("implausible page size");
+    }
+    Ok(meta)
+}
+
+/// One page (with its overflow), read whole.
+struct Page {
+    id: u64,
+    bytes: Vec<u8>,
+}
+
+impl Page {
+    fn flags(&self) -> u16 {
+        u16_at(&self.bytes, 8).unwrap_or(0)
+    }
+
+    fn count(&self) -> usize {
+        usize::from(u16_at(&self.bytes, 10).unwrap_or(0))
+    }
+
+    fn bad(&self, reason: impl Into<String>) -> BoltError {
+        BoltError::BadPage {
+            page: self.id,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A leaf element of a page (or of an inline bucket's page).
+struct LeafElement<'a> {
+    flags: u32,
+    key: &'a [u8],
+    value: &'a [u8],
+}
+
+/// The `i`th leaf element of `page` (a page's or an inline bucket's bytes).
+fn leaf_element(page: &[u8], i: usize) -> Option<LeafElement<'_>> {
+    let at = HEADER + i * ELEMENT;
+    let flags = u32_at(page, at)?;
+    let pos = usize::try_from(u32_at(page, at + 4)?).ok()?;
+    let ksize = usize::try_from(u32_at(page, at + 8)?).ok()?;
+    let vsize = usize::try_from(u32_at(page, at + 12)?).ok()?;
+    let start = at.checked_add(pos)?;
+    let key = page.get(start..start.checked_add(ksize)?)?;
+    let vstart = start + ksize;
+    let value = page.get(vstart..vstart.checked_add(vsize)?)?;
+    Some(LeafElement { flags, key, value })
+}
+
+/// The `i`th branch element: its key and child page.
+fn branch_element(page: &[u8], i: usize) -> Option<(&[u8], u64)> {
+    let at = HEADER + i * ELEMENT;
+    let pos = usize::try_from(u32_at(page, at)?).ok()?;
+    let ksize = usize::try_from(u32_at(page, at + 4)?).ok()?;
+    let child = u64_at(page, at + 8)?;
+    let start = at.checked_add(pos)?;
+    Some((page.get(start..start.checked_add(ksize)?)?, child))
+}
+
+/// Where a bucket entry's value says its entries are.
+fn bucket_root(value: &[u8]) -> Option<BucketRoot> {
+    let root = u64_at(value, 0)?;
+    if root != 0 {
+        return Some(BucketRoot::Page(root));
+    }
+    Some(BucketRoot::Inline(value.get(BUCKET_HEADER..)?.to_vec()))
+}
+
+impl Db {
+    /// Opens `file` read-only: finds the valid meta with the higher transaction ID and checks
+    /// the file holds every page it names. The page size is the meta's, whatever this
+    /// machine's is.
+    pub(crate) fn open(file: File) -> Result<Db, BoltError> {
+        let len = file.metadata()?.len();
+        let mut first = vec![0u8; 4096.min(usize::try_from(len).unwrap_or(4096))];
+        file.read_exact_at(&mut first, 0)?;
+        let meta0 = meta(&first);
+        // Page 1 is at the page size page 0 gives; if page 0 is damaged, try the sizes bbolt
+        // tries.
+        let sizes: Vec<u64> = match meta0 {
+            Ok(m) => vec![u64::from(m.page_size)],
+            Err(_) => (0..11).map(|i| 1024u64 << i).collect(),
+        };
+        let mut meta1 = Err("no second meta page");
+        for size in sizes {
+            let mut page = vec![0u8; HEADER + 64];
+            if size + page.len() as u64 <= len && file.read_exact_at(&mut page, size).is_ok() {
+                meta1 = meta(&page);
+                if meta1.is_ok() {
+                    break;
+                }
+            }
+        }
+        let chosen = match (meta0, meta1) {
+            (Ok(a), Ok(b)) => {
+                if a.txid >= b.txid {
+                    a
+                } else {
+                    b
+                }
+            }
+            (Ok(m), Err(_)) | (Err(_), Ok(m)) => m,
+            (Err(why), Err(_)) => return Err(BoltError::NotBolt(why)),
+        };
+        let page_size = u64::from(chosen.page_size);
+        let needed = chosen.high_water.saturating_mul(page_size);
+        if needed > len {
+            return Err(BoltError::Truncated { needed, len });
+        }
+        Ok(Db {
+            file,
+            page_size,
+            high_water: chosen.high_water,
+            root: chosen.root,
+            txid: chosen.txid,
+        })
+    }
+
+    /// The page size.
+    pub(crate) fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    /// Bytes the database takes: the high-water mark's pages.
+    pub(crate) fn size(&self) -> u64 {
+        self.high_water * self.page_size
+    }
+
+    /// The transaction ID of the meta in use.
+    pub(crate) fn txid(&self) -> u64 {
+        self.txid
+    }
+
+    /// Reads page `id` with its overflow pages, checked against the high-water mark.
+    fn page(&self, id: u64) -> Result<Page, BoltError> {
+        let bad = |reason: String| BoltError::BadPage { page: id, reason };
+        if id < 2 || id >= self.high_water {
+            return Err(bad(format!("outside the pages in use (2 to {})", self.high_water)));
+        }
+        let mut header = [0u8; HEADER];
+        self.file.read_exact_at(&mut header, id * self.page_size)?;
+        if u64_at(&header, 0) != Some(id) {
+            return Err(bad(format!("it says it is page {}", u64_at(&header, 0).unwrap_or(0))));
+        }
+        let overflow = u64::from(u32_at(&header, 12).unwrap_or(0));
+        let pages = overflow + 1;
+        if id.checked_add(pages).is_none_or(|end| end > self.high_water) {
+            return Err(bad(format!("its {overflow} overflow pages run past the pages in use")));
+        }
+        let len = usize::try_from(pages * self.page_size).map_err(|_| bad("too large".into()))?;
+        let mut bytes = vec![0u8; len];
+        self.file.read_exact_at(&mut bytes, id * self.page_size)?;
+        Ok(Page { id, bytes })
+    }
+
+    /// The top-level buckets: their names and roots, in name order.
+    pub(crate) fn buckets(&self) -> Result<Vec<(Vec<u8>, BucketRoot)>, BoltError> {
+        let mut out = Vec::new();
+        self.walk(&BucketRoot::Page(self.root), &mut |flags, key, value| {
+            if flags & BUCKET_LEAF != 0 {
+                let root = bucket_root(value).ok_or_else(|| BoltError::BadPage {
+                    page: 0,
+                    reason: format!("bucket {:?} has a short header", String::from_utf8_lossy(key)),
+                })?;
+                out.push((key.to_vec(), root));
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The top-level bucket `name`, if there is one.
+    pub(crate) fn bucket(&self, name: &[u8]) -> Result<Option<BucketRoot>, BoltError> {
+        Ok(self.buckets()?.into_iter().find(|(n, _)| n == name).map(|(_, r)| r))
+    }
+
+    /// Calls `each(key, value)` for every entry of `bucket`, in key order; nested buckets are
+    /// skipped (etcd has none).
+    pub(crate) fn for_each(
+        &self,
+        bucket: &BucketRoot,
+        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), BoltError>,
+    ) -> Result<(), BoltError> {
+        self.walk(bucket, &mut |flags, key, value| {
+            if flags & BUCKET_LEAF == 0 {
+                each(key, value)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn walk(&self, root: &BucketRoot, each: &mut Visit<'_>) -> Result<(), BoltError> {
+        match root {
+            BucketRoot::Inline(page) => {
+                let inline = Page {
+                    id: 0,
+                    bytes: page.clone(),
+                };
+                if inline.flags() != LEAF {
+                    return Err(inline.bad("an inline bucket that is not a leaf"));
+                }
+                leaf_entries(&inline, each)
+            }
+            BucketRoot::Page(id) => {
+                let mut seen = HashSet::new();
+                self.walk_page(*id, 0, &mut seen, each)
+            }
+        }
+    }
+
+    fn walk_page(&self, id: u64, depth: usize, seen: &mut HashSet<u64>, each: &mut Visit<'_>) -> Result<(), BoltError> {
+        if !seen.insert(id) {
+            return Err(BoltError::Cycle(id));
+        }
+        let page = self.page(id)?;
+        if depth > MAX_DEPTH {
+            return Err(page.bad("the tree is implausibly deep"));
+        }
+        match page.flags() {
+            LEAF => leaf_entries(&page, each),
+            BRANCH => {
+                for i in 0..page.count() {
+                    let (_, child) = branch_element(&page.bytes, i)
+                        .ok_or_else(|| page.bad(format!("branch element {i} runs past the page")))?;
+                    self.walk_page(child, depth + 1, seen, each)?;
+                }
+                Ok(())
+            }
+            other => Err(page.bad(format!("a tree page with flags {other:#x}"))),
+        }
+    }
+}
+
+fn leaf_entries(page: &Page, each: &mut Visit<'_>) -> Result<(), BoltError> {
+    let mut last: Option<&[u8]> = None;
+    for i in 0..page.count() {
+        let e = leaf_element(&page.bytes, i).ok_or_else(|| page.bad(format!("leaf element {i} runs past the page")))?;
+        if e.key.is_empty() || last.is_some_and(|l| l >= e.key) {
+            return Err(page.bad(format!("leaf element {i}'s key is empty or out of order")));
+        }
+        last = Some(e.key);
+        each(e.flags, e.key, e.value)?;
+    }
+    Ok(())
+}
