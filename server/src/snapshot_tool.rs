@@ -104,12 +104,18 @@ pub fn restore(args: &RestoreArgs) -> Result<(), ToolError> {
             data_dir.display()
         )));
     }
-    let (file, data_len) = open_checked(&args.file, args.skip_hash_check)?;
-    let bar = progress(data_len, "restoring");
-    let mut reader = bar.wrap_read(file.take(data_len));
     let member_dir = data_dir.join("member");
-    let restored = Engine::restore_as_new_cluster(&mut reader, &member_dir, &attributes);
-    bar.finish_and_clear();
+    let restored = if Engine::is_etcd_snapshot(&args.file)? {
+        // etcd's format: a bbolt database, read a page at a time.
+        Engine::restore_etcd_as_new_cluster(&args.file, &member_dir, &attributes, args.skip_hash_check)
+    } else {
+        let (file, data_len) = open_checked(&args.file, args.skip_hash_check)?;
+        let bar = progress(data_len, "restoring");
+        let mut reader = bar.wrap_read(file.take(data_len));
+        let restored = Engine::restore_as_new_cluster(&mut reader, &member_dir, &attributes);
+        bar.finish_and_clear();
+        restored
+    };
     if let Err(e) = restored {
         // Leave no half-made directory behind.
         let _ = std::fs::remove_dir_all(&data_dir);

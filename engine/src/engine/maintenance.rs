@@ -164,6 +164,51 @@ impl Engine {
         Engine::restore_with(snapshot, dir.as_ref(), Some(membership))
     }
 
+    /// Whether the file at `path` is in etcd's own format (a bbolt database: an etcd snapshot
+    /// or member db) rather than cairn's.
+    pub fn is_etcd_snapshot(path: &Path) -> Result<bool> {
+        let mut file = std::fs::File::open(path)
+            .map_err(|e| Error::Snapshot(Failure::caused_by(format!("read {}", path.display()), e)))?;
+        crate::etcd::import::is_etcd_db(&mut file)
+    }
+
+    /// [`Engine::restore_as_new_cluster`] from etcd's own format: a snapshot `etcdctl snapshot
+    /// save` wrote (etcd 3.4 to 3.7; its SHA-256 trailer must match unless `skip_hash_check`),
+    /// or a stopped etcd member's `member/snap/db` (which has none: `skip_hash_check`). The
+    /// whole history since etcd's last compaction comes across with its revisions exactly,
+    /// and the leases and the auth store with it; the group is `members`, as with
+    /// `etcdutl snapshot restore`.
+    pub fn restore_etcd_as_new_cluster(
+        snapshot: &Path,
+        dir: impl AsRef<Path>,
+        members: &std::collections::BTreeMap<u64, MemberAttributes>,
+        skip_hash_check: bool,
+    ) -> Result<()> {
+        if members.is_empty() {
+            return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
+        }
+        let db = crate::etcd::import::open(snapshot, skip_hash_check)?;
+        restore_into(dir.as_ref(), |backend| {
+            let imported = crate::etcd::import::read(&db, |record| backend.append(&record).map(|_| ()))?;
+            Ok(SnapshotMeta {
+                // As etcdutl restores: the members' conf changes are the log so far, term 1.
+                applied_index: members.len() as u64,
+                applied_term: 1,
+                membership: Membership {
+                    voters: members.keys().copied().collect(),
+                    attributes: members.clone(),
+                    ..Membership::default()
+                },
+                recent: RecentRequests::default(),
+                current: imported.current,
+                compacted: imported.compacted,
+                leases: imported.leases,
+                alarms: Vec::new(),
+                auth: imported.auth,
+            })
+        })
+    }
+
     /// Checks a snapshot from end to end and describes it, without restoring it.
     pub fn inspect_snapshot(snapshot: &mut dyn std::io::Read) -> Result<SnapshotInfo> {
         let mut alive: HashMap<Vec<u8>, bool> = HashMap::new();
@@ -184,52 +229,62 @@ impl Engine {
     }
 
     fn restore_with(snapshot: &mut dyn std::io::Read, dir: &Path, membership: Option<Membership>) -> Result<()> {
-        if checkpoint::in_use(dir) {
-            return Err(Error::Snapshot(Failure::new(format!(
-                "{} already holds data; restore into a new directory",
-                dir.display()
-            ))));
-        }
-        let data_dir = dir.join(DATA_DIR);
-        let restored = (|| {
-            let mut backend = crate::backend::Backend::open(&data_dir, Config::default().data_file_size, &[])?;
-            let meta = snapshot::read(snapshot, |record| backend.append(&record).map(|_| ()))?;
-            backend.flush()?;
-            Ok::<_, Error>((meta, backend.layout()))
-        })();
-        let (meta, layout) = match restored {
-            Ok(done) => done,
-            Err(e) => {
-                // Nothing names these files yet: leave no half-restored directory behind.
-                let _ = std::fs::remove_dir_all(&data_dir);
-                return Err(e);
+        restore_into(dir, |backend| {
+            let mut meta = snapshot::read(snapshot, |record| backend.append(&record).map(|_| ()))?;
+            if let Some(membership) = membership {
+                meta.membership = membership;
+                // A new cluster's requests are new: nothing to skip.
+                meta.recent = RecentRequests::default();
             }
-        };
-        let new_cluster = membership.is_some();
-        let c = Checkpoint {
-            applied_index: meta.applied_index,
-            applied_term: meta.applied_term,
-            membership: membership.unwrap_or(meta.membership),
-            // A new cluster's requests are new: nothing to skip.
-            recent: if new_cluster {
-                RecentRequests::default()
-            } else {
-                meta.recent
-            },
-            epoch: 0,
-            store: StoreMeta {
-                current: meta.current,
-                compacted: meta.compacted,
-                layout,
-            },
-            leases: meta.leases,
-            alarms: meta.alarms,
-            auth: meta.auth,
-        };
-        FileMaker::sync_files(&data_dir, &c.store.layout)?;
-        checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)
+            Ok(meta)
+        })
     }
+}
 
+/// Restores into `dir` (which must hold no data) the records `fill` appends to a fresh
+/// backend, with the state it returns; on failure nothing is left behind.
+fn restore_into(dir: &Path, fill: impl FnOnce(&mut crate::backend::Backend) -> Result<SnapshotMeta>) -> Result<()> {
+    if checkpoint::in_use(dir) {
+        return Err(Error::Snapshot(Failure::new(format!(
+            "{} already holds data; restore into a new directory",
+            dir.display()
+        ))));
+    }
+    let data_dir = dir.join(DATA_DIR);
+    let restored = (|| {
+        let mut backend = crate::backend::Backend::open(&data_dir, Config::default().data_file_size, &[])?;
+        let meta = fill(&mut backend)?;
+        backend.flush()?;
+        Ok::<_, Error>((meta, backend.layout()))
+    })();
+    let (meta, layout) = match restored {
+        Ok(done) => done,
+        Err(e) => {
+            // Nothing names these files yet: leave no half-restored directory behind.
+            let _ = std::fs::remove_dir_all(&data_dir);
+            return Err(e);
+        }
+    };
+    let c = Checkpoint {
+        applied_index: meta.applied_index,
+        applied_term: meta.applied_term,
+        membership: meta.membership,
+        recent: meta.recent,
+        epoch: 0,
+        store: StoreMeta {
+            current: meta.current,
+            compacted: meta.compacted,
+            layout,
+        },
+        leases: meta.leases,
+        alarms: meta.alarms,
+        auth: meta.auth,
+    };
+    FileMaker::sync_files(&data_dir, &c.store.layout)?;
+    checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)
+}
+
+impl Engine {
     /// Rewrites the records still in history into fresh data files and deletes the old ones,
     /// returning the space compaction freed to the file system (etcd's `Defragment`). Reads
     /// and writes go on throughout: records are copied without the state lock, and the lock is

@@ -2,9 +2,13 @@
 //!
 //! - [`bbolt`]: the B+tree file etcd keeps its state in, and which its snapshots are: a reader
 //!   for any file etcd 3.4 to 3.7 writes, and a writer of files etcd's tools open.
+//! - [`import`]: an etcd snapshot (or a stopped member's db) into cairn's state, revisions
+//!   exact.
 
 // The bbolt reader and writer land (tested, and checked by Go bbolt 1.5's `tx.Check` and a
 // read-write update as etcdutl's restore makes) before the snapshot import and export that use
 // them (issue #20).
 #[allow(dead_code)]
 pub(crate) mod bbolt;
+pub(crate) mod import;
+mod pb;

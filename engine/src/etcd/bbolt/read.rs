@@ -8,9 +8,6 @@ use std::os::unix::fs::FileExt;
 
 use super::{BoltError, BucketRoot, BRANCH, BUCKET_HEADER, BUCKET_LEAF, ELEMENT, HEADER, LEAF, MAGIC, META, VERSION};
 
-/// What a walk calls for each leaf element: its flags, key and value.
-type Visit<'a> = dyn FnMut(u32, &[u8], &[u8]) -> Result<(), BoltError> + 'a;
-
 /// A tree deeper than this is damage: a bbolt tree of 2^32 pages is a handful of levels deep.
 const MAX_DEPTH: usize = 64;
 
@@ -226,7 +223,10 @@ impl Db {
     /// The top-level buckets: their names and roots, in name order.
     pub(crate) fn buckets(&self) -> Result<Vec<(Vec<u8>, BucketRoot)>, BoltError> {
         let mut out = Vec::new();
-        self.walk(&BucketRoot::Page(self.root), &mut |flags, key, value| {
+        self.walk(&BucketRoot::Page(self.root), &mut |flags,
+                                                      key,
+                                                      value|
+         -> Result<(), BoltError> {
             if flags & BUCKET_LEAF != 0 {
                 let root = bucket_root(value).ok_or_else(|| BoltError::BadPage {
                     page: 0,
@@ -246,11 +246,11 @@ impl Db {
 
     /// Calls `each(key, value)` for every entry of `bucket`, in key order; nested buckets are
     /// skipped (etcd has none).
-    pub(crate) fn for_each(
+    pub(crate) fn for_each<E: From<BoltError>>(
         &self,
         bucket: &BucketRoot,
-        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), BoltError>,
-    ) -> Result<(), BoltError> {
+        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
         self.walk(bucket, &mut |flags, key, value| {
             if flags & BUCKET_LEAF == 0 {
                 each(key, value)?;
@@ -259,7 +259,12 @@ impl Db {
         })
     }
 
-    fn walk(&self, root: &BucketRoot, each: &mut Visit<'_>) -> Result<(), BoltError> {
+    /// Calls `each(flags, key, value)` for every leaf element under `root`, in key order.
+    fn walk<E: From<BoltError>>(
+        &self,
+        root: &BucketRoot,
+        each: &mut impl FnMut(u32, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
         match root {
             BucketRoot::Inline(page) => {
                 let inline = Page {
@@ -267,7 +272,7 @@ impl Db {
                     bytes: page.clone(),
                 };
                 if inline.flags() != LEAF {
-                    return Err(inline.bad("an inline bucket that is not a leaf"));
+                    return Err(inline.bad("an inline bucket that is not a leaf").into());
                 }
                 leaf_entries(&inline, each)
             }
@@ -278,13 +283,19 @@ impl Db {
         }
     }
 
-    fn walk_page(&self, id: u64, depth: usize, seen: &mut HashSet<u64>, each: &mut Visit<'_>) -> Result<(), BoltError> {
+    fn walk_page<E: From<BoltError>>(
+        &self,
+        id: u64,
+        depth: usize,
+        seen: &mut HashSet<u64>,
+        each: &mut impl FnMut(u32, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
         if !seen.insert(id) {
-            return Err(BoltError::Cycle(id));
+            return Err(BoltError::Cycle(id).into());
         }
         let page = self.page(id)?;
         if depth > MAX_DEPTH {
-            return Err(page.bad("the tree is implausibly deep"));
+            return Err(page.bad("the tree is implausibly deep").into());
         }
         match page.flags() {
             LEAF => leaf_entries(&page, each),
@@ -296,17 +307,22 @@ impl Db {
                 }
                 Ok(())
             }
-            other => Err(page.bad(format!("a tree page with flags {other:#x}"))),
+            other => Err(page.bad(format!("a tree page with flags {other:#x}")).into()),
         }
     }
 }
 
-fn leaf_entries(page: &Page, each: &mut Visit<'_>) -> Result<(), BoltError> {
+fn leaf_entries<E: From<BoltError>>(
+    page: &Page,
+    each: &mut impl FnMut(u32, &[u8], &[u8]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut last: Option<&[u8]> = None;
     for i in 0..page.count() {
         let e = leaf_element(&page.bytes, i).ok_or_else(|| page.bad(format!("leaf element {i} runs past the page")))?;
         if e.key.is_empty() || last.is_some_and(|l| l >= e.key) {
-            return Err(page.bad(format!("leaf element {i}'s key is empty or out of order")));
+            return Err(page
+                .bad(format!("leaf element {i}'s key is empty or out of order"))
+                .into());
         }
         last = Some(e.key);
         each(e.flags, e.key, e.value)?;

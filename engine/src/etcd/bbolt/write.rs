@@ -314,7 +314,7 @@ mod tests {
         let mut out = Vec::new();
         db.for_each(root, |k, v| {
             out.push((k.to_vec(), v.to_vec()));
-            Ok(())
+            Ok::<_, crate::etcd::bbolt::BoltError>(())
         })
         .unwrap();
         out
@@ -374,7 +374,7 @@ mod tests {
             for (_, root) in db.buckets()? {
                 db.for_each(&root, |_, _| {
                     n += 1;
-                    Ok(())
+                    Ok::<_, crate::etcd::bbolt::BoltError>(())
                 })?;
             }
             Ok(n)

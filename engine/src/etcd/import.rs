@@ -1,0 +1,423 @@
+//! Reading an etcd database into cairn's state: a snapshot `etcdctl snapshot save` wrote (its
+//! SHA-256 trailer checked), or a stopped member's `member/snap/db`. The whole history since
+//! etcd's last compaction comes across with its revisions exactly, and the leases and the auth
+//! store with it; the membership is the new cluster's.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use super::bbolt::read::Db;
+use super::bbolt::BoltError;
+use super::pb;
+use crate::auth::{Access, AuthStore, Permission, Role, User};
+use crate::backend::record::Record;
+use crate::error::{Error, Failure, Result};
+use crate::lease::lessor::LeaseRecord;
+use crate::mvcc::revision::Revision;
+
+/// What an etcd database holds besides its history.
+#[derive(Debug)]
+pub(crate) struct Imported {
+    /// The revision the store is at: the newest in history, or a compaction's if later.
+    pub(crate) current: i64,
+    /// The revision compacted up to.
+    pub(crate) compacted: i64,
+    pub(crate) leases: Vec<LeaseRecord>,
+    pub(crate) auth: AuthStore,
+}
+
+fn bad(what: impl Into<String>) -> Error {
+    Error::Snapshot(Failure::new(what))
+}
+
+fn bolt(e: BoltError) -> Error {
+    e.into()
+}
+
+impl From<BoltError> for Error {
+    fn from(e: BoltError) -> Error {
+        Error::Snapshot(Failure::caused_by("the etcd database", e))
+    }
+}
+
+/// Whether `file` is a bbolt database (etcd's format): a meta page's magic at byte 16.
+pub(crate) fn is_etcd_db(file: &mut File) -> Result<bool> {
+    let mut head = [0u8; 20];
+    match file.read_exact(&mut head) {
+        Ok(()) => Ok(head.get(16..20) == Some(&super::bbolt::MAGIC.to_le_bytes()[..])),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(Error::Snapshot(Failure::caused_by("read the snapshot", e))),
+    }
+}
+
+/// Opens an etcd database. A snapshot ends with the SHA-256 of the rest (its length is then
+/// 32 past a multiple of 512, as etcd tells): it must match, unless `skip_hash_check`. A file
+/// without one (a member's `member/snap/db`) needs `skip_hash_check`, as with etcdutl.
+pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Db> {
+    let io = |e| Error::Snapshot(Failure::caused_by(format!("read {}", path.display()), e));
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let trailer = len % 512 == 32;
+    if !trailer && !skip_hash_check {
+        return Err(bad(
+            "the snapshot has no SHA-256 trailer (a member's db file needs --skip-hash-check)",
+        ));
+    }
+    if trailer && !skip_hash_check {
+        let mut hash = Sha256::new();
+        let mut left = len - 32;
+        let mut buf = vec![0u8; 1 << 20];
+        while left > 0 {
+            let n = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+            let chunk = buf.get_mut(..n).unwrap_or_default();
+            file.read_exact(chunk).map_err(io)?;
+            hash.update(&*chunk);
+            left -= n as u64;
+        }
+        let mut expected = [0u8; 32];
+        file.read_exact(&mut expected).map_err(io)?;
+        let got = hash.finalize();
+        if got.as_slice() != expected {
+            return Err(bad(format!(
+                "the snapshot's SHA-256 does not match its content: expected {}, got {}",
+                hex(&expected),
+                hex(&got)
+            )));
+        }
+    }
+    Db::open(file).map_err(bolt)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A `key` bucket key: main and sub revision, big-endian around `_`, then `t` for a delete.
+fn revision_key(key: &[u8]) -> Option<(Revision, bool)> {
+    let main = i64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    if key.get(8) != Some(&b'_') {
+        return None;
+    }
+    let sub = i64::from_be_bytes(key.get(9..17)?.try_into().ok()?);
+    let tombstone = match key.get(17..) {
+        Some([]) => false,
+        Some([b't']) => true,
+        _ => return None,
+    };
+    (main >= 0 && sub >= 0).then_some((Revision::new(main, sub), tombstone))
+}
+
+/// Calls `each` with every revision in the database's history, in order, and returns the rest
+/// of its state.
+pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> Result<Imported> {
+    let buckets: BTreeMap<Vec<u8>, _> = db.buckets().map_err(bolt)?.into_iter().collect();
+    let get = |name: &str| buckets.get(name.as_bytes());
+
+    // Compaction: 17-byte revision keys in `meta`.
+    let mut compacted = 0i64;
+    if let Some(meta) = get("meta") {
+        db.for_each(meta, |k, v| {
+            if k == b"finishedCompactRev" || k == b"scheduledCompactRev" {
+                if let Some((rev, _)) = revision_key(v) {
+                    compacted = compacted.max(rev.main);
+                }
+            }
+            Ok::<_, Error>(())
+        })?;
+    }
+
+    let mut last: Option<Revision> = None;
+    if let Some(keys) = get("key") {
+        db.for_each(keys, |k, v| {
+            let (rev, tombstone) =
+                revision_key(k).ok_or_else(|| bad(format!("a key bucket entry {} is not a revision", hex(k))))?;
+            if last.is_some_and(|l| rev <= l) {
+                return Err(bad(format!("revision {rev} is out of order")));
+            }
+            last = Some(rev);
+            let kv = pb::KeyValue::decode(v).map_err(|e| {
+                Error::Snapshot(Failure::caused_by(format!("revision {rev}'s value does not decode"), e))
+            })?;
+            if kv.key.is_empty() {
+                return Err(bad(format!("revision {rev} has an empty key")));
+            }
+            if tombstone {
+                return each(Record {
+                    rev,
+                    created: Revision::default(),
+                    version: 0,
+                    lease: 0,
+                    key: &kv.key,
+                    value: &[],
+                });
+            }
+            if kv.version < 1 || kv.create_revision < 1 {
+                return Err(bad(format!(
+                    "revision {rev} has version {} and create revision {}",
+                    kv.version, kv.create_revision
+                )));
+            }
+            each(Record {
+                rev,
+                created: Revision::new(kv.create_revision, 0),
+                version: kv.version,
+                lease: kv.lease,
+                key: &kv.key,
+                value: &kv.value,
+            })
+        })?;
+    }
+
+    let mut leases = Vec::new();
+    if let Some(bucket) = get("lease") {
+        db.for_each(bucket, |_, v| {
+            let l =
+                pb::Lease::decode(v).map_err(|e| Error::Snapshot(Failure::caused_by("a lease does not decode", e)))?;
+            leases.push(LeaseRecord {
+                id: l.id,
+                ttl: l.ttl,
+                remaining_ttl: l.remaining_ttl,
+            });
+            Ok::<_, Error>(())
+        })?;
+    }
+    let auth = read_auth(db, get("auth"), get("authUsers"), get("authRoles"))?;
+    let newest = last.map_or(0, |l| l.main);
+    Ok(Imported {
+        current: newest.max(compacted).max(1),
+        compacted,
+        leases,
+        auth,
+    })
+}
+
+fn read_auth(
+    db: &Db,
+    auth: Option<&super::bbolt::BucketRoot>,
+    users: Option<&super::bbolt::BucketRoot>,
+    roles: Option<&super::bbolt::BucketRoot>,
+) -> Result<AuthStore> {
+    let (mut enabled, mut revision) = (false, 1u64);
+    if let Some(bucket) = auth {
+        db.for_each(bucket, |k, v| {
+            match k {
+                b"authEnabled" => enabled = v == [1],
+                b"authRevision" => {
+                    revision = v.try_into().map(u64::from_be_bytes).unwrap_or(revision);
+                }
+                _ => {}
+            }
+            Ok::<_, Error>(())
+        })?;
+    }
+    let mut user_map = BTreeMap::new();
+    if let Some(bucket) = users {
+        db.for_each(bucket, |_, v| {
+            let u =
+                pb::User::decode(v).map_err(|e| Error::Snapshot(Failure::caused_by("a user does not decode", e)))?;
+            let name = String::from_utf8_lossy(&u.name).into_owned();
+            let mut roles = u.roles;
+            roles.sort();
+            let user = User {
+                name: name.clone(),
+                password_hash: (!u.password.is_empty()).then(|| String::from_utf8_lossy(&u.password).into_owned()),
+                no_password: u.options.is_some_and(|o| o.no_password),
+                roles,
+            };
+            user_map.insert(name, user);
+            Ok::<_, Error>(())
+        })?;
+    }
+    let mut role_map = BTreeMap::new();
+    if let Some(bucket) = roles {
+        db.for_each(bucket, |_, v| {
+            let r =
+                pb::Role::decode(v).map_err(|e| Error::Snapshot(Failure::caused_by("a role does not decode", e)))?;
+            let name = String::from_utf8_lossy(&r.name).into_owned();
+            let mut permissions: Vec<Permission> = r
+                .key_permission
+                .into_iter()
+                .map(|p| Permission {
+                    access: match p.perm_type {
+                        0 => Access::Read,
+                        1 => Access::Write,
+                        _ => Access::ReadWrite,
+                    },
+                    key: p.key,
+                    range_end: p.range_end,
+                })
+                .collect();
+            permissions.sort_by(|a, b| a.key.cmp(&b.key));
+            role_map.insert(name.clone(), Role { name, permissions });
+            Ok::<_, Error>(())
+        })?;
+    }
+    Ok(AuthStore::load(enabled, revision, user_map, role_map))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use prost::Message;
+
+    use super::super::bbolt::write::DbWriter;
+    use super::*;
+    use crate::{Engine, MemberAttributes, RangeRequest};
+
+    fn rev_key(main: i64, sub: i64, tombstone: bool) -> Vec<u8> {
+        let mut k = main.to_be_bytes().to_vec();
+        k.push(b'_');
+        k.extend_from_slice(&sub.to_be_bytes());
+        if tombstone {
+            k.push(b't');
+        }
+        k
+    }
+
+    fn kv(key: &str, create: i64, modified: i64, version: i64, value: &str, lease: i64) -> Vec<u8> {
+        pb::KeyValue {
+            key: key.as_bytes().to_vec(),
+            create_revision: create,
+            mod_revision: modified,
+            version,
+            value: value.as_bytes().to_vec(),
+            lease,
+        }
+        .encode_to_vec()
+    }
+
+    /// An etcd database as etcd lays it out: history compacted at 3, a delete, a lease with a
+    /// key, a user and a role; with etcdctl's SHA-256 trailer.
+    fn etcd_snapshot(path: &Path) {
+        let mut db = DbWriter::create(File::create_new(path).unwrap()).unwrap();
+        let mut auth = db.bucket(b"auth").unwrap();
+        auth.put(b"authEnabled", &[0]).unwrap();
+        auth.put(b"authRevision", &7u64.to_be_bytes()).unwrap();
+        auth.finish().unwrap();
+        let mut roles = db.bucket(b"authRoles").unwrap();
+        let role = pb::Role {
+            name: b"app".to_vec(),
+            key_permission: vec![pb::Permission {
+                perm_type: 2,
+                key: b"app/".to_vec(),
+                range_end: b"app0".to_vec(),
+            }],
+        };
+        roles.put(b"app", &role.encode_to_vec()).unwrap();
+        roles.finish().unwrap();
+        let mut users = db.bucket(b"authUsers").unwrap();
+        let user = pb::User {
+            name: b"alice".to_vec(),
+            password: b"$2a$10$hash".to_vec(),
+            roles: vec!["app".into()],
+            options: None,
+        };
+        users.put(b"alice", &user.encode_to_vec()).unwrap();
+        users.finish().unwrap();
+        let mut keys = db.bucket(b"key").unwrap();
+        // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
+        // a@6 with the lease.
+        keys.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
+        keys.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
+        keys.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
+        keys.put(
+            &rev_key(5, 0, true),
+            &pb::KeyValue {
+                key: b"b".to_vec(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+        keys.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
+        keys.finish().unwrap();
+        let mut leases = db.bucket(b"lease").unwrap();
+        let lease = pb::Lease {
+            id: 42,
+            ttl: 600,
+            remaining_ttl: 0,
+        };
+        leases.put(&42i64.to_be_bytes(), &lease.encode_to_vec()).unwrap();
+        leases.finish().unwrap();
+        let mut meta = db.bucket(b"meta").unwrap();
+        meta.put(b"consistent_index", &12u64.to_be_bytes()).unwrap();
+        meta.put(b"finishedCompactRev", &rev_key(3, 0, false)).unwrap();
+        meta.put(b"scheduledCompactRev", &rev_key(3, 0, false)).unwrap();
+        meta.finish().unwrap();
+        let (file, len) = db.finish().unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &Sha256::digest(&bytes), len).unwrap();
+    }
+
+    #[test]
+    fn an_etcd_snapshot_restores_with_its_revisions_leases_and_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("snap.db");
+        etcd_snapshot(&snap);
+        assert!(Engine::is_etcd_snapshot(&snap).unwrap());
+        let members = BTreeMap::from([(1u64, MemberAttributes::with_peer_urls(vec!["http://m1:2380".into()]))]);
+        let data = dir.path().join("member");
+        Engine::restore_etcd_as_new_cluster(&snap, &data, &members, false).unwrap();
+        let engine = Engine::builder(&data).member(1).open().unwrap();
+        assert_eq!(engine.current_revision(), 6);
+        assert_eq!(engine.compacted_revision(), 3);
+        let all = engine.range(&RangeRequest::all()).unwrap();
+        let got: Vec<(String, i64, i64, i64, i64)> = all
+            .kvs
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key).into(),
+                    kv.create_revision,
+                    kv.mod_revision,
+                    kv.version,
+                    kv.lease,
+                )
+            })
+            .collect();
+        assert_eq!(got, [("a".into(), 2, 6, 3, 42), ("c".into(), 4, 4, 1, 0)]);
+        // History since the compaction: b existed at 4.
+        let at4 = engine.range(&RangeRequest::key("b").at_revision(4)).unwrap();
+        assert_eq!(at4.kvs.first().map(|kv| kv.value.clone()), Some("b1".into()));
+        assert!(matches!(
+            engine.range(&RangeRequest::key("a").at_revision(2)),
+            Err(Error::Compacted { .. })
+        ));
+        assert_eq!(engine.lease_keys(42), vec![bytes::Bytes::from_static(b"a")]);
+        let (enabled, revision) = engine.auth_status();
+        assert_eq!((enabled, revision), (false, 7));
+        assert!(engine.auth_read(|a| a.has_role("alice", "app")));
+        // The new cluster takes writes at the next revision.
+        assert_eq!(engine.put("d", "x").unwrap(), 7);
+        engine.close().unwrap();
+    }
+
+    #[test]
+    fn a_damaged_or_unverifiable_snapshot_is_refused_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("snap.db");
+        etcd_snapshot(&snap);
+        let members = BTreeMap::from([(1u64, MemberAttributes::default())]);
+        let mut bytes = std::fs::read(&snap).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 1;
+        let bad = dir.path().join("bad.db");
+        std::fs::write(&bad, &bytes).unwrap();
+        let data = dir.path().join("m");
+        let err = Engine::restore_etcd_as_new_cluster(&bad, &data, &members, false).unwrap_err();
+        assert!(err.to_string().contains("SHA-256"), "{err}");
+        assert!(!data.join("data").exists());
+        // Without its trailer: refused unless told to skip the check (a member's db file).
+        let db_only = dir.path().join("db");
+        let clean = std::fs::read(&snap).unwrap();
+        std::fs::write(&db_only, &clean[..clean.len() - 32]).unwrap();
+        assert!(Engine::restore_etcd_as_new_cluster(&db_only, &data, &members, false).is_err());
+        Engine::restore_etcd_as_new_cluster(&db_only, &data, &members, true).unwrap();
+    }
+}
