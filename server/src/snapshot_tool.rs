@@ -133,18 +133,31 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
     let size = std::fs::metadata(&args.file)
         .map_err(|e| ToolError::Io(args.file.display().to_string(), e))?
         .len();
-    let (file, data_len) = open_checked(&args.file, true)?;
-    let mut reader = file.take(data_len);
-    let mut crc = crc32fast::Hasher::new();
-    let info = {
+    let (info, hash, total) = if Engine::is_etcd_snapshot(&args.file)? {
+        // etcd's format: the database's size (its pages, the trailer aside), as etcdutl reports.
+        let info = Engine::inspect_etcd_snapshot(&args.file, true)?;
+        let (file, data_len) = open_checked(&args.file, true)?;
+        let mut crc = crc32fast::Hasher::new();
         let mut hashing = HashingReader {
-            inner: &mut reader,
+            inner: &mut file.take(data_len),
             crc: &mut crc,
         };
-        Engine::inspect_snapshot(&mut hashing)?
+        std::io::copy(&mut hashing, &mut std::io::sink())
+            .map_err(|e| ToolError::Io(args.file.display().to_string(), e))?;
+        (info, crc.finalize(), size - if size % 512 == 32 { 32 } else { 0 })
+    } else {
+        let (file, data_len) = open_checked(&args.file, true)?;
+        let mut reader = file.take(data_len);
+        let mut crc = crc32fast::Hasher::new();
+        let info = {
+            let mut hashing = HashingReader {
+                inner: &mut reader,
+                crc: &mut crc,
+            };
+            Engine::inspect_snapshot(&mut hashing)?
+        };
+        (info, crc.finalize(), size)
     };
-    let hash = crc.finalize();
-    let total = size;
     match args.write_out.as_str() {
         "json" => println!(
             "{}",

@@ -303,11 +303,10 @@ mod tests {
     /// key, a user and a role; with etcdctl's SHA-256 trailer.
     fn etcd_snapshot(path: &Path) {
         let mut db = DbWriter::create(File::create_new(path).unwrap()).unwrap();
-        let mut auth = db.bucket(b"auth").unwrap();
-        auth.put(b"authEnabled", &[0]).unwrap();
-        auth.put(b"authRevision", &7u64.to_be_bytes()).unwrap();
-        auth.finish().unwrap();
-        let mut roles = db.bucket(b"authRoles").unwrap();
+        db.bucket(b"auth").unwrap();
+        db.put(b"authEnabled", &[0]).unwrap();
+        db.put(b"authRevision", &7u64.to_be_bytes()).unwrap();
+        db.bucket(b"authRoles").unwrap();
         let role = pb::Role {
             name: b"app".to_vec(),
             key_permission: vec![pb::Permission {
@@ -316,31 +315,29 @@ mod tests {
                 range_end: b"app0".to_vec(),
             }],
         };
-        roles.put(b"app", &role.encode_to_vec()).unwrap();
-        roles.finish().unwrap();
-        let mut users = db.bucket(b"authUsers").unwrap();
+        db.put(b"app", &role.encode_to_vec()).unwrap();
+        db.bucket(b"authUsers").unwrap();
         let user = pb::User {
             name: b"alice".to_vec(),
             password: b"$2a$10$hash".to_vec(),
             roles: vec!["app".into()],
             options: None,
         };
-        users.put(b"alice", &user.encode_to_vec()).unwrap();
-        users.finish().unwrap();
-        let mut keys = db.bucket(b"key").unwrap();
+        db.put(b"alice", &user.encode_to_vec()).unwrap();
+        db.bucket(b"key").unwrap();
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
         // a@6 with the lease.
-        keys.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
+        db.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
         // The tombstone that ended "gone" at the compaction, its puts compacted away (etcd 3.6+
         // keeps it): it deletes nothing.
         let gone = pb::KeyValue {
             key: b"gone".to_vec(),
             ..Default::default()
         };
-        keys.put(&rev_key(3, 1, true), &gone.encode_to_vec()).unwrap();
-        keys.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
-        keys.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
-        keys.put(
+        db.put(&rev_key(3, 1, true), &gone.encode_to_vec()).unwrap();
+        db.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
+        db.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
+        db.put(
             &rev_key(5, 0, true),
             &pb::KeyValue {
                 key: b"b".to_vec(),
@@ -349,21 +346,18 @@ mod tests {
             .encode_to_vec(),
         )
         .unwrap();
-        keys.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
-        keys.finish().unwrap();
-        let mut leases = db.bucket(b"lease").unwrap();
+        db.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
+        db.bucket(b"lease").unwrap();
         let lease = pb::Lease {
             id: 42,
             ttl: 600,
             remaining_ttl: 0,
         };
-        leases.put(&42i64.to_be_bytes(), &lease.encode_to_vec()).unwrap();
-        leases.finish().unwrap();
-        let mut meta = db.bucket(b"meta").unwrap();
-        meta.put(b"consistent_index", &12u64.to_be_bytes()).unwrap();
-        meta.put(b"finishedCompactRev", &rev_key(3, 0, false)).unwrap();
-        meta.put(b"scheduledCompactRev", &rev_key(3, 0, false)).unwrap();
-        meta.finish().unwrap();
+        db.put(&42i64.to_be_bytes(), &lease.encode_to_vec()).unwrap();
+        db.bucket(b"meta").unwrap();
+        db.put(b"consistent_index", &12u64.to_be_bytes()).unwrap();
+        db.put(b"finishedCompactRev", &rev_key(3, 0, false)).unwrap();
+        db.put(b"scheduledCompactRev", &rev_key(3, 0, false)).unwrap();
         let (file, len) = db.finish().unwrap();
         let bytes = std::fs::read(path).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&file, &Sha256::digest(&bytes), len).unwrap();

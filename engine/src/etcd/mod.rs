@@ -2,6 +2,7 @@
 //!
 //! - [`bbolt`]: the B+tree file etcd keeps its state in, and which its snapshots are: a reader
 //!   for any file etcd 3.4 to 3.7 writes, and a writer of files etcd's tools open.
+//! - [`export`]: cairn's state as an etcd database, what `etcdctl snapshot save` gets.
 //! - [`import`]: an etcd snapshot (or a stopped member's db) into cairn's state, revisions
 //!   exact.
 
@@ -10,5 +11,6 @@
 // them (issue #20).
 #[allow(dead_code)]
 pub(crate) mod bbolt;
+pub(crate) mod export;
 pub(crate) mod import;
 mod pb;

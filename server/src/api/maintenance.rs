@@ -168,10 +168,14 @@ impl Maintenance for MaintenanceService {
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
             let header = node.current_header();
-            let estimate = node.engine.size_in_use();
-            let mut out = SnapshotSender::new(tx.clone(), header, estimate);
-            let written = node.engine.snapshot(&mut out);
-            let finished = written.and_then(|_| out.finish());
+            // etcd's format, as etcd sends it: the database, then its SHA-256.
+            let finished = etcd_snapshot(&node.engine).and_then(|(file, len)| {
+                let mut out = SnapshotSender::new(tx.clone(), header, len);
+                std::io::copy(&mut std::io::Read::take(file, len), &mut out).map_err(|e| {
+                    cairn_engine::Error::Snapshot(cairn_engine::Failure::caused_by("send the snapshot", e))
+                })?;
+                out.finish()
+            });
             if let Err(e) = finished {
                 let _ = tx.blocking_send(Err(crate::errors::status(&e)));
             }
@@ -205,6 +209,29 @@ impl Maintenance for MaintenanceService {
             "cairn does not downgrade: there is one storage version",
         ))
     }
+}
+
+/// A snapshot of `engine` in etcd's format, in a file of its own beside the data (unlinked at
+/// once: it goes when the handle does); the file, read from its start, and its length.
+fn etcd_snapshot(engine: &cairn_engine::Engine) -> cairn_engine::Result<(std::fs::File, u64)> {
+    use std::io::Seek;
+    let io = |e| cairn_engine::Error::Snapshot(cairn_engine::Failure::caused_by("a file for the snapshot", e));
+    let path = engine.dir().join(format!(
+        "snapshot-{:x}.tmp",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(io)?;
+    std::fs::remove_file(&path).map_err(io)?;
+    let (mut file, len) = engine.snapshot_etcd(file)?;
+    file.rewind().map_err(io)?;
+    Ok((file, len))
 }
 
 /// Turns the engine's snapshot stream into Snapshot responses, as etcd sends them: the data,

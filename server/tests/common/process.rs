@@ -29,10 +29,23 @@ impl Server {
     /// Starts `binary` as a member named `diff` (the same name, so the same IDs, whatever the
     /// binary), with `extra` flags; `name` names it in failures.
     pub fn start(name: &'static str, binary: &Path, extra: &[&str]) -> Server {
+        Server::start_prepared(name, binary, extra, |_, _| {})
+    }
+
+    /// [`Server::start`], after `prepare(data_dir, peer_url)` (which may restore a snapshot
+    /// into the data directory, for a member named `diff` with that peer URL).
+    #[allow(dead_code)] // not every test binary restores
+    pub fn start_prepared(
+        name: &'static str,
+        binary: &Path,
+        extra: &[&str],
+        prepare: impl FnOnce(&Path, &str),
+    ) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let (client, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        prepare(&dir.path().join("data"), &peer_url);
         let log = dir.path().join("server.log");
         let out = File::create(&log).unwrap();
         let mut cmd = Command::new(binary);

@@ -32,6 +32,8 @@ pub(crate) struct DbWriter {
     next: u64,
     /// The buckets finished so far, in name order, with their values (bucket headers).
     buckets: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The bucket being written, if any.
+    open: Option<OpenBucket>,
 }
 
 /// Elements collected for one page.
@@ -134,10 +136,9 @@ fn meta_page(id: u64, txid: u64, root: u64, high_water: u64) -> Vec<u8> {
 /// Elements per page are kept well below the header's 16-bit count.
 const MAX_ELEMENTS: usize = 0x8000;
 
-/// One bucket being written: its entries in strictly increasing key order.
+/// The bucket being written: its entries come in strictly increasing key order.
 #[derive(Debug)]
-pub(crate) struct BucketWriter<'a> {
-    db: &'a mut DbWriter,
+struct OpenBucket {
     name: Vec<u8>,
     leaf: PageBuilder,
     /// Each leaf written: its first key and ID.
@@ -158,24 +159,80 @@ impl DbWriter {
             file,
             next: FIRST_TREE_PAGE,
             buckets: Vec::new(),
+            open: None,
         })
     }
 
-    /// Starts the next bucket; buckets come in strictly increasing name order.
-    pub(crate) fn bucket(&mut self, name: &[u8]) -> io::Result<BucketWriter<'_>> {
+    /// Starts the next bucket (ending the one open); buckets come in strictly increasing
+    /// name order.
+    pub(crate) fn bucket(&mut self, name: &[u8]) -> io::Result<()> {
+        self.end_bucket()?;
         if name.is_empty() || self.buckets.last().is_some_and(|(last, _)| last.as_slice() >= name) {
             return Err(invalid(format!(
                 "bucket {:?} is empty or out of order",
                 String::from_utf8_lossy(name)
             )));
         }
-        Ok(BucketWriter {
-            db: self,
+        self.open = Some(OpenBucket {
             name: name.to_vec(),
             leaf: PageBuilder::new(),
             leaves: Vec::new(),
             last: None,
-        })
+        });
+        Ok(())
+    }
+
+    /// Adds an entry to the open bucket; keys come in strictly increasing order, none empty.
+    pub(crate) fn put(&mut self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        let Some(b) = self.open.as_ref() else {
+            return Err(invalid("an entry with no bucket open".into()));
+        };
+        if key.is_empty() || key.len() > MAX_KEY || b.last.as_deref().is_some_and(|l| l >= key) {
+            return Err(invalid(format!(
+                "key {:?} of bucket {:?} is empty, too long or out of order",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(&b.name)
+            )));
+        }
+        if u32::try_from(value.len()).is_err() {
+            return Err(invalid("a value of 4 GiB or more".into()));
+        }
+        let full = !b.leaf.elements.is_empty()
+            && (b.leaf.with(key.len(), value.len()) > PAGE_SIZE || b.leaf.elements.len() >= MAX_ELEMENTS);
+        if full {
+            let leaf = self
+                .open
+                .as_mut()
+                .map(|b| std::mem::replace(&mut b.leaf, PageBuilder::new()));
+            if let Some(leaf) = leaf {
+                let id = self.allocate(&leaf, LEAF)?;
+                if let Some(b) = self.open.as_mut() {
+                    b.leaves.push((leaf.first_key(), id));
+                }
+            }
+        }
+        if let Some(b) = self.open.as_mut() {
+            b.leaf.push(0, key.to_vec(), value.to_vec());
+            b.last = Some(key.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Ends the open bucket, if any: its tree's upper levels, and its entry in the root.
+    pub(crate) fn end_bucket(&mut self) -> io::Result<()> {
+        let Some(b) = self.open.take() else {
+            return Ok(());
+        };
+        let mut value = vec![0u8; BUCKET_HEADER];
+        if b.last.is_none() {
+            // Empty: inline, a leaf page with no element, as bbolt makes a new bucket.
+            value.extend_from_slice(&header(0, LEAF, 0, 0));
+        } else {
+            let root = self.close_levels(b.leaf, b.leaves)?;
+            value.splice(0..8, root.to_le_bytes());
+        }
+        self.buckets.push((b.name, value));
+        Ok(())
     }
 
     /// Writes `page` at a newly allocated page (or pages); returns its ID.
@@ -189,6 +246,7 @@ impl DbWriter {
 
     /// Writes the root bucket and the metas, and syncs the file; returns it and its length.
     pub(crate) fn finish(mut self) -> io::Result<(File, u64)> {
+        self.end_bucket()?;
         let mut root = PageBuilder::new();
         let buckets = std::mem::take(&mut self.buckets);
         let mut leaves = Vec::new();
@@ -240,53 +298,6 @@ impl DbWriter {
     }
 }
 
-impl BucketWriter<'_> {
-    /// Adds an entry; keys come in strictly increasing order, none empty.
-    pub(crate) fn put(&mut self, key: &[u8], value: &[u8]) -> io::Result<()> {
-        if key.is_empty() || key.len() > MAX_KEY || self.last.as_deref().is_some_and(|l| l >= key) {
-            return Err(invalid(format!(
-                "key {:?} of bucket {:?} is empty, too long or out of order",
-                String::from_utf8_lossy(key),
-                String::from_utf8_lossy(&self.name)
-            )));
-        }
-        if u32::try_from(value.len()).is_err() {
-            return Err(invalid("a value of 4 GiB or more".into()));
-        }
-        if !self.leaf.elements.is_empty()
-            && (self.leaf.with(key.len(), value.len()) > PAGE_SIZE || self.leaf.elements.len() >= MAX_ELEMENTS)
-        {
-            let id = self.db.allocate(&self.leaf, LEAF)?;
-            self.leaves.push((self.leaf.first_key(), id));
-            self.leaf = PageBuilder::new();
-        }
-        self.leaf.push(0, key.to_vec(), value.to_vec());
-        self.last = Some(key.to_vec());
-        Ok(())
-    }
-
-    /// Finishes the bucket: its tree's upper levels, and its entry in the root.
-    pub(crate) fn finish(self) -> io::Result<()> {
-        let BucketWriter {
-            db,
-            name,
-            leaf,
-            leaves,
-            last,
-        } = self;
-        let mut value = vec![0u8; BUCKET_HEADER];
-        if last.is_none() {
-            // Empty: inline, a leaf page with no element, as bbolt makes a new bucket.
-            value.extend_from_slice(&header(0, LEAF, 0, 0));
-        } else {
-            let root = db.close_levels(leaf, leaves)?;
-            value.splice(0..8, root.to_le_bytes());
-        }
-        db.buckets.push((name, value));
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::read::Db;
@@ -300,11 +311,10 @@ mod tests {
         let path = dir.path().join("db");
         let mut db = DbWriter::create(File::create_new(&path).unwrap()).unwrap();
         for (name, entries) in buckets {
-            let mut b = db.bucket(name.as_bytes()).unwrap();
+            db.bucket(name.as_bytes()).unwrap();
             for (k, v) in entries {
-                b.put(k, v).unwrap();
+                db.put(k, v).unwrap();
             }
-            b.finish().unwrap();
         }
         db.finish().unwrap();
         (dir, path)
@@ -351,11 +361,11 @@ mod tests {
     fn out_of_order_keys_and_buckets_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut db = DbWriter::create(File::create_new(dir.path().join("db")).unwrap()).unwrap();
-        let mut b = db.bucket(b"b").unwrap();
-        b.put(b"2", b"x").unwrap();
-        assert!(b.put(b"1", b"x").is_err());
-        assert!(b.put(b"", b"x").is_err());
-        b.finish().unwrap();
+        assert!(db.put(b"1", b"x").is_err(), "no bucket open");
+        db.bucket(b"b").unwrap();
+        db.put(b"2", b"x").unwrap();
+        assert!(db.put(b"1", b"x").is_err());
+        assert!(db.put(b"", b"x").is_err());
         assert!(db.bucket(b"a").is_err(), "buckets in name order");
     }
 

