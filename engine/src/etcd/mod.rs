@@ -6,10 +6,6 @@
 //! - [`import`]: an etcd snapshot (or a stopped member's db) into cairn's state, revisions
 //!   exact.
 
-// The bbolt reader and writer land (tested, and checked by Go bbolt 1.5's `tx.Check` and a
-// read-write update as etcdutl's restore makes) before the snapshot import and export that use
-// them (issue #20).
-#[allow(dead_code)]
 pub(crate) mod bbolt;
 pub(crate) mod export;
 pub(crate) mod import;

@@ -38,8 +38,6 @@ pub(crate) const FREELIST: u16 = 0x10;
 pub(crate) const BUCKET_LEAF: u32 = 0x01;
 pub(crate) const MAGIC: u32 = 0xED0C_DAED;
 pub(crate) const VERSION: u32 = 2;
-/// The meta's freelist when none is persisted (etcd on Linux: `NoFreelistSync`).
-pub(crate) const NO_FREELIST: u64 = u64::MAX;
 /// A bucket value's header: root page, sequence.
 pub(crate) const BUCKET_HEADER: usize = 16;
 

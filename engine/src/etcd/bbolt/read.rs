@@ -19,7 +19,6 @@ pub(crate) struct Db {
     /// Pages in use: every page of the tree is below it.
     high_water: u64,
     root: u64,
-    txid: u64,
 }
 
 /// The fields of a meta page that reading needs.
@@ -179,23 +178,13 @@ impl Db {
             page_size,
             high_water: chosen.high_water,
             root: chosen.root,
-            txid: chosen.txid,
         })
     }
 
-    /// The page size.
-    pub(crate) fn page_size(&self) -> u64 {
-        self.page_size
-    }
-
     /// Bytes the database takes: the high-water mark's pages.
+    #[cfg(test)]
     pub(crate) fn size(&self) -> u64 {
         self.high_water * self.page_size
-    }
-
-    /// The transaction ID of the meta in use.
-    pub(crate) fn txid(&self) -> u64 {
-        self.txid
     }
 
     /// Reads page `id` with its overflow pages, checked against the high-water mark.
@@ -240,6 +229,7 @@ impl Db {
     }
 
     /// The top-level bucket `name`, if there is one.
+    #[cfg(test)]
     pub(crate) fn bucket(&self, name: &[u8]) -> Result<Option<BucketRoot>, BoltError> {
         Ok(self.buckets()?.into_iter().find(|(n, _)| n == name).map(|(_, r)| r))
     }
