@@ -591,10 +591,13 @@ fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
     let stop = AtomicBool::new(false);
     let (done_tx, done_rx) = mpsc::channel::<(u64, &str, Answers)>();
     let (answered_tx, answered_rx) = mpsc::channel::<()>();
+    // Each thread says when its first request before the cut is answered.
+    let (running_tx, running_rx) = mpsc::channel::<()>();
     std::thread::scope(|s| {
         for id in MEMBERS {
             for kind in ["put", "read"] {
                 let (engine, done_tx, answered_tx) = (c.member(id), done_tx.clone(), answered_tx.clone());
+                let running_tx = running_tx.clone();
                 let (cut, stop) = (&cut, &stop);
                 s.spawn(move || {
                     let mut seen = Answers::default();
@@ -619,6 +622,9 @@ fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
                             let _ = answered_tx.send(());
                         } else {
                             seen.before += 1;
+                            if seen.before == 1 {
+                                let _ = running_tx.send(());
+                            }
                         }
                     }
                     let _ = done_tx.send((id, kind, seen));
@@ -626,9 +632,13 @@ fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
             }
         }
         drop(done_tx);
-        // Let requests flow, then cut the leader off from the others with requests in flight
-        // everywhere.
-        put_through(c.member(leader), "warm", "up");
+        // Let requests flow on every thread, then cut the leader off from the others with
+        // requests in flight everywhere.
+        for _ in 0..(2 * MEMBERS.len()) {
+            running_rx
+                .recv_timeout(PATIENCE)
+                .expect("every thread's first request is answered before the cut");
+        }
         cut.store(true, Ordering::Release);
         c.net.partition(&[leader], &MEMBERS);
         // Every thread answers at least three requests begun after the cut: with the fault
