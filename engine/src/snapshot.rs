@@ -152,7 +152,9 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
     let mut header = [0u8; 12];
     read_exact(input, &mut header, "header")?;
     if &header[..8] != MAGIC {
-        return Err(Error::Snapshot(Failure::new("not a cairn snapshot (bad magic)")));
+        return Err(Error::Snapshot(Failure::new(
+            "not a snapshot: neither cairn's format nor etcd's (bad magic)",
+        )));
     }
     let without_auth = header[8..] == VERSION_NO_AUTH.to_le_bytes();
     if header[8..] != VERSION.to_le_bytes() && !without_auth {
