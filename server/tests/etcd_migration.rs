@@ -21,7 +21,7 @@ mod process;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{b64, etcdctl_of, Member};
+use common::{b64, etcdctl_of, kv_list, Kv, Member};
 use process::Server;
 
 /// etcd and etcdctl of one version, and how they are installed.
@@ -60,32 +60,12 @@ fn json(etcd: &Etcd, endpoint: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&run(etcd, endpoint, &all)).unwrap()
 }
 
-/// One key-value as a range answers it: key, value, create and mod revisions, version, lease.
-type Kv = (String, String, i64, i64, i64, u64);
-
 /// A range's answer without the header's member and cluster IDs: its revision, count, and
 /// every key-value.
 fn range(etcd: &Etcd, endpoint: &str, args: &[&str]) -> (i64, i64, Vec<Kv>) {
     let r = json(etcd, endpoint, args);
     let n = |v: &serde_json::Value| v.as_i64().unwrap_or(0);
-    let kvs = r["kvs"]
-        .as_array()
-        .map(|kvs| {
-            kvs.iter()
-                .map(|kv| {
-                    (
-                        b64(kv["key"].as_str().unwrap()),
-                        b64(kv["value"].as_str().unwrap_or("")),
-                        n(&kv["create_revision"]),
-                        n(&kv["mod_revision"]),
-                        n(&kv["version"]),
-                        kv["lease"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (n(&r["header"]["revision"]), n(&r["count"]), kvs)
+    (n(&r["header"]["revision"]), n(&r["count"]), kv_list(&r))
 }
 
 /// Loads a history: overwrites and deletes, a txn, a compaction in the middle, a lease with two

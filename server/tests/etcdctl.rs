@@ -14,19 +14,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::{b64, fails, json, kvs, ok, Member};
+use common::{b64, fails, json, kv_list, kvs, ok, Kv, Member};
 use serde_json::Value;
-
-/// A key-value pair as a range response carries it, decoded.
-#[derive(Debug, PartialEq, Eq)]
-struct Kv {
-    key: String,
-    value: String,
-    create: i64,
-    modified: i64,
-    version: i64,
-    lease: u64,
-}
 
 fn kv(key: &str, value: &str, create: i64, modified: i64, version: i64) -> Kv {
     Kv {
@@ -37,26 +26,6 @@ fn kv(key: &str, value: &str, create: i64, modified: i64, version: i64) -> Kv {
         version,
         lease: 0,
     }
-}
-
-/// The `kvs` of a JSON range response (absent numbers are etcd's omitted zeroes).
-fn kv_list(range: &Value) -> Vec<Kv> {
-    let number = |v: &Value| v.as_i64().unwrap_or(0);
-    range["kvs"]
-        .as_array()
-        .map(|kvs| {
-            kvs.iter()
-                .map(|kv| Kv {
-                    key: b64(kv["key"].as_str().unwrap()),
-                    value: b64(kv["value"].as_str().unwrap_or("")),
-                    create: number(&kv["create_revision"]),
-                    modified: number(&kv["mod_revision"]),
-                    version: number(&kv["version"]),
-                    lease: kv["lease"].as_u64().unwrap_or(0),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The lease ID in `lease grant`'s output, `lease <16 hex digits> granted with TTL(<n>s)`.

@@ -35,10 +35,6 @@ fn bad(what: impl Into<String>) -> Error {
     Error::Snapshot(Failure::new(what))
 }
 
-fn bolt(e: BoltError) -> Error {
-    e.into()
-}
-
 impl From<BoltError> for Error {
     fn from(e: BoltError) -> Error {
         Error::Snapshot(Failure::caused_by("the etcd database", e))
@@ -90,7 +86,7 @@ pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Db> {
             )));
         }
     }
-    Db::open(file).map_err(bolt)
+    Ok(Db::open(file)?)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -115,7 +111,7 @@ fn revision_key(key: &[u8]) -> Option<(Revision, bool)> {
 /// Calls `each` with every revision in the database's history, in order, and returns the rest
 /// of its state.
 pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> Result<Imported> {
-    let buckets: BTreeMap<Vec<u8>, _> = db.buckets().map_err(bolt)?.into_iter().collect();
+    let buckets: BTreeMap<Vec<u8>, _> = db.buckets()?.into_iter().collect();
     let get = |name: &str| buckets.get(name.as_bytes());
 
     // Compaction: 17-byte revision keys in `meta`.

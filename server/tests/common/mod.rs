@@ -578,6 +578,37 @@ pub fn b64(encoded: &str) -> String {
     String::from_utf8(bytes).unwrap()
 }
 
+/// A key-value pair as a range response carries it, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Kv {
+    pub key: String,
+    pub value: String,
+    pub create: i64,
+    pub modified: i64,
+    pub version: i64,
+    pub lease: u64,
+}
+
+/// The `kvs` of a JSON range response (absent numbers are etcd's omitted zeroes).
+pub fn kv_list(range: &serde_json::Value) -> Vec<Kv> {
+    let number = |v: &serde_json::Value| v.as_i64().unwrap_or(0);
+    range["kvs"]
+        .as_array()
+        .map(|kvs| {
+            kvs.iter()
+                .map(|kv| Kv {
+                    key: b64(kv["key"].as_str().unwrap()),
+                    value: b64(kv["value"].as_str().unwrap_or("")),
+                    create: number(&kv["create_revision"]),
+                    modified: number(&kv["mod_revision"]),
+                    version: number(&kv["version"]),
+                    lease: kv["lease"].as_u64().unwrap_or(0),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The `(key, value)` pairs of a JSON range response's `kvs`, decoded.
 pub fn kvs(range: &serde_json::Value) -> Vec<(String, String)> {
     range["kvs"]
