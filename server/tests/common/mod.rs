@@ -78,19 +78,7 @@ impl Member {
     }
 
     fn start_with(name: &str, extra: &[&str], https: bool, prepare: impl Fn(&Path, &str)) -> Member {
-        let root = tempfile::tempdir().unwrap();
-        let mut member = Member {
-            name: name.to_string(),
-            data_dir: root.path().join("data"),
-            client_port: 0,
-            peer_port: 0,
-            https,
-            metrics_port: 0,
-            extra: extra.iter().map(|s| (*s).to_string()).collect(),
-            log: root.path().join(format!("{name}.log")),
-            child: None,
-            _root: root,
-        };
+        let mut member = Member::new(name, extra, https);
         for attempt in 1..=START_ATTEMPTS {
             (member.client_port, member.peer_port) = free_ports();
             member.metrics_port = free_ports().0;
@@ -98,7 +86,8 @@ impl Member {
                 std::fs::remove_dir_all(&member.data_dir).unwrap();
             }
             prepare(&member.data_dir, &member.peer_url());
-            match member.spawn_and_wait() {
+            let logged_before = member.spawn();
+            match member.wait_started(logged_before) {
                 Ok(()) => return member,
                 Err(StartFailure::PortTaken) if attempt < START_ATTEMPTS => continue,
                 Err(StartFailure::PortTaken) => panic!(
@@ -111,18 +100,74 @@ impl Member {
         unreachable!("the last attempt returns or panics")
     }
 
+    /// Starts members named `names` as one new cluster, bootstrapped together with
+    /// `--initial-cluster` (kept among their flags with `extra`), and waits until every one is
+    /// healthy. `prepare(data_dir, name, initial_cluster)` runs first for each member, on a data
+    /// directory that does not exist yet (to restore a snapshot into it, say).
+    pub fn start_cluster(names: &[&str], extra: &[&str], prepare: impl Fn(&Path, &str, &str)) -> Vec<Member> {
+        for attempt in 1..=START_ATTEMPTS {
+            let mut members: Vec<Member> = names.iter().map(|name| Member::new(name, extra, false)).collect();
+            for m in &mut members {
+                (m.client_port, m.peer_port) = free_ports();
+            }
+            let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
+            let initial = initial.join(",");
+            for m in &mut members {
+                m.extra.extend(["--initial-cluster".to_string(), initial.clone()]);
+                prepare(&m.data_dir, &m.name, &initial);
+            }
+            // All are started before any is waited for: none is healthy before a quorum runs.
+            let logged_before: Vec<usize> = members.iter_mut().map(Member::spawn).collect();
+            let mut failed = None;
+            for (m, from) in members.iter_mut().zip(logged_before) {
+                if let Err(why) = m.wait_started(from) {
+                    failed = Some((m.name.clone(), m.log_text(), why));
+                    break;
+                }
+            }
+            match failed {
+                None => return members,
+                Some((_, _, StartFailure::PortTaken)) if attempt < START_ATTEMPTS => continue,
+                Some((name, log, StartFailure::PortTaken)) => {
+                    panic!("{name}: its ports were taken {START_ATTEMPTS} times:\n{log}")
+                }
+                Some((name, log, StartFailure::Other(why))) => panic!("{name} did not start: {why}\n{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// A member not started yet, with its data directory and log in a new temporary directory.
+    fn new(name: &str, extra: &[&str], https: bool) -> Member {
+        let root = tempfile::tempdir().unwrap();
+        Member {
+            name: name.to_string(),
+            data_dir: root.path().join("data"),
+            client_port: 0,
+            peer_port: 0,
+            https,
+            metrics_port: 0,
+            extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            log: root.path().join(format!("{name}.log")),
+            child: None,
+            _root: root,
+        }
+    }
+
     /// Starts the member again on the same data directory and ports (its peer URL is part of
     /// the membership stored there), after [`Member::stop`], and waits until it is healthy.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);
-        match self.spawn_and_wait() {
+        let logged_before = self.spawn();
+        match self.wait_started(logged_before) {
             Ok(()) => {}
             Err(StartFailure::PortTaken) => panic!("{}: its ports were taken:\n{}", self.name, self.log_text()),
             Err(StartFailure::Other(why)) => panic!("{} did not restart: {why}\n{}", self.name, self.log_text()),
         }
     }
 
-    fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
+    /// Starts the process: how much of the log was written before it.
+    fn spawn(&mut self) -> usize {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -153,8 +198,13 @@ impl Member {
             .stderr(log)
             .spawn()
             .unwrap();
-        let pid = child.id();
         self.child = Some(child);
+        logged_before
+    }
+
+    /// Waits until the process just spawned is healthy, or fails to start.
+    fn wait_started(&mut self, logged_before: usize) -> Result<(), StartFailure> {
+        let pid = self.child.as_ref().map_or(0, Child::id);
         let deadline = Instant::now() + PATIENCE;
         loop {
             let child = self.child.as_mut().unwrap();
