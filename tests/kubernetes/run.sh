@@ -14,8 +14,9 @@
 # Environment: VERSIONS (default "1.37 1.34"), MTLS_VERSIONS (releases that also
 # run TestScenarioMTLS, default "1.37"; the others pass -skip to go test),
 # BUILD_ONLY, CAIRN_BIN (default <repo>/target/debug/cairn, built with cargo if
-# missing), NICE (default "nice -n 19"), GO_TEST_FLAGS (extra flags for go
-# test, e.g. -run).
+# missing), ETCD_BIN (default <repo>/target/etcd-3.7/etcd, the etcd that
+# TestMoveFromEtcd moves kube-apiserver from), NICE (default "nice -n 19"),
+# GO_TEST_FLAGS (extra flags for go test, e.g. -run).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -72,6 +73,9 @@ if [ ! -x "$cairn_bin" ]; then
   (cd "$root" && $nice_cmd cargo build -p cairn-server --bin cairn) || { echo "cairn build failed"; exit 1; }
 fi
 
+# etcd for TestMoveFromEtcd (kube-apiserver moved from etcd to cairn); tests/run-all.sh builds it.
+etcd_bin="${ETCD_BIN:-$root/target/etcd-3.7/etcd}"
+
 declare -A result
 overall=0
 for v in $versions; do
@@ -91,7 +95,7 @@ for v in $versions; do
   fi
   echo "== running the scenario against Kubernetes $v (mTLS mode too: $([ $mtls = 1 ] && echo yes || echo no); log: $log)"
   start=$SECONDS
-  (cd "$here" && CAIRN_BIN="$cairn_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
+  (cd "$here" && CAIRN_BIN="$cairn_bin" ETCD_BIN="$etcd_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
     GOFLAGS=-mod=readonly $nice_cmd go test -count=1 -timeout 20m -v ${skip_flags[@]+"${skip_flags[@]}"} ${GO_TEST_FLAGS:-} ./scenario/) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; overall=1; fi
@@ -103,6 +107,8 @@ for v in $versions; do
     skipped=$(grep -E "^    --- SKIP: $test/" "$log" | sed -E "s/^    --- SKIP: $test\/([^ ]+).*/\1/" | tr '\n' ' ')
     result[$v]+="; $test: $passed steps passed, failed: ${failed:-none}, skipped: ${skipped:-none}"
   done
+  move=$(grep -oE "^--- (PASS|FAIL|SKIP): TestMoveFromEtcd" "$log" | sed -E 's/^--- ([A-Z]+):.*/\1/')
+  result[$v]+="; TestMoveFromEtcd: ${move:-not run}"
 done
 
 echo

@@ -4,13 +4,17 @@
 // cairn in plaintext; TestScenarioMTLS runs part of the scenario against
 // members set up as kubeadm sets up etcd (its certificate layout and flags,
 // mutual TLS on the client and peer ports) and checks that certificates from
-// another CA are refused.
+// another CA are refused. TestMoveFromEtcd moves a running kube-apiserver
+// from an etcd cluster to a cairn cluster and checks that no watch starts
+// over.
 //
 // Environment:
 //
 //	CAIRN_BIN     path to the cairn binary (required, else the test skips)
 //	KUBE_BIN_DIR  directory holding kube-apiserver, kube-controller-manager,
 //	              kube-scheduler (required, else the test skips)
+//	ETCD_BIN      path to the etcd binary that TestMoveFromEtcd moves
+//	              kube-apiserver from (else that test skips)
 //	KUBE_VERSION  label of the Kubernetes release, e.g. 1.37 or 1.34; steps
 //	              that only apply to some releases key off it
 //	SCENARIO_KEEP_LOGS=1  keep the log directory even when the test passes

@@ -31,6 +31,8 @@ var (
 
 type cairnMember struct {
 	*controlplane.Proc
+	name      string // the member's name (--name)
+	dataDir   string
 	clientURL string
 	peerURL   string
 	// metricsURL is the plaintext --listen-metrics-urls (kubeadm's probe
@@ -64,6 +66,17 @@ var memberNames = []string{"m1", "m2", "m3"}
 // URLs, the node's server and peer certificates, client certificates required
 // on both ports, and a plaintext --listen-metrics-urls, where health is polled.
 func startCairnCluster(bin, dir string, pki *controlplane.EtcdPKI) (*cairnCluster, error) {
+	c, err := newCluster(bin, dir, "cairn", pki)
+	if err != nil {
+		return nil, err
+	}
+	return c, c.start()
+}
+
+// newCluster sets up three members of bin (cairn, or etcd: both take etcd's
+// flags) bootstrapping a new cluster on free loopback ports, without starting
+// them. Their logs and data dirs in dir are named after prefix.
+func newCluster(bin, dir, prefix string, pki *controlplane.EtcdPKI) (*cairnCluster, error) {
 	perMember := 2
 	scheme := "http"
 	if pki != nil {
@@ -80,9 +93,9 @@ func startCairnCluster(bin, dir string, pki *controlplane.EtcdPKI) (*cairnCluste
 			return nil, err
 		}
 	}
-	var initial []string
 	for i, name := range memberNames {
 		m := &cairnMember{
+			name:      name,
 			clientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[perMember*i]),
 			peerURL:   fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[perMember*i+1]),
 		}
@@ -90,36 +103,79 @@ func startCairnCluster(bin, dir string, pki *controlplane.EtcdPKI) (*cairnCluste
 			m.metricsURL = fmt.Sprintf("http://127.0.0.1:%d", ports[perMember*i+2])
 			m.pki = pki.Members[i]
 		}
-		m.Proc = &controlplane.Proc{Name: "cairn-" + name, Bin: bin, LogPath: filepath.Join(dir, "cairn-"+name+".log")}
-		initial = append(initial, name+"="+m.peerURL)
 		c.members = append(c.members, m)
 	}
-	for i, m := range c.members {
-		name := memberNames[i]
+	c.setUp(bin, dir, prefix, true)
+	return c, nil
+}
+
+// successor sets up a cluster of bin on the same member names and URLs as c,
+// on data dirs restored from a snapshot (so without
+// --initial-cluster-state new), without starting it. Its logs and data dirs
+// in dir are named after prefix. c must be stopped before it starts.
+func (c *cairnCluster) successor(bin, dir, prefix string) *cairnCluster {
+	next := &cairnCluster{clientTLS: c.clientTLS}
+	for _, m := range c.members {
+		next.members = append(next.members, &cairnMember{
+			name:       m.name,
+			clientURL:  m.clientURL,
+			peerURL:    m.peerURL,
+			metricsURL: m.metricsURL,
+			pki:        m.pki,
+		})
+	}
+	next.setUp(bin, dir, prefix, false)
+	return next
+}
+
+// initialCluster is the --initial-cluster value naming every member.
+func (c *cairnCluster) initialCluster() string {
+	var initial []string
+	for _, m := range c.members {
+		initial = append(initial, m.name+"="+m.peerURL)
+	}
+	return strings.Join(initial, ",")
+}
+
+// setUp gives each member its process, data dir and flags. With bootstrap,
+// the members start a new cluster (--initial-cluster-state new); without it,
+// their data dirs already hold the membership.
+func (c *cairnCluster) setUp(bin, dir, prefix string, bootstrap bool) {
+	initial := c.initialCluster()
+	for _, m := range c.members {
+		label := prefix + "-" + m.name
+		m.dataDir = filepath.Join(dir, label+".data")
+		m.Proc = &controlplane.Proc{Name: label, Bin: bin, LogPath: filepath.Join(dir, label+".log")}
+		state := []string{}
+		if bootstrap {
+			state = []string{"--initial-cluster-state", "new"}
+		}
 		if m.pki == nil {
 			m.Args = []string{
-				"--name", name,
-				"--data-dir", filepath.Join(dir, "cairn-"+name+".data"),
+				"--name", m.name,
+				"--data-dir", m.dataDir,
 				"--listen-client-urls", m.clientURL,
 				"--advertise-client-urls", m.clientURL,
 				"--listen-peer-urls", m.peerURL,
 				"--initial-advertise-peer-urls", m.peerURL,
-				"--initial-cluster", strings.Join(initial, ","),
-				"--initial-cluster-state", "new",
+				"--initial-cluster", initial,
+			}
+			m.Args = append(m.Args, state...)
+			m.Args = append(m.Args,
 				// 2-core machines running a whole control plane: generous timeouts.
 				"--heartbeat-interval", "100",
 				"--election-timeout", "1000",
 				"--watch-progress-notify-interval", "5s",
-			}
+			)
 		} else {
 			// kubeadm's getEtcdCommand, in its order and spelling.
 			m.Args = []string{
-				"--name=" + name,
+				"--name=" + m.name,
 				"--listen-client-urls=" + m.clientURL,
 				"--advertise-client-urls=" + m.clientURL,
 				"--listen-peer-urls=" + m.peerURL,
 				"--initial-advertise-peer-urls=" + m.peerURL,
-				"--data-dir=" + filepath.Join(dir, "cairn-"+name+".data"),
+				"--data-dir=" + m.dataDir,
 			}
 			m.Args = append(m.Args, m.pki.EtcdTLSArgs()...)
 			m.Args = append(m.Args,
@@ -127,25 +183,36 @@ func startCairnCluster(bin, dir string, pki *controlplane.EtcdPKI) (*cairnCluste
 				"--listen-metrics-urls="+m.metricsURL,
 				"--feature-gates=InitialCorruptCheck=true",
 				"--watch-progress-notify-interval=5s",
-				"--initial-cluster="+strings.Join(initial, ","),
-				"--initial-cluster-state=new",
+				"--initial-cluster="+initial,
+			)
+			if bootstrap {
+				m.Args = append(m.Args, "--initial-cluster-state=new")
+			}
+			m.Args = append(m.Args,
 				// Not kubeadm's: the harness's timeouts for a 2-core machine.
 				"--heartbeat-interval=100",
 				"--election-timeout=1000",
 			)
 		}
+	}
+}
+
+// start starts every member, then waits until each is healthy (none is before
+// a quorum runs). On failure it stops them all.
+func (c *cairnCluster) start() error {
+	for _, m := range c.members {
 		if err := m.Start(); err != nil {
 			c.stop()
-			return nil, err
+			return err
 		}
 	}
 	for _, m := range c.members {
 		if err := m.waitHealthy(60 * time.Second); err != nil {
 			c.stop()
-			return nil, fmt.Errorf("%s: %w", m.Name, err)
+			return fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
-	return c, nil
+	return nil
 }
 
 func (c *cairnCluster) stop() {
