@@ -139,10 +139,11 @@ class Target:
         self.procs, self.endpoints, self.ports, self.data_dir, self.cpus = [], [], [], None, None
         self.security, self.pki, self.metrics_ports, self.bench_flags = None, None, [], []
 
-    def start(self, data_dir, members=1, cpus=None, security=None):
+    def start(self, data_dir, members=1, cpus=None, security=None, prepare=None):
         """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir,
         on the CPUs `cpus` names (taskset's list; default: any); returns the client endpoints
-        once every member answers /health."""
+        once every member answers /health. `prepare(member_dir, name, peer_url, cluster)`, if
+        given, runs for each member first (to restore a snapshot into its data dir, say)."""
         shutil.rmtree(data_dir, ignore_errors=True)
         data_dir.mkdir(parents=True)
         self.data_dir = data_dir
@@ -154,6 +155,9 @@ class Target:
         self.bench_flags = []
         if self.pki:
             self.bench_flags = ["--cacert", self.pki["ca"], "--cert", self.pki["client"], "--key", self.pki["client-key"]]
+        if prepare is not None:
+            for i, peer_url in enumerate(self._peer_urls()):
+                prepare(data_dir / f"m{i}", f"m{i}", peer_url, self._initial_cluster())
         endpoints = self._launch()
         if security == "auth":
             self._enable_auth()
@@ -176,9 +180,16 @@ class Target:
         self._launch()
         return stopped, time.monotonic() - started
 
+    def _peer_urls(self):
+        scheme = "https" if self.pki else "http"
+        return [f"{scheme}://127.0.0.1:{p}" for _, p in self.ports]
+
+    def _initial_cluster(self):
+        return ",".join(f"m{i}={url}" for i, url in enumerate(self._peer_urls()))
+
     def _launch(self):
         scheme = "https" if self.pki else "http"
-        cluster = ",".join(f"m{i}={scheme}://127.0.0.1:{p}" for i, (_, p) in enumerate(self.ports))
+        cluster = self._initial_cluster()
         self.procs = []
         for i, (c, p) in enumerate(self.ports):
             cmd = [str(self.binary), "--name", f"m{i}", "--data-dir", str(self.data_dir / f"m{i}"),

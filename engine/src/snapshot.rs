@@ -98,12 +98,12 @@ impl<'a> SnapshotWriter<'a> {
     }
 
     /// Writes encoded records (in revision order, after any written before) as one frame.
-    pub(crate) fn records(&mut self, records: &[Vec<u8>]) -> Result<()> {
-        if records.is_empty() {
+    pub(crate) fn records(&mut self, chunk: &crate::mvcc::store::Chunk) -> Result<()> {
+        if chunk.count == 0 {
             return Ok(());
         }
-        self.records += records.len() as u64;
-        self.frame(RECORDS, &records.concat())
+        self.records += chunk.count;
+        self.frame(RECORDS, &chunk.bytes)
     }
 
     /// Writes the end frame; returns the snapshot's size in bytes.

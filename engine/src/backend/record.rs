@@ -98,6 +98,7 @@ impl Record<'_> {
     }
 
     /// The record as a fresh byte vector, padded.
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![0; self.padded_len()];
         // The buffer has exactly the padded length, so this cannot fail.

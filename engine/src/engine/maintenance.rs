@@ -73,7 +73,7 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
 fn export_state<W>(
     state: &RwLock<State>,
     begin: impl FnOnce(SnapshotMeta) -> Result<W>,
-    mut each: impl FnMut(&mut W, &[Vec<u8>]) -> Result<()>,
+    mut each: impl FnMut(&mut W, &crate::mvcc::store::Chunk) -> Result<()>,
 ) -> Result<W> {
     /// Unpins the store however the snapshot ends.
     struct Pin<'a>(&'a RwLock<State>);
@@ -185,6 +185,7 @@ impl Engine {
     /// empty; returns it and the database's length. `etcdutl snapshot status` checks it and
     /// `etcdutl snapshot restore` makes an etcd member of it with every revision in history,
     /// the leases, users and roles. Memory stays bounded: records are written a page at a time.
+    /// The file is not synced (the server streams it and drops it): sync it to keep it.
     pub fn snapshot_etcd(&self, file: std::fs::File) -> Result<(std::fs::File, u64)> {
         let export = export_state(
             &self.core.state,
@@ -197,14 +198,15 @@ impl Engine {
     /// [`Engine::inspect_snapshot`] of a snapshot in etcd's format (its SHA-256 trailer
     /// checked unless `skip_hash_check`): read whole, page by page, without restoring it.
     pub fn inspect_etcd_snapshot(path: &Path, skip_hash_check: bool) -> Result<SnapshotInfo> {
-        let db = crate::etcd::import::open(path, skip_hash_check)?;
-        let mut alive: HashMap<Vec<u8>, bool> = HashMap::new();
+        let opened = crate::etcd::import::open(path, skip_hash_check)?;
+        let mut alive: foldhash::HashMap<Vec<u8>, bool> = foldhash::HashMap::default();
         let mut records = 0u64;
-        let imported = crate::etcd::import::read(&db, |record| {
+        let read = crate::etcd::import::read(&opened.db, |record| {
             records += 1;
             alive.insert(record.key.to_vec(), record.version > 0);
             Ok(())
-        })?;
+        });
+        let imported = opened.checked(read)?;
         Ok(SnapshotInfo {
             revision: imported.current,
             compact_revision: imported.compacted,
@@ -238,9 +240,10 @@ impl Engine {
         if members.is_empty() {
             return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
         }
-        let db = crate::etcd::import::open(snapshot, skip_hash_check)?;
+        let opened = crate::etcd::import::open(snapshot, skip_hash_check)?;
         restore_into(dir.as_ref(), |backend| {
-            let imported = crate::etcd::import::read(&db, |record| backend.append(&record).map(|_| ()))?;
+            let read = crate::etcd::import::read(&opened.db, |record| backend.append(&record).map(|_| ()));
+            let imported = opened.checked(read)?;
             Ok(SnapshotMeta {
                 // As etcdutl restores: the members' conf changes are the log so far, term 1.
                 applied_index: members.len() as u64,

@@ -16,8 +16,8 @@ use prost::Message;
 use super::bbolt::write::DbWriter;
 use super::pb;
 use crate::auth::Access;
-use crate::backend::record;
 use crate::error::{Error, Failure, Result};
+use crate::mvcc::store::Chunk;
 use crate::snapshot::SnapshotMeta;
 
 fn io(e: std::io::Error) -> Error {
@@ -25,15 +25,34 @@ fn io(e: std::io::Error) -> Error {
 }
 
 /// A `key` bucket key.
-fn revision_key(main: i64, sub: i64, tombstone: bool) -> Vec<u8> {
-    let mut k = Vec::with_capacity(18);
-    k.extend_from_slice(&main.to_be_bytes());
-    k.push(b'_');
-    k.extend_from_slice(&sub.to_be_bytes());
-    if tombstone {
-        k.push(b't');
+fn revision_key(main: i64, sub: i64, tombstone: bool) -> RevisionKey {
+    let mut bytes = [0u8; 18];
+    let parts = main
+        .to_be_bytes()
+        .into_iter()
+        .chain([b'_'])
+        .chain(sub.to_be_bytes())
+        .chain([b't']);
+    for (slot, b) in bytes.iter_mut().zip(parts) {
+        *slot = b;
     }
-    k
+    RevisionKey {
+        bytes,
+        len: if tombstone { 18 } else { 17 },
+    }
+}
+
+/// A `key` bucket key, on the stack.
+struct RevisionKey {
+    bytes: [u8; 18],
+    len: usize,
+}
+
+impl std::ops::Deref for RevisionKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
 }
 
 /// An etcd database being written: the buckets before `key` are written at the start, the
@@ -42,6 +61,9 @@ fn revision_key(main: i64, sub: i64, tombstone: bool) -> Vec<u8> {
 pub(crate) struct EtcdExport {
     db: DbWriter,
     meta: SnapshotMeta,
+    /// The key-value being written, and its encoding.
+    kv: pb::KeyValue,
+    encoded: Vec<u8>,
 }
 
 impl EtcdExport {
@@ -87,32 +109,35 @@ impl EtcdExport {
         }
         db.bucket(b"cluster").map_err(io)?;
         db.bucket(b"key").map_err(io)?;
-        Ok(EtcdExport { db, meta })
+        Ok(EtcdExport {
+            db,
+            meta,
+            kv: pb::KeyValue::default(),
+            encoded: Vec::new(),
+        })
     }
 
-    /// Adds records of history (cairn's record format), in revision order.
-    pub(crate) fn records(&mut self, records: &[Vec<u8>]) -> Result<()> {
-        for bytes in records {
-            let (r, _) = record::decode(bytes)
-                .map_err(|e| Error::Snapshot(Failure::caused_by("a record to export does not decode", e)))?;
+    /// Adds records of history, in revision order.
+    pub(crate) fn records(&mut self, chunk: &Chunk) -> Result<()> {
+        for r in chunk.records() {
+            let r = r?;
             let tombstone = r.is_tombstone();
-            let value = if tombstone {
-                pb::KeyValue {
-                    key: r.key.to_vec(),
-                    ..pb::KeyValue::default()
-                }
-            } else {
-                pb::KeyValue {
-                    key: r.key.to_vec(),
-                    create_revision: r.created.main,
-                    mod_revision: r.rev.main,
-                    version: r.version,
-                    value: r.value.to_vec(),
-                    lease: r.lease,
-                }
-            };
+            // One KeyValue and one buffer for them all: their allocations are reused.
+            let kv = &mut self.kv;
+            kv.clear();
+            kv.key.extend_from_slice(r.key);
+            if !tombstone {
+                kv.create_revision = r.created.main;
+                kv.mod_revision = r.rev.main;
+                kv.version = r.version;
+                kv.value.extend_from_slice(r.value);
+                kv.lease = r.lease;
+            }
+            self.encoded.clear();
+            kv.encode(&mut self.encoded)
+                .map_err(|e| Error::Snapshot(Failure::caused_by("encode a key-value", e)))?;
             self.db
-                .put(&revision_key(r.rev.main, r.rev.sub, tombstone), &value.encode_to_vec())
+                .put(&revision_key(r.rev.main, r.rev.sub, tombstone), &self.encoded)
                 .map_err(io)?;
         }
         Ok(())

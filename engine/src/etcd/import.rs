@@ -51,12 +51,35 @@ pub(crate) fn is_etcd_db(file: &mut File) -> Result<bool> {
     }
 }
 
-/// Opens an etcd database. A snapshot ends with the SHA-256 of the rest (its length is then
-/// 32 past a multiple of 512, as etcd tells): it must match, unless `skip_hash_check`. A file
-/// without one (a member's `member/snap/db`) needs `skip_hash_check`, as with etcdutl.
-pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Db> {
+/// An etcd database open for reading, while another thread checks its SHA-256 trailer.
+pub(crate) struct Opened {
+    pub(crate) db: Db,
+    /// The trailer's check, running; `None` when skipped.
+    check: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Opened {
+    /// Waits for the trailer's check and returns `outcome` (what reading the database gave),
+    /// unless the trailer does not match: that is the error then, whatever reading found, since
+    /// it tells why.
+    pub(crate) fn checked<T>(self, outcome: Result<T>) -> Result<T> {
+        if let Some(check) = self.check {
+            check
+                .join()
+                .map_err(|_| Error::Internal(Failure::new("the snapshot's hash check panicked")))??;
+        }
+        outcome
+    }
+}
+
+/// Opens an etcd database. A snapshot ends with a SHA-256 of the rest (its length is then 32
+/// past a multiple of 512, as etcd tells): it must match, unless `skip_hash_check`; it is
+/// checked on another thread while the caller reads, and [`Opened::checked`] gives the
+/// verdict. A file without one (a member's `member/snap/db`) needs `skip_hash_check`, as with
+/// etcdutl.
+pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Opened> {
     let io = |e| Error::Snapshot(Failure::caused_by(format!("read {}", path.display()), e));
-    let mut file = File::open(path).map_err(io)?;
+    let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let trailer = len % 512 == 32;
     if !trailer && !skip_hash_check {
@@ -64,29 +87,48 @@ pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Db> {
             "the snapshot has no SHA-256 trailer (a member's db file needs --skip-hash-check)",
         ));
     }
-    if trailer && !skip_hash_check {
-        let mut hash = Sha256::new();
-        let mut left = len - 32;
-        let mut buf = vec![0u8; 1 << 20];
-        while left > 0 {
-            let n = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
-            let chunk = buf.get_mut(..n).unwrap_or_default();
-            file.read_exact(chunk).map_err(io)?;
-            hash.update(&*chunk);
-            left -= n as u64;
-        }
-        let mut expected = [0u8; 32];
-        file.read_exact(&mut expected).map_err(io)?;
-        let got = hash.finalize();
-        if got.as_slice() != expected {
-            return Err(bad(format!(
-                "the snapshot's SHA-256 does not match its content: expected {}, got {}",
-                hex(&expected),
-                hex(&got)
-            )));
-        }
+    let check = if trailer && !skip_hash_check {
+        let hashed = file.try_clone().map_err(io)?;
+        let path = path.to_path_buf();
+        let check = std::thread::Builder::new()
+            .name("snapshot-hash".into())
+            .spawn(move || check_trailer(&hashed, len - 32, &path))
+            .map_err(|e| Error::Internal(Failure::caused_by("spawn the snapshot's hash check", e)))?;
+        Some(check)
+    } else {
+        None
+    };
+    Ok(Opened {
+        db: Db::open(file)?,
+        check,
+    })
+}
+
+/// Checks that the 32 bytes at `len` are the SHA-256 of the `len` before them.
+fn check_trailer(file: &File, len: u64, path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let io = |e| Error::Snapshot(Failure::caused_by(format!("read {}", path.display()), e));
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from((len - at).min(buf.len() as u64)).unwrap_or(buf.len());
+        let chunk = buf.get_mut(..n).unwrap_or_default();
+        file.read_exact_at(chunk, at).map_err(io)?;
+        hash.update(&*chunk);
+        at += n as u64;
     }
-    Ok(Db::open(file)?)
+    let mut expected = [0u8; 32];
+    file.read_exact_at(&mut expected, len).map_err(io)?;
+    let got = hash.finalize();
+    if got.as_slice() != expected {
+        return Err(bad(format!(
+            "the snapshot's SHA-256 does not match its content: expected {}, got {}",
+            hex(&expected),
+            hex(&got)
+        )));
+    }
+    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -128,9 +170,13 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
     }
 
     let mut last: Option<Revision> = None;
-    // Keys with a live generation: etcd 3.6 and later keep the tombstone a compaction ends a
-    // generation with, after dropping the puts before it; such a tombstone deletes nothing.
-    let mut live: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    // Keys with a live generation, up to the compacted revision: etcd 3.6 and later keep the
+    // tombstone a compaction ends a generation with, after dropping the puts before it; such a
+    // tombstone deletes nothing. Every later tombstone ends a generation whose put is in the
+    // file, since a compaction keeps each live key's last put, so from the first revision past
+    // the compaction on no key is tracked.
+    let mut live: foldhash::HashSet<Vec<u8>> = foldhash::HashSet::default();
+    let mut kv = pb::KeyValue::default();
     if let Some(keys) = get("key") {
         db.for_each(keys, |k, v| {
             let (rev, tombstone) =
@@ -139,14 +185,20 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                 return Err(bad(format!("revision {rev} is out of order")));
             }
             last = Some(rev);
-            let kv = pb::KeyValue::decode(v).map_err(|e| {
+            let tracked = rev.main <= compacted;
+            if !tracked && !live.is_empty() {
+                live = foldhash::HashSet::default();
+            }
+            // One KeyValue for them all: decoding into it reuses its buffers.
+            kv.clear();
+            kv.merge(v).map_err(|e| {
                 Error::Snapshot(Failure::caused_by(format!("revision {rev}'s value does not decode"), e))
             })?;
             if kv.key.is_empty() {
                 return Err(bad(format!("revision {rev} has an empty key")));
             }
             if tombstone {
-                if !live.remove(&kv.key) {
+                if tracked && !live.remove(&kv.key) {
                     return Ok(());
                 }
                 return each(Record {
@@ -164,7 +216,6 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                     kv.version, kv.create_revision
                 )));
             }
-            live.insert(kv.key.clone());
             each(Record {
                 rev,
                 created: Revision::new(kv.create_revision, 0),
@@ -172,7 +223,11 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                 lease: kv.lease,
                 key: &kv.key,
                 value: &kv.value,
-            })
+            })?;
+            if tracked && !live.contains(&kv.key) {
+                live.insert(kv.key.clone());
+            }
+            Ok(())
         })?;
     }
 
@@ -321,6 +376,18 @@ mod tests {
         };
         db.put(b"alice", &user.encode_to_vec()).unwrap();
         db.bucket(b"key").unwrap();
+        let tombstone = |key: &str| {
+            pb::KeyValue {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        // "half" put at 1 and deleted at 2.1, both left by a compaction that did not finish;
+        // "kept" put at 2 (its last put before the compaction) and deleted at 5.1, after it.
+        db.put(&rev_key(1, 0, false), &kv("half", 1, 1, 1, "h1", 0)).unwrap();
+        db.put(&rev_key(2, 0, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
+        db.put(&rev_key(2, 1, true), &tombstone("half")).unwrap();
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
         // a@6 with the lease.
         db.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
@@ -342,6 +409,7 @@ mod tests {
             .encode_to_vec(),
         )
         .unwrap();
+        db.put(&rev_key(5, 1, true), &tombstone("kept")).unwrap();
         db.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
         db.bucket(b"lease").unwrap();
         let lease = pb::Lease {
@@ -386,9 +454,13 @@ mod tests {
             })
             .collect();
         assert_eq!(got, [("a".into(), 2, 6, 3, 42), ("c".into(), 4, 4, 1, 0)]);
-        // History since the compaction: b existed at 4.
-        let at4 = engine.range(&RangeRequest::key("b").at_revision(4)).unwrap();
-        assert_eq!(at4.kvs.first().map(|kv| kv.value.clone()), Some("b1".into()));
+        // History since the compaction: b and kept existed at 4, half did not.
+        let at4 = engine.range(&RangeRequest::all().at_revision(4)).unwrap();
+        let at4: Vec<(&[u8], &[u8])> = at4.kvs.iter().map(|kv| (&kv.key[..], &kv.value[..])).collect();
+        assert_eq!(
+            at4,
+            [(&b"a"[..], &b"a2"[..]), (b"b", b"b1"), (b"c", b"c1"), (b"kept", b"k1")]
+        );
         assert!(matches!(
             engine.range(&RangeRequest::key("a").at_revision(2)),
             Err(Error::Compacted { .. })

@@ -575,9 +575,9 @@ impl Store {
         to: i64,
         compacted: i64,
         limit: usize,
-    ) -> Result<(Vec<Vec<u8>>, Option<Revision>)> {
+    ) -> Result<(Chunk, Option<Revision>)> {
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut out = Vec::new();
+        let mut out = Chunk::default();
         let mut last = None;
         for (rev, loc) in self
             .log
@@ -586,11 +586,55 @@ impl Store {
         {
             let record = self.backend.read(loc)?;
             if self.visible(&rev, record.key, compacted) {
-                out.push(record.encode());
+                out.push(&record)?;
             }
             last = Some(rev);
         }
         Ok((out, last))
+    }
+}
+
+/// Records exported together, encoded back to back in one buffer (one allocation a chunk, not
+/// one a record).
+#[derive(Debug, Default)]
+pub(crate) struct Chunk {
+    /// The records, each in the record format and padded.
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) count: u64,
+}
+
+impl Chunk {
+    fn push(&mut self, record: &Record<'_>) -> Result<()> {
+        let at = self.bytes.len();
+        self.bytes.resize(at + record.padded_len(), 0);
+        record
+            .encode_into(self.bytes.get_mut(at..).unwrap_or_default())
+            .ok_or_else(|| Error::internal("a record to export does not encode"))?;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// The records, in order.
+    pub(crate) fn records(&self) -> impl Iterator<Item = Result<Record<'_>>> {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            Some(match record::decode(rest) {
+                Ok((record, len)) => {
+                    rest = rest.get(len..).unwrap_or_default();
+                    Ok(record)
+                }
+                Err(e) => {
+                    rest = &[];
+                    Err(Error::Snapshot(Failure::caused_by(
+                        "an exported record does not decode",
+                        e,
+                    )))
+                }
+            })
+        })
     }
 }
 

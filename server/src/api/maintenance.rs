@@ -1,6 +1,5 @@
 //! The Maintenance service: Alarm, Status, Defragment, Hash, HashKV, Snapshot and MoveLeader.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use cairn_engine::Alarm;
@@ -168,13 +167,17 @@ impl Maintenance for MaintenanceService {
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
             let header = node.current_header();
+            let started = std::time::Instant::now();
             // etcd's format, as etcd sends it: the database, then its SHA-256.
             let finished = etcd_snapshot(&node.engine).and_then(|(file, len)| {
+                tracing::info!(bytes = len, written_in = ?started.elapsed(), "sending a snapshot to a client");
                 let mut out = SnapshotSender::new(tx.clone(), header, len);
-                std::io::copy(&mut std::io::Read::take(file, len), &mut out).map_err(|e| {
+                out.send_file(file, len).map_err(|e| {
                     cairn_engine::Error::Snapshot(cairn_engine::Failure::caused_by("send the snapshot", e))
                 })?;
-                out.finish()
+                out.finish()?;
+                tracing::info!(bytes = len, took = ?started.elapsed(), "sent a snapshot to a client");
+                Ok(())
             });
             if let Err(e) = finished {
                 let _ = tx.blocking_send(Err(crate::errors::status(&e)));
@@ -284,6 +287,24 @@ impl SnapshotSender {
         self.send(blob, remaining)
     }
 
+    /// Sends the first `len` bytes of `file`, read a chunk at a time straight into the
+    /// response, but for the last chunk, which [`SnapshotSender::finish`] sends.
+    fn send_file(&mut self, mut file: std::fs::File, len: u64) -> std::io::Result<()> {
+        use std::io::Read;
+        let mut left = len;
+        while left > 0 {
+            let n = usize::try_from(left.min(SNAPSHOT_CHUNK as u64)).unwrap_or(SNAPSHOT_CHUNK);
+            self.buffer.resize(n, 0);
+            file.read_exact(&mut self.buffer)?;
+            self.hash.update(&self.buffer);
+            left -= n as u64;
+            if left > 0 {
+                self.send_buffer()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Pads, appends the hash and sends the last response.
     fn finish(mut self) -> cairn_engine::Result<()> {
         let size = self.written + self.buffer.len() as u64;
@@ -296,20 +317,5 @@ impl SnapshotSender {
         let blob = std::mem::take(&mut self.buffer);
         self.send(blob, 0)
             .map_err(|e| cairn_engine::Error::Snapshot(cairn_engine::Failure::caused_by("send the last chunk", e)))
-    }
-}
-
-impl Write for SnapshotSender {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.hash.update(data);
-        self.buffer.extend_from_slice(data);
-        if self.buffer.len() >= SNAPSHOT_CHUNK {
-            self.send_buffer()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }

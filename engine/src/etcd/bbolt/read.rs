@@ -2,6 +2,7 @@
 //! the file's size). Every page visited is checked: within the high-water mark and the file,
 //! its own ID, a known type, elements inside the page; a page reached twice is a cycle.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -11,6 +12,9 @@ use super::{BoltError, BucketRoot, BRANCH, BUCKET_HEADER, BUCKET_LEAF, ELEMENT, 
 /// A tree deeper than this is damage: a bbolt tree of 2^32 pages is a handful of levels deep.
 const MAX_DEPTH: usize = 64;
 
+/// Pages a sequential walk reads at once.
+const WINDOW_PAGES: u64 = 64;
+
 /// An open bbolt file.
 #[derive(Debug)]
 pub(crate) struct Db {
@@ -19,6 +23,19 @@ pub(crate) struct Db {
     /// Pages in use: every page of the tree is below it.
     high_water: u64,
     root: u64,
+    window: RefCell<Window>,
+}
+
+/// Pages read ahead of a walk. Leaves mostly follow each other in the file: once a page is
+/// read right after the one before it, the next [`WINDOW_PAGES`] come in one system call
+/// instead of one each.
+#[derive(Debug, Default)]
+struct Window {
+    /// The first page in `bytes`.
+    first: u64,
+    bytes: Vec<u8>,
+    /// The last page read, to tell a sequential walk.
+    last: u64,
 }
 
 /// The fields of a meta page that reading needs.
@@ -178,6 +195,7 @@ impl Db {
             page_size,
             high_water: chosen.high_water,
             root: chosen.root,
+            window: RefCell::default(),
         })
     }
 
@@ -187,26 +205,57 @@ impl Db {
         self.high_water * self.page_size
     }
 
-    /// Reads page `id` with its overflow pages, checked against the high-water mark.
-    fn page(&self, id: u64) -> Result<Page, BoltError> {
+    /// Reads page `id` with its overflow pages, checked against the high-water mark, into
+    /// `bytes` (a buffer given back to be used again: a walk reads tens of thousands of pages).
+    fn page(&self, id: u64, mut bytes: Vec<u8>) -> Result<Page, BoltError> {
         let bad = |reason: String| BoltError::BadPage { page: id, reason };
         if id < 2 || id >= self.high_water {
             return Err(bad(format!("outside the pages in use (2 to {})", self.high_water)));
         }
-        let mut header = [0u8; HEADER];
-        self.file.read_exact_at(&mut header, id * self.page_size)?;
-        if u64_at(&header, 0) != Some(id) {
-            return Err(bad(format!("it says it is page {}", u64_at(&header, 0).unwrap_or(0))));
+        self.read_pages(id, 1, &mut bytes)?;
+        if u64_at(&bytes, 0) != Some(id) {
+            return Err(bad(format!("it says it is page {}", u64_at(&bytes, 0).unwrap_or(0))));
         }
-        let overflow = u64::from(u32_at(&header, 12).unwrap_or(0));
+        let overflow = u64::from(u32_at(&bytes, 12).unwrap_or(0));
         let pages = overflow + 1;
         if id.checked_add(pages).is_none_or(|end| end > self.high_water) {
             return Err(bad(format!("its {overflow} overflow pages run past the pages in use")));
         }
-        let len = usize::try_from(pages * self.page_size).map_err(|_| bad("too large".into()))?;
-        let mut bytes = vec![0u8; len];
-        self.file.read_exact_at(&mut bytes, id * self.page_size)?;
+        if pages > 1 {
+            self.read_pages(id, pages, &mut bytes)?;
+        }
         Ok(Page { id, bytes })
+    }
+
+    /// Reads `pages` pages from page `id` on (all below the high-water mark) into `out`,
+    /// through the read-ahead window.
+    fn read_pages(&self, id: u64, pages: u64, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let size = self.page_size;
+        let too_large = || std::io::Error::other("a page run too large for memory");
+        let len = usize::try_from(pages * size).map_err(|_| too_large())?;
+        let mut w = self.window.borrow_mut();
+        let held = |w: &Window| {
+            let start = usize::try_from(id.checked_sub(w.first)? * size).ok()?;
+            w.bytes.get(start..start.checked_add(len)?)?;
+            Some(start)
+        };
+        if held(&w).is_none() && id == w.last + 1 {
+            let run = WINDOW_PAGES.min(self.high_water - id).max(pages);
+            w.bytes.clear();
+            w.bytes.resize(usize::try_from(run * size).map_err(|_| too_large())?, 0);
+            self.file.read_exact_at(&mut w.bytes, id * size)?;
+            w.first = id;
+        }
+        w.last = id + pages - 1;
+        out.clear();
+        match held(&w).and_then(|start| w.bytes.get(start..start + len)) {
+            Some(from_window) => out.extend_from_slice(from_window),
+            None => {
+                out.resize(len, 0);
+                self.file.read_exact_at(out, id * size)?;
+            }
+        }
+        Ok(())
     }
 
     /// The top-level buckets: their names and roots, in name order.
@@ -268,7 +317,7 @@ impl Db {
             }
             BucketRoot::Page(id) => {
                 let mut seen = HashSet::new();
-                self.walk_page(*id, 0, &mut seen, each)
+                self.walk_page(*id, 0, &mut seen, &mut Vec::new(), each)
             }
         }
     }
@@ -278,27 +327,29 @@ impl Db {
         id: u64,
         depth: usize,
         seen: &mut HashSet<u64>,
+        buffers: &mut Vec<Vec<u8>>,
         each: &mut impl FnMut(u32, &[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         if !seen.insert(id) {
             return Err(BoltError::Cycle(id).into());
         }
-        let page = self.page(id)?;
+        let page = self.page(id, buffers.pop().unwrap_or_default())?;
         if depth > MAX_DEPTH {
             return Err(page.bad("the tree is implausibly deep").into());
         }
         match page.flags() {
-            LEAF => leaf_entries(&page, each),
+            LEAF => leaf_entries(&page, each)?,
             BRANCH => {
                 for i in 0..page.count() {
                     let (_, child) = branch_element(&page.bytes, i)
                         .ok_or_else(|| page.bad(format!("branch element {i} runs past the page")))?;
-                    self.walk_page(child, depth + 1, seen, each)?;
+                    self.walk_page(child, depth + 1, seen, buffers, each)?;
                 }
-                Ok(())
             }
-            other => Err(page.bad(format!("a tree page with flags {other:#x}")).into()),
+            other => return Err(page.bad(format!("a tree page with flags {other:#x}")).into()),
         }
+        buffers.push(page.bytes);
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
 //! Writing a fresh bbolt file from buckets whose entries come in key order, bottom-up, a page
-//! at a time (memory holds one page and each level's first keys).
+//! at a time (memory holds one page, each level's first keys, and pages not yet written, up to
+//! a megabyte).
 //!
 //! The layout is the one Go bbolt and `etcdutl` accept from a fresh database: 4096-byte pages;
 //! pages 0 and 1 both valid metas (transaction 2 on page 0, 1 on page 1); page 2 an empty
@@ -34,13 +35,23 @@ pub(crate) struct DbWriter {
     buckets: Vec<(Vec<u8>, Vec<u8>)>,
     /// The bucket being written, if any.
     open: Option<OpenBucket>,
+    /// Pages allocated but not written yet, from page `pending_from` on: pages are allocated
+    /// in order, so they go to the file in large writes.
+    pending: Vec<u8>,
+    pending_from: u64,
 }
+
+/// Bytes of pages written to the file at once.
+const WRITE_BATCH: usize = 1 << 20;
 
 /// Elements collected for one page.
 #[derive(Debug, Default)]
 struct PageBuilder {
-    /// (flags, key, value) for a leaf; (0, key, child as 8 bytes LE) for a branch.
-    elements: Vec<(u32, Vec<u8>, Vec<u8>)>,
+    /// (flags, key length, value length) of each element, in order; for a branch, the value
+    /// is the child's page ID as 8 bytes LE.
+    elements: Vec<(u32, usize, usize)>,
+    /// The elements' keys and values, back to back.
+    data: Vec<u8>,
     /// Bytes of the page so far: header, elements, keys and values.
     size: usize,
 }
@@ -49,6 +60,7 @@ impl PageBuilder {
     fn new() -> PageBuilder {
         PageBuilder {
             elements: Vec::new(),
+            data: Vec::new(),
             size: HEADER,
         }
     }
@@ -60,46 +72,54 @@ impl PageBuilder {
 
     /// The first key on the page (what a branch above it points by).
     fn first_key(&self) -> Vec<u8> {
-        self.elements.first().map(|e| e.1.clone()).unwrap_or_default()
+        let len = self.elements.first().map_or(0, |e| e.1);
+        self.data.get(..len).unwrap_or_default().to_vec()
     }
 
-    fn push(&mut self, flags: u32, key: Vec<u8>, value: Vec<u8>) {
+    fn push(&mut self, flags: u32, key: &[u8], value: &[u8]) {
         self.size = self.with(key.len(), value.len());
-        self.elements.push((flags, key, value));
+        self.elements.push((flags, key.len(), value.len()));
+        self.data.extend_from_slice(key);
+        self.data.extend_from_slice(value);
     }
 
-    /// The page's bytes for page `id` (its length a whole number of pages), as a leaf or a
-    /// branch.
-    fn encode(&self, id: u64, flags: u16) -> Vec<u8> {
+    /// Appends the page's bytes for page `id` (a whole number of pages) to `out`, as a leaf
+    /// or a branch.
+    fn encode_into(&self, id: u64, flags: u16, out: &mut Vec<u8>) {
         let pages = self.size.div_ceil(PAGE_SIZE).max(1);
-        let mut out = Vec::with_capacity(pages * PAGE_SIZE);
+        let start = out.len();
         out.extend_from_slice(&header(id, flags, self.elements.len(), pages - 1));
         // Each element's `pos` counts from the element to its key, which follow the element
         // array in element order.
-        let mut data = HEADER + ELEMENT * self.elements.len();
-        for (i, (eflags, key, value)) in self.elements.iter().enumerate() {
-            let pos = (data - (HEADER + i * ELEMENT)) as u32;
+        let mut pos_of_data = HEADER + ELEMENT * self.elements.len();
+        let mut at = 0;
+        for (i, &(eflags, klen, vlen)) in self.elements.iter().enumerate() {
+            let pos = (pos_of_data - (HEADER + i * ELEMENT)) as u32;
             if flags == LEAF {
                 out.extend_from_slice(&eflags.to_le_bytes());
                 out.extend_from_slice(&pos.to_le_bytes());
-                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                data += key.len() + value.len();
+                out.extend_from_slice(&(klen as u32).to_le_bytes());
+                out.extend_from_slice(&(vlen as u32).to_le_bytes());
+                pos_of_data += klen + vlen;
             } else {
                 out.extend_from_slice(&pos.to_le_bytes());
-                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-                out.extend_from_slice(value); // the child's page ID
-                data += key.len();
+                out.extend_from_slice(&(klen as u32).to_le_bytes());
+                // The child's page ID.
+                out.extend_from_slice(self.data.get(at + klen..at + klen + vlen).unwrap_or_default());
+                pos_of_data += klen;
+            }
+            at += klen + vlen;
+        }
+        if flags == LEAF {
+            out.extend_from_slice(&self.data);
+        } else {
+            let mut at = 0;
+            for &(_, klen, vlen) in &self.elements {
+                out.extend_from_slice(self.data.get(at..at + klen).unwrap_or_default());
+                at += klen + vlen;
             }
         }
-        for (_, key, value) in &self.elements {
-            out.extend_from_slice(key);
-            if flags == LEAF {
-                out.extend_from_slice(value);
-            }
-        }
-        out.resize(pages * PAGE_SIZE, 0);
-        out
+        out.resize(start + pages * PAGE_SIZE, 0);
     }
 }
 
@@ -160,6 +180,8 @@ impl DbWriter {
             next: FIRST_TREE_PAGE,
             buckets: Vec::new(),
             open: None,
+            pending: Vec::with_capacity(WRITE_BATCH + PAGE_SIZE),
+            pending_from: FIRST_TREE_PAGE,
         })
     }
 
@@ -212,8 +234,10 @@ impl DbWriter {
             }
         }
         if let Some(b) = self.open.as_mut() {
-            b.leaf.push(0, key.to_vec(), value.to_vec());
-            b.last = Some(key.to_vec());
+            b.leaf.push(0, key, value);
+            let last = b.last.get_or_insert_with(Vec::new);
+            last.clear();
+            last.extend_from_slice(key);
         }
         Ok(())
     }
@@ -238,13 +262,26 @@ impl DbWriter {
     /// Writes `page` at a newly allocated page (or pages); returns its ID.
     fn allocate(&mut self, page: &PageBuilder, flags: u16) -> io::Result<u64> {
         let id = self.next;
-        let bytes = page.encode(id, flags);
-        self.next += (bytes.len() / PAGE_SIZE) as u64;
-        self.file.write_all_at(&bytes, id * PAGE_SIZE as u64)?;
+        let before = self.pending.len();
+        page.encode_into(id, flags, &mut self.pending);
+        self.next += ((self.pending.len() - before) / PAGE_SIZE) as u64;
+        if self.pending.len() >= WRITE_BATCH {
+            self.flush()?;
+        }
         Ok(id)
     }
 
-    /// Writes the root bucket and the metas, and syncs the file; returns it and its length.
+    /// Writes the pages allocated so far.
+    fn flush(&mut self) -> io::Result<()> {
+        self.file
+            .write_all_at(&self.pending, self.pending_from * PAGE_SIZE as u64)?;
+        self.pending.clear();
+        self.pending_from = self.next;
+        Ok(())
+    }
+
+    /// Writes the root bucket and the metas; returns the file and its length. The file is not
+    /// synced: a caller that keeps it syncs it.
     pub(crate) fn finish(mut self) -> io::Result<(File, u64)> {
         self.end_bucket()?;
         let mut root = PageBuilder::new();
@@ -255,9 +292,10 @@ impl DbWriter {
                 leaves.push((root.first_key(), self.allocate(&root, LEAF)?));
                 root = PageBuilder::new();
             }
-            root.push(BUCKET_LEAF, name, value);
+            root.push(BUCKET_LEAF, &name, &value);
         }
         let root_id = self.close_levels(root, leaves)?;
+        self.flush()?;
         let high_water = self.next;
         // Both metas valid, as a fresh bbolt database has them: the newer on page 0.
         for (page_id, txid) in [(0u64, 2u64), (1, 1)] {
@@ -266,7 +304,6 @@ impl DbWriter {
         }
         let len = high_water * PAGE_SIZE as u64;
         self.file.set_len(len)?;
-        self.file.sync_all()?;
         Ok((self.file, len))
     }
 
@@ -286,7 +323,7 @@ impl DbWriter {
                     above.push((page.first_key(), self.allocate(&page, BRANCH)?));
                     page = PageBuilder::new();
                 }
-                page.push(0, key, child.to_le_bytes().to_vec());
+                page.push(0, &key, &child.to_le_bytes());
             }
             above.push((page.first_key(), self.allocate(&page, BRANCH)?));
             level = above;
