@@ -49,6 +49,8 @@ pub struct Defragmented {
 
 /// Records per snapshot frame.
 const SNAPSHOT_CHUNK: usize = 1024;
+/// Chunks a snapshot's reader may get ahead of its writer.
+const EXPORT_AHEAD: usize = 4;
 /// Records a defragmentation copies, or repoints under one lock hold.
 const DEFRAG_BATCH: usize = 1024;
 /// The share of its time a defragmentation spends copying: after each batch it rests three
@@ -68,8 +70,10 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
 }
 
 /// Exports the state as of now: `begin` gets its meta (leases, auth, membership, revisions),
-/// then `records` every record in history, in revision order, a chunk at a time read under
-/// the read lock (writes go on; the compaction sweep waits until it is done).
+/// then `each` every record in history, in revision order, a chunk at a time read under the
+/// read lock (writes go on; the compaction sweep waits until it is done). The chunks are read
+/// on a thread of their own while `each` takes the ones before, so reading the store and
+/// writing the snapshot use a core each.
 fn export_state<W>(
     state: &RwLock<State>,
     begin: impl FnOnce(SnapshotMeta) -> Result<W>,
@@ -101,24 +105,43 @@ fn export_state<W>(
     let _pin = Pin(state);
     let (current, compacted) = (meta.current, meta.compacted);
     let mut writer = begin(meta)?;
-    let mut after = None;
-    loop {
-        let (records, last) = {
-            let st = state.read();
-            if st.installs != installs {
-                return Err(Error::Snapshot(Failure::new(
-                    "a snapshot from the leader replaced the state while this one was taken",
-                )));
+    std::thread::scope(|scope| {
+        let (tx, rx) = crossbeam_channel::bounded(EXPORT_AHEAD);
+        let reader = std::thread::Builder::new()
+            .name("snapshot-read".into())
+            .spawn_scoped(scope, move || -> Result<()> {
+                let mut after = None;
+                loop {
+                    let (records, last) = {
+                        let st = state.read();
+                        if st.installs != installs {
+                            return Err(Error::Snapshot(Failure::new(
+                                "a snapshot from the leader replaced the state while this one was taken",
+                            )));
+                        }
+                        st.store.export_chunk(after, current, compacted, SNAPSHOT_CHUNK)?
+                    };
+                    // The end, or the writer gave up (it tells why).
+                    if last.is_none() || tx.send(records).is_err() {
+                        return Ok(());
+                    }
+                    after = last;
+                }
+            })
+            .map_err(|e| Error::Internal(Failure::caused_by("spawn the snapshot's reader", e)))?;
+        // The receiver goes with this closure: a reader still sending then stops.
+        let written = (move || {
+            for records in rx {
+                each(&mut writer, &records)?;
             }
-            st.store.export_chunk(after, current, compacted, SNAPSHOT_CHUNK)?
-        };
-        if last.is_none() {
-            break;
-        }
-        each(&mut writer, &records)?;
-        after = last;
-    }
-    Ok(writer)
+            Ok(writer)
+        })();
+        let read = reader
+            .join()
+            .map_err(|_| Error::Internal(Failure::new("the snapshot's reader panicked")))?;
+        // A failed read ends the chunks early: its error tells why, not the writer's.
+        read.and(written)
+    })
 }
 
 impl Engine {

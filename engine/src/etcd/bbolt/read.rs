@@ -241,7 +241,8 @@ impl Db {
         };
         if held(&w).is_none() && id == w.last + 1 {
             let run = WINDOW_PAGES.min(self.high_water - id).max(pages);
-            w.bytes.clear();
+            // Resized only when the run's length changes: zeroing it every time costs as much
+            // as a copy of the file.
             w.bytes.resize(usize::try_from(run * size).map_err(|_| too_large())?, 0);
             self.file.read_exact_at(&mut w.bytes, id * size)?;
             w.first = id;
