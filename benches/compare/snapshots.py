@@ -16,6 +16,7 @@ the cairn/etcd ratios, and checks that every restore holds the snapshot's revisi
     benches/compare/snapshots.py --dir /var/tmp/snap              # 1,000,000 keys, 3 rounds
     benches/compare/snapshots.py --dir /tmp/snap --keys 100000 --rounds 1   # a smoke run
     benches/compare/snapshots.py --dir /tmp/snap --snapshot /var/tmp/1m.db  # made once, kept
+    benches/compare/snapshots.py --dir /var/tmp/snap --compact     # a history compacted at its end
 """
 
 import argparse
@@ -59,6 +60,10 @@ def main():
     ap.add_argument("--dir", required=True, type=Path, help="where the data dirs and snapshots go (one disk)")
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compact", action="store_true",
+                    help="compact etcd at its last revision before saving (the history then holds "
+                         "each key's last put at or before the compacted revision, as kube-apiserver's "
+                         "compactions leave it)")
     ap.add_argument("--snapshot", type=Path,
                     help="an etcd snapshot to use instead of loading etcd 3.7 (kept afterwards); "
                          "written there first when missing")
@@ -81,6 +86,12 @@ def main():
         run([bench_bin, "--endpoints", ",".join(endpoints), "--conns", "10", "--clients", "100", "--total",
              str(a.keys), "put", "--key-size", str(BIG_KEY_SIZE), "--val-size", str(BIG_VAL_SIZE),
              "--key-space-size", str(a.keys), "--sequential-keys"], stdout=subprocess.DEVNULL)
+        if a.compact:
+            current = json.loads(subprocess.run([etcdctl, "--endpoints", endpoints[0], "endpoint", "status", "-w",
+                                                 "json"], check=True, capture_output=True).stdout)
+            revision = current[0]["Status"]["header"]["revision"]
+            run([etcdctl, "--endpoints", endpoints[0], "--command-timeout", "300s", "compact", str(revision),
+                 "--physical"], stdout=subprocess.DEVNULL)
         run([etcdctl, "--endpoints", endpoints[0], "snapshot", "save", snap],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         source.stop()
