@@ -157,24 +157,30 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
     let get = |name: &str| buckets.get(name.as_bytes());
 
     // Compaction: 17-byte revision keys in `meta`.
-    let mut compacted = 0i64;
+    let (mut finished, mut scheduled) = (0i64, 0i64);
     if let Some(meta) = get("meta") {
         db.for_each(meta, |k, v| {
-            if k == b"finishedCompactRev" || k == b"scheduledCompactRev" {
-                if let Some((rev, _)) = revision_key(v) {
-                    compacted = compacted.max(rev.main);
-                }
+            let rev = revision_key(v).map_or(0, |(rev, _)| rev.main);
+            match k {
+                b"finishedCompactRev" => finished = rev,
+                b"scheduledCompactRev" => scheduled = rev,
+                _ => {}
             }
             Ok::<_, Error>(())
         })?;
     }
+    let compacted = finished.max(scheduled);
+    // A compaction that finished leaves each key at most one revision at or before it: its
+    // last put if it lives, or (etcd 3.6 and later) the tombstone that ended it, whose puts are
+    // gone. Such a tombstone deletes nothing. One that did not finish may have left whole
+    // generations behind, and then the keys are tracked to tell.
+    let finished_cleanly = scheduled <= finished;
 
     let mut last: Option<Revision> = None;
-    // Keys with a live generation, up to the compacted revision: etcd 3.6 and later keep the
-    // tombstone a compaction ends a generation with, after dropping the puts before it; such a
-    // tombstone deletes nothing. Every later tombstone ends a generation whose put is in the
+    // Keys with a live generation, up to the compacted revision, after a compaction that did
+    // not finish. Every tombstone past the compaction ends a generation whose put is in the
     // file, since a compaction keeps each live key's last put, so from the first revision past
-    // the compaction on no key is tracked.
+    // it on no key is tracked.
     let mut live: foldhash::HashSet<Vec<u8>> = foldhash::HashSet::default();
     let mut kv = pb::KeyValue::default();
     if let Some(keys) = get("key") {
@@ -185,7 +191,11 @@ pub(crate) fn read(db: &Db, mut each: impl FnMut(Record<'_>) -> Result<()>) -> R
                 return Err(bad(format!("revision {rev} is out of order")));
             }
             last = Some(rev);
-            let tracked = rev.main <= compacted;
+            let compacted_away = rev.main <= compacted;
+            if tombstone && compacted_away && finished_cleanly {
+                return Ok(());
+            }
+            let tracked = compacted_away && !finished_cleanly;
             if !tracked && !live.is_empty() {
                 live = foldhash::HashSet::default();
             }
@@ -383,11 +393,8 @@ mod tests {
             }
             .encode_to_vec()
         };
-        // "half" put at 1 and deleted at 2.1, both left by a compaction that did not finish;
         // "kept" put at 2 (its last put before the compaction) and deleted at 5.1, after it.
-        db.put(&rev_key(1, 0, false), &kv("half", 1, 1, 1, "h1", 0)).unwrap();
         db.put(&rev_key(2, 0, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
-        db.put(&rev_key(2, 1, true), &tombstone("half")).unwrap();
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
         // a@6 with the lease.
         db.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
@@ -454,7 +461,7 @@ mod tests {
             })
             .collect();
         assert_eq!(got, [("a".into(), 2, 6, 3, 42), ("c".into(), 4, 4, 1, 0)]);
-        // History since the compaction: b and kept existed at 4, half did not.
+        // History since the compaction: b and kept existed at 4.
         let at4 = engine.range(&RangeRequest::all().at_revision(4)).unwrap();
         let at4: Vec<(&[u8], &[u8])> = at4.kvs.iter().map(|kv| (&kv.key[..], &kv.value[..])).collect();
         assert_eq!(
@@ -471,6 +478,41 @@ mod tests {
         assert!(engine.auth_read(|a| a.has_role("alice", "app")));
         // The new cluster takes writes at the next revision.
         assert_eq!(engine.put("d", "x").unwrap(), 7);
+        engine.close().unwrap();
+    }
+
+    /// A compaction that did not finish (scheduled, never finished) may leave whole
+    /// generations before its revision: a tombstone there ends one when its put is in the file,
+    /// and deletes nothing when the put was compacted away.
+    #[test]
+    fn an_unfinished_compaction_leaves_generations_that_still_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("member-db");
+        let mut db = DbWriter::create(File::create_new(&snap).unwrap()).unwrap();
+        db.bucket(b"key").unwrap();
+        let tombstone = |key: &str| {
+            pb::KeyValue {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        db.put(&rev_key(2, 0, false), &kv("half", 2, 2, 1, "h1", 0)).unwrap();
+        db.put(&rev_key(2, 1, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
+        db.put(&rev_key(3, 0, true), &tombstone("half")).unwrap();
+        db.put(&rev_key(3, 1, true), &tombstone("gone")).unwrap();
+        db.put(&rev_key(5, 0, false), &kv("new", 5, 5, 1, "n1", 0)).unwrap();
+        db.bucket(b"meta").unwrap();
+        db.put(b"scheduledCompactRev", &rev_key(4, 0, false)).unwrap();
+        db.finish().unwrap();
+        let members = BTreeMap::from([(1u64, MemberAttributes::default())]);
+        let data = dir.path().join("member");
+        Engine::restore_etcd_as_new_cluster(&snap, &data, &members, true).unwrap();
+        let engine = Engine::builder(&data).member(1).open().unwrap();
+        assert_eq!((engine.current_revision(), engine.compacted_revision()), (5, 4));
+        let all = engine.range(&RangeRequest::all()).unwrap();
+        let keys: Vec<&[u8]> = all.kvs.iter().map(|kv| &kv.key[..]).collect();
+        assert_eq!(keys, [&b"kept"[..], b"new"]);
         engine.close().unwrap();
     }
 
