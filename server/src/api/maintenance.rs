@@ -126,9 +126,8 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         self.node.blocking(|e| e.defragment()).await?;
-        Ok(Response::new(pb::DefragmentResponse {
-            header: Some(self.node.current_header()),
-        }))
+        // No header, as etcd (3.4 to 3.7) answers.
+        Ok(Response::new(pb::DefragmentResponse { header: None }))
     }
 
     async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
@@ -198,9 +197,8 @@ impl Maintenance for MaintenanceService {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let target = request.into_inner().target_id;
         self.node.blocking(move |e| e.move_leader(target)).await?;
-        Ok(Response::new(pb::MoveLeaderResponse {
-            header: Some(self.node.current_header()),
-        }))
+        // No header, as etcd (3.4 to 3.7) answers.
+        Ok(Response::new(pb::MoveLeaderResponse { header: None }))
     }
 
     async fn downgrade(
