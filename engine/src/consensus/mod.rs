@@ -3,6 +3,7 @@
 
 pub(crate) mod local;
 pub(crate) mod log;
+mod logging;
 pub(crate) mod node;
 pub(crate) mod transfer;
 

@@ -266,7 +266,7 @@ impl NodeHandle {
         raft_config
             .validate()
             .map_err(|e| Error::InvalidConfig(format!("raft: {e}")))?;
-        let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!("raft_id" => config.id));
+        let logger = slog::Logger::root(super::logging::TracingDrain, slog::o!());
         let mut raw = RawNode::new(&raft_config, log.clone(), &logger)
             .map_err(|e| Error::Internal(Failure::caused_by("start raft", e)))?;
         let single = log.conf_state().voters == [config.id];
