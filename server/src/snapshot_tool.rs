@@ -134,17 +134,11 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
         .map_err(|e| ToolError::Io(args.file.display().to_string(), e))?
         .len();
     let (info, hash, total) = if Engine::is_etcd_snapshot(&args.file)? {
-        // etcd's format: the database's size (its pages, the trailer aside), as etcdutl reports.
+        // etcd's format: etcdutl's hash, and the database's size (its pages, the trailer
+        // aside), as etcdutl reports them.
         let info = Engine::inspect_etcd_snapshot(&args.file, true)?;
-        let (file, data_len) = open_checked(&args.file, true)?;
-        let mut crc = crc32fast::Hasher::new();
-        let mut hashing = HashingReader {
-            inner: &mut file.take(data_len),
-            crc: &mut crc,
-        };
-        std::io::copy(&mut hashing, &mut std::io::sink())
-            .map_err(|e| ToolError::Io(args.file.display().to_string(), e))?;
-        (info, crc.finalize(), size - if size % 512 == 32 { 32 } else { 0 })
+        let hash = Engine::etcd_snapshot_hash(&args.file)?;
+        (info, hash, size - if size % 512 == 32 { 32 } else { 0 })
     } else {
         let (file, data_len) = open_checked(&args.file, true)?;
         let mut reader = file.take(data_len);

@@ -226,6 +226,33 @@ fn same_answers(etcd: &Etcd, from: &str, to: &[String], compacted: i64) {
     assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_u64()), "{hashes:?}");
 }
 
+/// `cairn snapshot status` of `snapshot` says what etcdutl 3.7.3's says: the hash (a CRC-32C of
+/// the buckets), the revision, the live keys and the size.
+fn same_status_as_etcdutl(snapshot: &Path) {
+    let json_of = |out: std::process::Output, what: &str| -> serde_json::Value {
+        assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let etcdutl = target("etcd-3.7", "tests/etcd-3.7/build.sh")
+        .etcd
+        .with_file_name("etcdutl");
+    let theirs = Command::new(etcdutl)
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(snapshot)
+        .output()
+        .unwrap();
+    let theirs = json_of(theirs, "etcdutl snapshot status");
+    let ours = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(snapshot)
+        .output()
+        .unwrap();
+    let ours = json_of(ours, "cairn snapshot status");
+    for field in ["hash", "revision", "totalKey", "totalSize"] {
+        assert_eq!(ours[field], theirs[field], "{field}: cairn {ours}, etcdutl {theirs}");
+    }
+}
+
 fn moves_out_to(etcd: &Etcd) {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -252,6 +279,7 @@ fn moves_out_to(etcd: &Etcd) {
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let revision = json(etcd, &from, &["get", "k00"])["header"]["revision"].clone();
     assert_eq!(status["revision"], revision, "{status}");
+    same_status_as_etcdutl(&snapshot);
     let restore = |data_dir: &Path, peer_url: &str| {
         let out = Command::new(&etcdutl)
             .args(["snapshot", "restore"])
@@ -295,6 +323,7 @@ fn moves_in_from(etcd: &Etcd) {
     let compacted = load(etcd, &ep, &channel, &runtime);
     let snapshot = dir.path().join("snap.db");
     run(etcd, &ep, &["snapshot", "save", snapshot.to_str().unwrap()]);
+    same_status_as_etcdutl(&snapshot);
 
     let file = snapshot.to_str().unwrap().to_string();
     // Each of three members restores the same snapshot, as with `etcdutl snapshot restore`.

@@ -240,6 +240,14 @@ impl Engine {
         })
     }
 
+    /// The hash `etcdutl snapshot status` prints for an etcd snapshot or member db (a CRC-32C
+    /// of its buckets' names, keys and values, in order), read page by page; the trailer is
+    /// not checked.
+    pub fn etcd_snapshot_hash(path: &Path) -> Result<u32> {
+        let opened = crate::etcd::import::open(path, true)?;
+        crate::etcd::import::status_hash(&opened.db)
+    }
+
     /// Whether the file at `path` is in etcd's own format (a bbolt database: an etcd snapshot
     /// or member db) rather than cairn's.
     pub fn is_etcd_snapshot(path: &Path) -> Result<bool> {

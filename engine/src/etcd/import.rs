@@ -131,6 +131,20 @@ fn check_trailer(file: &File, len: u64, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The hash `etcdutl snapshot status` prints: a CRC-32C of each bucket's name followed by its
+/// keys and values, bucket after bucket and key after key in order.
+pub(crate) fn status_hash(db: &Db) -> Result<u32> {
+    let mut crc = 0u32;
+    for (name, root) in db.buckets()? {
+        crc = crc32c::crc32c_append(crc, &name);
+        db.for_each(&root, |k, v| {
+            crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, k), v);
+            Ok::<_, Error>(())
+        })?;
+    }
+    Ok(crc)
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
