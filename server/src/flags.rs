@@ -114,6 +114,15 @@ pub enum LogLevel {
     Fatal,
 }
 
+/// `--logger`: zap, as etcd 3.5 and later take, with their refusals.
+fn parse_logger(s: &str) -> Result<String, String> {
+    match s {
+        "zap" => Ok(s.to_string()),
+        "capnslog" => Err("--logger=capnslog is removed in v3.5".into()),
+        other => Err(format!("unknown logger option {other:?}")),
+    }
+}
+
 /// etcd's server flags.
 #[derive(Debug, Args)]
 pub struct Flags {
@@ -181,6 +190,13 @@ pub struct Flags {
     /// The log level.
     #[arg(long, env = "ETCD_LOG_LEVEL", value_enum, default_value = "info")]
     pub log_level: LogLevel,
+    /// The logger: zap, etcd's only one since 3.5 (accepted for etcd's command lines).
+    #[arg(long, env = "ETCD_LOGGER", default_value = "zap", value_parser = parse_logger)]
+    pub logger: String,
+    /// Where logs go, comma-separated: stderr, stdout, default (stderr), or file paths
+    /// (appended to).
+    #[arg(long, env = "ETCD_LOG_OUTPUTS", default_value = "default", value_delimiter = ',')]
+    pub log_outputs: Vec<String>,
     /// TLS on the client and peer ports, and the metrics port.
     #[command(flatten)]
     pub security: Security,

@@ -6,6 +6,8 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn cairn(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
     cmd.args(args);
@@ -60,6 +62,19 @@ fn bad_flags_are_refused_with_the_flag_named() {
         "--auto-compaction-retention",
     );
     refused(&cairn(&["--no-such-flag"], &[]), "--no-such-flag");
+    // etcd 3.5 and later have one logger, zap, and refuse the others thus.
+    refused(
+        &cairn(&["--data-dir", data, "--logger", "capnslog"], &[]),
+        "--logger=capnslog is removed in v3.5",
+    );
+    refused(
+        &cairn(&["--data-dir", data, "--logger=bunyan"], &[]),
+        "unknown logger option \"bunyan\"",
+    );
+    refused(
+        &cairn(&["--data-dir", data, "--log-outputs", "/no/such/dir/cairn.log"], &[]),
+        "--log-outputs: cannot open /no/such/dir/cairn.log",
+    );
     assert!(
         !std::path::Path::new(data).exists(),
         "nothing was created for a refused start"
@@ -113,4 +128,19 @@ fn snapshot_tools_refuse_a_damaged_file() {
     refused(&output, "sha256");
     assert!(!restored.exists(), "a failed restore leaves nothing behind");
     refused(&cairn(&["snapshot", "status", file.to_str().unwrap()], &[]), "sha256");
+}
+
+/// etcd's `--logger=zap --log-outputs=stderr,<file>`: every line goes to both, the file without
+/// terminal colours.
+#[test]
+fn logs_go_to_every_output_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.log");
+    let outputs = format!("stderr,{}", file.display());
+    let mut m = common::Member::start("logs", &["--logger=zap", "--log-outputs", &outputs]);
+    assert!(m.stop().success());
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.contains("serving name=logs"), "{written}");
+    assert!(!written.contains('\x1b'), "colours in a file: {written}");
+    assert!(m.log_text().contains("serving"), "stderr: {}", m.log_text());
 }
