@@ -362,6 +362,15 @@ mod tests {
         k
     }
 
+    /// A `key` bucket value for a delete: the key alone.
+    fn tombstone(key: &str) -> Vec<u8> {
+        pb::KeyValue {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
     fn kv(key: &str, create: i64, modified: i64, version: i64, value: &str, lease: i64) -> Vec<u8> {
         pb::KeyValue {
             key: key.as_bytes().to_vec(),
@@ -400,13 +409,6 @@ mod tests {
         };
         db.put(b"alice", &user.encode_to_vec()).unwrap();
         db.bucket(b"key").unwrap();
-        let tombstone = |key: &str| {
-            pb::KeyValue {
-                key: key.as_bytes().to_vec(),
-                ..Default::default()
-            }
-            .encode_to_vec()
-        };
         // "kept" put at 2 (its last put before the compaction) and deleted at 5.1, after it.
         db.put(&rev_key(2, 0, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
@@ -414,22 +416,10 @@ mod tests {
         db.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
         // The tombstone that ended "gone" at the compaction, its puts compacted away (etcd 3.6+
         // keeps it): it deletes nothing.
-        let gone = pb::KeyValue {
-            key: b"gone".to_vec(),
-            ..Default::default()
-        };
-        db.put(&rev_key(3, 1, true), &gone.encode_to_vec()).unwrap();
+        db.put(&rev_key(3, 1, true), &tombstone("gone")).unwrap();
         db.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
         db.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
-        db.put(
-            &rev_key(5, 0, true),
-            &pb::KeyValue {
-                key: b"b".to_vec(),
-                ..Default::default()
-            }
-            .encode_to_vec(),
-        )
-        .unwrap();
+        db.put(&rev_key(5, 0, true), &tombstone("b")).unwrap();
         db.put(&rev_key(5, 1, true), &tombstone("kept")).unwrap();
         db.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
         db.bucket(b"lease").unwrap();
@@ -504,13 +494,6 @@ mod tests {
         let snap = dir.path().join("member-db");
         let mut db = DbWriter::create(File::create_new(&snap).unwrap()).unwrap();
         db.bucket(b"key").unwrap();
-        let tombstone = |key: &str| {
-            pb::KeyValue {
-                key: key.as_bytes().to_vec(),
-                ..Default::default()
-            }
-            .encode_to_vec()
-        };
         db.put(&rev_key(2, 0, false), &kv("half", 2, 2, 1, "h1", 0)).unwrap();
         db.put(&rev_key(2, 1, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
         db.put(&rev_key(3, 0, true), &tombstone("half")).unwrap();
