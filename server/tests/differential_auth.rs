@@ -695,15 +695,7 @@ fn the_same_auth_script_gets_the_same_answers_from_cairn_and_etcd_3_5() {
 
 /// Runs the script against `target/<dir>/etcd` (which `installer` puts there) and cairn.
 fn differential(dir: &str, installer: &str) {
-    let etcd_bin = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target")
-        .join(dir)
-        .join("etcd");
-    assert!(
-        etcd_bin.exists(),
-        "{} is missing: run {installer} (tests/run-all.sh does)",
-        etcd_bin.display()
-    );
+    let etcd_bin = process::etcd_tool(dir, "etcd", installer);
     let seed = std::env::var("CAIRN_DIFF_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

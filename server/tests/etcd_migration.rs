@@ -35,17 +35,10 @@ struct Etcd {
 }
 
 fn target(dir: &str, installer: &str) -> Etcd {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target").join(dir);
-    let e = Etcd {
-        etcd: root.join("etcd"),
-        etcdctl: root.join("etcdctl"),
-    };
-    assert!(
-        e.etcd.exists() && e.etcdctl.exists(),
-        "{} is missing: run {installer} (tests/run-all.sh does)",
-        root.display()
-    );
-    e
+    Etcd {
+        etcd: process::etcd_tool(dir, "etcd", installer),
+        etcdctl: process::etcd_tool(dir, "etcdctl", installer),
+    }
 }
 
 fn run(etcd: &Etcd, endpoint: &str, args: &[&str]) -> String {

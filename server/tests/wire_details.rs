@@ -8,33 +8,27 @@
 #[path = "common/process.rs"]
 mod process;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use cairn_server::pb::etcdserverpb::{DefragmentRequest, MoveLeaderRequest, StatusRequest};
-use process::Server;
+use process::{etcd_tool, Server};
 use tonic::transport::Channel;
-
-/// The etcd binary of one version, as tests/run-all.sh installs it.
-fn etcd(dir: &str, installer: &str) -> PathBuf {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target")
-        .join(dir)
-        .join("etcd");
-    assert!(
-        bin.exists(),
-        "{} is missing: run {installer} (tests/run-all.sh does)",
-        bin.display()
-    );
-    bin
-}
 
 /// Every server this test compares, started and ready: (name, channel), and the processes.
 async fn servers() -> (Vec<(&'static str, Channel)>, Vec<Server>) {
     let mut started = vec![
         Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]),
-        Server::start("etcd 3.5", &etcd("etcd-3.5", "tests/etcd-3.5/install.sh"), &[]),
-        Server::start("etcd 3.7", &etcd("etcd-3.7", "tests/etcd-3.7/build.sh"), &[]),
+        Server::start(
+            "etcd 3.5",
+            &etcd_tool("etcd-3.5", "etcd", "tests/etcd-3.5/install.sh"),
+            &[],
+        ),
+        Server::start(
+            "etcd 3.7",
+            &etcd_tool("etcd-3.7", "etcd", "tests/etcd-3.7/build.sh"),
+            &[],
+        ),
     ];
     let mut channels = Vec::new();
     for s in &mut started {

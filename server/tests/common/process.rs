@@ -16,6 +16,22 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// `target/<dir>/<binary>` (etcd, etcdctl or etcdutl of one version), which `installer` puts
+/// there (tests/run-all.sh runs it).
+#[allow(dead_code)] // not every test binary runs etcd
+pub fn etcd_tool(dir: &str, binary: &str, installer: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(dir)
+        .join(binary);
+    assert!(
+        path.exists(),
+        "{} is missing: run {installer} (tests/run-all.sh does)",
+        path.display()
+    );
+    path
+}
+
 /// One server process.
 pub struct Server {
     pub name: &'static str,
