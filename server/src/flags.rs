@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::ids;
+pub use crate::logging::{LogFormat, LogLevel};
 
 mod compat;
 mod security;
@@ -100,20 +101,6 @@ pub enum CompactionMode {
     Revision,
 }
 
-/// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
-// No variant docs: clap turns doc comments into help text, which would describe each value
-// in `--help`.
-#[allow(missing_docs)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    Debug,
-    Info,
-    Warn,
-    Error,
-    Panic,
-    Fatal,
-}
-
 /// `--logger`: zap, as etcd 3.5 and later take, with their refusals.
 fn parse_logger(s: &str) -> Result<String, String> {
     match s {
@@ -197,6 +184,9 @@ pub struct Flags {
     /// (appended to).
     #[arg(long, env = "ETCD_LOG_OUTPUTS", default_value = "default", value_delimiter = ',')]
     pub log_outputs: Vec<String>,
+    /// The log format: json (etcd's lines) or console (for people).
+    #[arg(long, env = "ETCD_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
     /// TLS on the client and peer ports, and the metrics port.
     #[command(flatten)]
     pub security: Security,

@@ -13,6 +13,7 @@ pub mod forward;
 pub mod http;
 pub mod ids;
 pub mod jwt;
+pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod pb;

@@ -24,6 +24,8 @@ pub struct Limits {
     pub request: crate::validate::Limits,
     /// `--quota-backend-bytes`, as `Status.dbSizeQuota` reports it.
     pub quota_backend_bytes: u64,
+    /// `--warning-apply-duration`: a KV request that takes longer is logged.
+    pub slow_request: std::time::Duration,
 }
 
 /// A running member, as the services see it.

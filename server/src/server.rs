@@ -218,12 +218,47 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
                 max_txn_ops: usize::try_from(f.max_txn_ops).unwrap_or(usize::MAX),
             },
             quota_backend_bytes: quota,
+            slow_request: f.compat.warning_apply_duration()?,
         },
         metrics_urls,
         access: access_settings(&f.security)?,
         client_tls,
         peer_tls,
     })
+}
+
+/// The settings in effect, logged once at startup as etcd logs them.
+fn log_settings(f: &Flags, plan: &Plan) {
+    let c = &plan.config;
+    tracing::info!(
+        cairn_version = env!("CARGO_PKG_VERSION"),
+        name = %f.name,
+        data_dir = %plan.dir.display(),
+        wal_dir = %c.wal_dir.as_ref().map_or(String::new(), |d| d.display().to_string()),
+        member_initialized = plan.dir.join("member").exists(),
+        listen_client_urls = ?plan.client_urls,
+        advertise_client_urls = ?plan.advertise_client_urls,
+        listen_peer_urls = ?plan.peer_urls,
+        listen_metrics_urls = ?plan.metrics_urls,
+        initial_cluster = %f.initial_cluster.clone().unwrap_or_default(),
+        initial_cluster_state = ?f.initial_cluster_state,
+        initial_cluster_token = %f.initial_cluster_token,
+        heartbeat_interval = ?c.raft_tick,
+        election_timeout = ?c.raft_tick.saturating_mul(u32::try_from(c.election_ticks).unwrap_or(u32::MAX)),
+        snapshot_count = c.checkpoint_entries,
+        snapshot_catchup_entries = c.snapshot_catch_up_entries,
+        quota_backend_bytes = c.quota_backend_bytes,
+        max_request_bytes = plan.limits.request.max_request_bytes,
+        max_txn_ops = c.max_txn_ops,
+        auto_compaction_mode = ?f.auto_compaction_mode,
+        auto_compaction_retention = %f.auto_compaction_retention,
+        warning_apply_duration = ?plan.limits.slow_request,
+        client_tls = plan.client_tls.is_some(),
+        peer_tls = plan.peer_tls.is_some(),
+        auth_token = %f.security.auth_token.split(',').next().unwrap_or_default(),
+        log_level = ?f.log_level,
+        "starting a cairn server"
+    );
 }
 
 /// `--auth-token`, `--bcrypt-cost` and `--client-cert-auth`, checked.
@@ -539,6 +574,7 @@ async fn stop_signal() {
 /// Runs a member until SIGTERM or SIGINT.
 pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let mut plan = plan(&f)?;
+    log_settings(&f, &plan);
     let member_dir = plan.dir.join("member");
     let (member_id, cluster_id) = identity(&plan, &member_dir).await?;
     plan.member_id = member_id;

@@ -75,6 +75,11 @@ fn bad_flags_are_refused_with_the_flag_named() {
         &cairn(&["--data-dir", data, "--log-outputs", "/no/such/dir/cairn.log"], &[]),
         "--log-outputs: cannot open /no/such/dir/cairn.log",
     );
+    refused(&cairn(&["--data-dir", data, "--log-format=xml"], &[]), "--log-format");
+    refused(
+        &cairn(&["--data-dir", data, "--warning-apply-duration=soon"], &[]),
+        "--warning-apply-duration",
+    );
     assert!(
         !std::path::Path::new(data).exists(),
         "nothing was created for a refused start"
@@ -130,17 +135,79 @@ fn snapshot_tools_refuse_a_damaged_file() {
     refused(&cairn(&["snapshot", "status", file.to_str().unwrap()], &[]), "sha256");
 }
 
-/// etcd's `--logger=zap --log-outputs=stderr,<file>`: every line goes to both, the file without
-/// terminal colours.
+/// etcd's `--logger=zap --log-outputs=stderr,<file>`: every line goes to both, and by default
+/// as etcd's JSON lines (`level`, `ts`, `caller`, `msg`, then the fields), the settings in
+/// effect logged first.
 #[test]
-fn logs_go_to_every_output_named() {
+fn logs_go_to_every_output_named_as_etcds_json_lines() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cairn.log");
     let outputs = format!("stderr,{}", file.display());
     let mut m = common::Member::start("logs", &["--logger=zap", "--log-outputs", &outputs]);
     assert!(m.stop().success());
     let written = std::fs::read_to_string(&file).unwrap();
-    assert!(written.contains("serving name=logs"), "{written}");
+    let lines: Vec<serde_json::Value> = written
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for line in &lines {
+        assert!(
+            ["debug", "info", "warn", "error"].contains(&line["level"].as_str().unwrap()),
+            "{line}"
+        );
+        assert!(line["ts"].as_str().unwrap().ends_with('Z'), "{line}");
+        assert!(line["caller"].as_str().unwrap().contains(".rs:"), "{line}");
+    }
+    let settings = lines.iter().find(|l| l["msg"] == "starting a cairn server").unwrap();
+    assert_eq!(settings["name"], "logs");
+    assert_eq!(settings["warning-apply-duration"], "100ms");
+    assert_eq!(settings["snapshot-count"], 10000);
+    let serving = lines.iter().find(|l| l["msg"] == "serving").unwrap();
+    assert_eq!(serving["name"], "logs");
+    // stderr got the same lines.
+    let stderr = m.log_text();
+    let first = stderr
+        .lines()
+        .find(|l| l.starts_with("starting a cairn server"))
+        .unwrap();
+    assert!(first.contains(" name=logs "), "stderr: {stderr}");
+}
+
+/// `--log-format=console`: lines for people, not JSON.
+#[test]
+fn the_console_format_is_not_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.log");
+    let outputs = file.display().to_string();
+    let mut m = common::Member::start("console", &["--log-format=console", "--log-outputs", &outputs]);
+    assert!(m.stop().success());
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.contains("serving name=console"), "{written}");
+    assert!(written.lines().all(|l| !l.starts_with('{')), "{written}");
     assert!(!written.contains('\x1b'), "colours in a file: {written}");
-    assert!(m.log_text().contains("serving"), "stderr: {}", m.log_text());
+}
+
+/// A KV request slower than `--warning-apply-duration` is logged with how long it took; at
+/// a threshold no request reaches, none is.
+#[test]
+fn slow_requests_are_logged_with_their_duration() {
+    let m = common::Member::start("slow", &["--warning-apply-duration=1ns"]);
+    m.etcdctl(&["put", "k", "v"]);
+    m.etcdctl(&["get", "k"]);
+    let log = m.log_text();
+    let slow: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("apply request took too long "))
+        .collect();
+    assert_eq!(slow.len(), 2, "{log}");
+    assert!(slow[0].contains(" request=put key_size:1 value_size:1 "), "{log}");
+    assert!(
+        slow[1].contains(" request=read-only range key_size:1 count:1 "),
+        "{log}"
+    );
+    assert!(slow.iter().all(|l| l.contains(" took=")), "{log}");
+    let quiet = common::Member::start("quiet", &["--warning-apply-duration=1h"]);
+    quiet.etcdctl(&["put", "k", "v"]);
+    quiet.etcdctl(&["get", "k"]);
+    assert!(!quiet.log_text().contains("took too long"), "{}", quiet.log_text());
 }

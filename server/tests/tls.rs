@@ -343,7 +343,7 @@ impl Peer {
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        common::readable_log(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
     /// Starts `name` with plaintext client and https peer URLs, presenting `pair` to peers and

@@ -1,6 +1,7 @@
 //! The KV service: Range, RangeStream, Put, DeleteRange, Txn and Compact.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use prost::Message as _;
 use tonic::{Request, Response, Status};
@@ -66,6 +67,7 @@ impl KvService {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let started = Instant::now();
         let Admitted { request, .. } = self.admit(request, validate::range, access::range_needs).await?;
         if !request.serializable && self.node.engine.is_learner() {
             return Err(Refusal::NotForLearner.into());
@@ -77,6 +79,11 @@ impl Kv for KvService {
         let header = self
             .node
             .header(header_revision(&self.node, answer.revision, at_past_revision));
+        let request = Summary::Range {
+            key_size: request.key.len(),
+            count: answer.count,
+        };
+        warn_if_slow(&self.node, started, request, answer.revision);
         Ok(Response::new(convert::range_response(answer, header)))
     }
 
@@ -112,15 +119,21 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let started = Instant::now();
         let limits = &self.node.limits.request;
         let Admitted { request, caller, .. } = self
             .admit(request, |m| validate::put(m, limits), access::put_needs)
             .await?;
         self.node.admit_write()?;
+        let summary = Summary::Put {
+            key_size: request.key.len(),
+            value_size: request.value.len(),
+        };
         let guard = access::guard(caller.as_ref());
         let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
+        warn_if_slow(&self.node, started, summary, applied.revision);
         Ok(Response::new(convert::put_response(applied.response, header)))
     }
 
@@ -128,27 +141,39 @@ impl Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let started = Instant::now();
         let limits = &self.node.limits.request;
         let Admitted { request, caller, .. } = self
             .admit(request, |m| validate::delete_range(m, limits), access::delete_needs)
             .await?;
         self.node.admit_write()?;
+        let summary = Summary::DeleteRange {
+            key_size: request.key.len(),
+        };
         let guard = access::guard(caller.as_ref());
         let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
+        warn_if_slow(&self.node, started, summary, applied.revision);
         Ok(Response::new(convert::delete_response(applied.response, header)))
     }
 
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let started = Instant::now();
         let limits = &self.node.limits.request;
         let Admitted { request, caller, .. } = self
             .admit(request, |m| validate::txn(m, limits), access::txn_needs)
             .await?;
+        let summary = Summary::Txn {
+            compares: request.compare.len(),
+            success: request.success.len(),
+            failure: request.failure.len(),
+        };
         if request.is_read_only() {
             // Served from this member's state after the read barrier, as etcd does, not logged.
             let applied = self.node.bounded(self.node.engine.read_txn_async(&request)).await?;
             let header = self.node.header(applied.revision);
+            warn_if_slow(&self.node, started, summary, applied.revision);
             return Ok(Response::new(convert::txn_response(applied.response, header)));
         }
         self.node.admit_write()?;
@@ -156,6 +181,7 @@ impl Kv for KvService {
         let pending = self.node.engine.write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
+        warn_if_slow(&self.node, started, summary, applied.revision);
         Ok(Response::new(convert::txn_response(applied.response, header)))
     }
 
@@ -179,6 +205,59 @@ impl Kv for KvService {
         Ok(Response::new(pb::CompactionResponse {
             header: Some(self.node.header(applied.revision)),
         }))
+    }
+}
+
+/// What a slow request's warning says about it: sizes and counts, gathered without copying
+/// the request.
+#[derive(Debug)]
+enum Summary {
+    Range {
+        key_size: usize,
+        count: i64,
+    },
+    Put {
+        key_size: usize,
+        value_size: usize,
+    },
+    DeleteRange {
+        key_size: usize,
+    },
+    Txn {
+        compares: usize,
+        success: usize,
+        failure: usize,
+    },
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Summary::Range { key_size, count } => write!(f, "read-only range key_size:{key_size} count:{count}"),
+            Summary::Put { key_size, value_size } => write!(f, "put key_size:{key_size} value_size:{value_size}"),
+            Summary::DeleteRange { key_size } => write!(f, "delete_range key_size:{key_size}"),
+            Summary::Txn {
+                compares,
+                success,
+                failure,
+            } => write!(f, "txn compare:{compares} success:{success} failure:{failure}"),
+        }
+    }
+}
+
+/// Logs a request that took longer than `--warning-apply-duration` from its arrival to its
+/// answer, as etcd's "apply request took too long" (etcd times the apply step of a write;
+/// cairn times what the client waited, the log round included).
+fn warn_if_slow(node: &Node, started: Instant, request: Summary, revision: i64) {
+    let took = started.elapsed();
+    if took > node.limits.slow_request {
+        tracing::warn!(
+            took = ?took,
+            expected_duration = ?node.limits.slow_request,
+            request = %request,
+            revision,
+            "apply request took too long"
+        );
     }
 }
 

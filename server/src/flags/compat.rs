@@ -72,7 +72,8 @@ pub struct Compat {
     #[arg(long, env = "ETCD_MEMORY_MLOCK", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub memory_mlock: Option<bool>,
 
-    /// Durations of what cairn does not have (hash checks, bbolt compaction pacing, warnings).
+    /// Durations: --warning-apply-duration, and those of what cairn does not have (hash
+    /// checks, bbolt compaction pacing, unary request warnings).
     #[arg(long, env = "ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME", hide = true)]
     pub experimental_corrupt_check_time: Option<String>,
     #[arg(long, env = "ETCD_CORRUPT_CHECK_TIME", hide = true)]
@@ -145,6 +146,16 @@ impl Compat {
         })
     }
 
+    /// `--warning-apply-duration`, or its 3.6 alias, or etcd's default of 100 ms: requests
+    /// slower than this are logged.
+    pub fn warning_apply_duration(&self) -> Result<Duration, BadFlag> {
+        match (&self.warning_apply_duration, &self.experimental_warning_apply_duration) {
+            (Some(v), _) => go_duration("warning-apply-duration", v),
+            (None, Some(v)) => go_duration("experimental-warning-apply-duration", v),
+            (None, None) => Ok(Duration::from_millis(100)),
+        }
+    }
+
     /// `--snapshot-catchup-entries`, or its 3.6 alias, or etcd's default of 5000.
     pub fn snapshot_catchup_entries(&self) -> u64 {
         self.snapshot_catchup_entries
@@ -183,6 +194,7 @@ impl Compat {
     /// Checks every value, and logs each flag given that changes nothing in cairn.
     pub fn check(&self) -> Result<(), BadFlag> {
         self.watch_progress_interval()?;
+        self.warning_apply_duration()?;
         for (name, on) in self.feature_gates()? {
             let why = FEATURE_GATES.iter().find(|(g, _)| *g == name).map_or("", |(_, w)| *w);
             tracing::info!(gate = name, enabled = on, "feature gate accepted without effect: {why}");
@@ -205,11 +217,6 @@ impl Compat {
                 &self.experimental_downgrade_check_time,
             ),
             ("downgrade-check-time", &self.downgrade_check_time),
-            (
-                "experimental-warning-apply-duration",
-                &self.experimental_warning_apply_duration,
-            ),
-            ("warning-apply-duration", &self.warning_apply_duration),
             (
                 "experimental-warning-unary-request-duration",
                 &self.experimental_warning_unary_request_duration,

@@ -302,9 +302,10 @@ impl Member {
         format!("{}://127.0.0.1:{}", self.scheme(), self.peer_port)
     }
 
-    /// What the member wrote to stderr so far.
+    /// What the member wrote to stderr so far, each JSON line read back as text (see
+    /// [`readable_log`]).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        readable_log(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
     /// `GET path` on the client port: the status code and body.
@@ -674,4 +675,29 @@ pub fn kvs(range: &serde_json::Value) -> Vec<(String, String)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A log of etcd's JSON lines as text, a line each: the message, then the other fields as
+/// `key=value`, strings as they were logged rather than JSON-escaped, so a test looks for
+/// what was said, not how it was quoted. Lines that are not JSON are kept as they are.
+pub fn readable_log(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line) {
+            Ok(fields) => {
+                out.push_str(fields.get("msg").and_then(|m| m.as_str()).unwrap_or_default());
+                for (key, value) in &fields {
+                    if !["level", "ts", "caller", "msg"].contains(&key.as_str()) {
+                        match value {
+                            serde_json::Value::String(s) => out.push_str(&format!(" {key}={s}")),
+                            other => out.push_str(&format!(" {key}={other}")),
+                        }
+                    }
+                }
+            }
+            Err(_) => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }

@@ -1,0 +1,266 @@
+//! Logging as etcd logs: `--log-level`, `--log-outputs` and `--log-format`. The default
+//! format is etcd's (zap's) JSON lines — `level`, `ts`, `caller`, `msg`, then the event's
+//! fields — so that whatever reads etcd's logs reads cairn's. `console` is the
+//! human-readable format.
+
+use std::fmt;
+
+use clap::ValueEnum;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
+// No variant docs: clap turns doc comments into help text, which would describe each value
+// in `--help`.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Panic,
+    Fatal,
+}
+
+/// `--log-format`: etcd's JSON lines, or lines for people.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Console,
+}
+
+/// Logs at `level` in `format` into every one of `outputs` (stderr, stdout, default for
+/// stderr, or files appended to). `RUST_LOG`, when set, refines the level per module.
+pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<(), String> {
+    use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+    let default = match level {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Warn => "warn",
+        LogLevel::Error | LogLevel::Panic | LogLevel::Fatal => "error",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let mut outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+    outputs.sort_unstable();
+    outputs.dedup();
+    let mut files = false;
+    let mut writer: Option<BoxMakeWriter> = None;
+    for output in outputs {
+        let next = match output {
+            "default" | "stderr" => BoxMakeWriter::new(std::io::stderr),
+            "stdout" => BoxMakeWriter::new(std::io::stdout),
+            path => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| format!("--log-outputs: cannot open {path}: {e}"))?;
+                files = true;
+                BoxMakeWriter::new(std::sync::Arc::new(file))
+            }
+        };
+        writer = Some(match writer {
+            None => next,
+            Some(before) => BoxMakeWriter::new(before.and(next)),
+        });
+    }
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr)));
+    match format {
+        LogFormat::Json => subscriber.with_ansi(false).event_format(ZapJson).init(),
+        // No terminal colours in a file.
+        LogFormat::Console => subscriber.with_ansi(!files).init(),
+    }
+    Ok(())
+}
+
+/// One JSON object per line, keyed as zap keys etcd's lines: `level` (lower case), `ts`
+/// (RFC 3339, UTC), `caller` (source file and line), `msg`, then the fields of the event
+/// and of the spans it is in (a span's fields under its name).
+#[derive(Debug, Clone, Copy)]
+pub struct ZapJson;
+
+impl<S, N> FormatEvent<S, N> for ZapJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let meta = event.metadata();
+        let mut ts = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut ts))?;
+        let mut fields = Fields::default();
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                if let Some(formatted) = extensions.get::<FormattedFields<N>>() {
+                    if !formatted.is_empty() {
+                        fields
+                            .rest
+                            .push((span.name().to_string(), formatted.fields.as_str().into()));
+                    }
+                }
+            }
+        }
+        event.record(&mut fields);
+        let text = |v: &str| serde_json::Value::from(v).to_string();
+        write!(
+            writer,
+            "{{\"level\":\"{}\",\"ts\":{}",
+            level_name(*meta.level()),
+            text(&ts)
+        )?;
+        if let (Some(file), Some(at)) = (meta.file(), meta.line()) {
+            write!(writer, ",\"caller\":{}", text(&format!("{}:{at}", short_path(file))))?;
+        }
+        write!(writer, ",\"msg\":{}", text(&fields.msg))?;
+        for (name, value) in &fields.rest {
+            write!(writer, ",{}:{value}", text(name))?;
+        }
+        writeln!(writer, "}}")
+    }
+}
+
+/// zap's level names; tracing's TRACE, which etcd has not, logs as debug.
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::ERROR => "error",
+        Level::WARN => "warn",
+        Level::INFO => "info",
+        Level::DEBUG | Level::TRACE => "debug",
+    }
+}
+
+/// A source path from the crate's folder on (`server/src/server.rs`), as zap's short caller
+/// is a path from the package's folder; a dependency's path keeps only what follows `src`'s
+/// parent, not the cargo registry's location.
+fn short_path(file: &str) -> &str {
+    match file.rfind("/src/") {
+        Some(at) => {
+            let crate_start = file.get(..at).and_then(|p| p.rfind('/')).map_or(0, |s| s + 1);
+            file.get(crate_start..).unwrap_or(file)
+        }
+        None => file,
+    }
+}
+
+/// An event's fields: its message, and the others in order (named in zap's kebab case),
+/// numbers and booleans as JSON's, the rest as text.
+#[derive(Default)]
+struct Fields {
+    msg: String,
+    rest: Vec<(String, serde_json::Value)>,
+}
+
+impl Fields {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        self.rest.push((field.name().replace('_', "-"), value));
+    }
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            value.clone_into(&mut self.msg);
+        } else {
+            self.put(field, value.into());
+        }
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, value.to_string().into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            self.msg = format!("{value:?}");
+        } else {
+            self.put(field, format!("{value:?}").into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A writer the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_is_zaps_json_with_the_fields_and_spans_of_the_event() {
+        let out = Captured::default();
+        let sink = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .event_format(ZapJson)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let _span = tracing::info_span!("member", id = "8e9e05c52164694d").entered();
+            tracing::warn!(took_ms = 130_u64, slow = true, key = %"a\"b", "apply request took too long");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["level"], "warn");
+        assert_eq!(line["msg"], "apply request took too long");
+        assert_eq!(line["took-ms"], 130);
+        assert_eq!(line["slow"], true);
+        assert_eq!(line["key"], "a\"b");
+        assert_eq!(line["member"], "id=\"8e9e05c52164694d\"");
+        let caller = line["caller"].as_str().unwrap();
+        assert!(caller.starts_with("server/src/logging.rs:"), "{caller}");
+        let ts = line["ts"].as_str().unwrap();
+        assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
+        // The keys come in zap's order.
+        let keys: Vec<&str> = text
+            .split("\":")
+            .take(4)
+            .map(|k| k.rsplit('"').next().unwrap())
+            .collect();
+        assert_eq!(keys, ["level", "ts", "caller", "msg"]);
+    }
+
+    #[test]
+    fn a_path_is_kept_from_its_crates_folder() {
+        assert_eq!(short_path("server/src/server.rs"), "server/src/server.rs");
+        assert_eq!(
+            short_path("/root/.cargo/registry/src/index-1/raft-0.7.0/src/raft.rs"),
+            "raft-0.7.0/src/raft.rs"
+        );
+        assert_eq!(short_path("main.rs"), "main.rs");
+    }
+}
