@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "proto/etcdserverpb/rpc.proto",
             "proto/mvccpb/kv.proto",
             "proto/authpb/auth.proto",
+            "proto/v3electionpb/v3election.proto",
+            "proto/v3lockpb/v3lock.proto",
             "proto/cairn/peer.proto",
         ],
         &["proto"],

@@ -25,6 +25,16 @@ pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
 
+/// etcd's `v3electionpb`: the Election service.
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+}
+
+/// etcd's `v3lockpb`: the Lock service.
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+}
+
 /// The Watch service's server with cairn's own codec (see `api/watch/wire.rs`): what the
 /// server registers instead of [`etcdserverpb::watch_server`], on the same route.
 pub mod watch_wire {

@@ -463,6 +463,8 @@ fn serve_on(
 
 /// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints, as one router.
 fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum::Router {
+    use crate::pb::v3electionpb::election_server::ElectionServer;
+    use crate::pb::v3lockpb::lock_server::LockServer;
     use crate::pb::watch_wire::watch_server::WatchServer;
     use pb::auth_server::AuthServer;
     use pb::cluster_server::ClusterServer;
@@ -503,7 +505,15 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
             MaintenanceServer,
             api::maintenance::MaintenanceService::new(node.clone())
         ))
-        .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())));
+        .add_service(service!(AuthServer, api::auth::AuthService::new(node.clone())))
+        .add_service(service!(
+            ElectionServer,
+            api::concurrency::election::ElectionService::new(node.clone())
+        ))
+        .add_service(service!(
+            LockServer,
+            api::concurrency::lock::LockService::new(node.clone())
+        ));
     let counted = metrics.clone();
     let member = node.clone();
     routes

@@ -7,6 +7,7 @@ use tonic::Status;
 
 pub mod auth;
 pub mod cluster;
+pub mod concurrency;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

@@ -463,6 +463,17 @@ impl Lines {
         }
     }
 
+    /// Sends the process SIGTERM and waits for it to end.
+    pub fn terminate(&mut self) {
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {} failed", self.child.id());
+        self.wait_exit();
+    }
+
     /// Every stdout line the process printed, once it has ended.
     pub fn rest(&mut self) -> Vec<String> {
         self.seen.extend(self.lines.iter());

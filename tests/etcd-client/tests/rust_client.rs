@@ -905,16 +905,3 @@ async fn maintenance_status_members_hash_alarm_defrag_snapshot() {
     let (body, sum) = data.split_at(data.len() - 32);
     assert_eq!(Sha256::digest(body).as_slice(), sum);
 }
-
-/// A service cairn does not serve (etcd's v3lock) answers `Unimplemented`, the code clients
-/// fall back on; the member goes on serving.
-#[tokio::test]
-async fn an_unserved_service_is_unimplemented() {
-    let (_member, mut c) = Member::start("unserved").await;
-    let err = c.lock("my-lock", None).await.unwrap_err();
-    match err {
-        etcd_client::Error::GRpcStatus(status) => assert_eq!(status.code(), Code::Unimplemented, "{status:?}"),
-        other => panic!("expected a gRPC status, got {other:?}"),
-    }
-    c.put("still", "serving", None).await.unwrap();
-}
