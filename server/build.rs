@@ -6,17 +6,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // Read by prost-build when it runs protoc; this build script is single-threaded.
     std::env::set_var("PROTOC", protoc);
-    tonic_prost_build::configure().bytes(".").compile_protos(
-        &[
-            "proto/etcdserverpb/rpc.proto",
-            "proto/mvccpb/kv.proto",
-            "proto/authpb/auth.proto",
-            "proto/v3electionpb/v3election.proto",
-            "proto/v3lockpb/v3lock.proto",
-            "proto/cairn/peer.proto",
-        ],
-        &["proto"],
-    )?;
+    // The descriptors too, for the HTTP/JSON gateway's transcoding (`gateway.rs`).
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("descriptors.bin");
+    tonic_prost_build::configure()
+        .bytes(".")
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(
+            &[
+                "proto/etcdserverpb/rpc.proto",
+                "proto/mvccpb/kv.proto",
+                "proto/authpb/auth.proto",
+                "proto/v3electionpb/v3election.proto",
+                "proto/v3lockpb/v3lock.proto",
+                "proto/cairn/peer.proto",
+            ],
+            &["proto"],
+        )?;
     // Same route as the generated one (/etcdserverpb.Watch/Watch); only its server is used.
     let watch = tonic_build::manual::Service::builder()
         .name("Watch")

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod errors;
 pub mod flags;
 pub mod forward;
+pub mod gateway;
 pub mod http;
 pub mod ids;
 pub mod jwt;

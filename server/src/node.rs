@@ -95,6 +95,12 @@ impl Node {
         self.header(self.engine.current_revision())
     }
 
+    /// The header of the Cluster service's answers, which carry no revision in etcd (3.4
+    /// to 3.7): membership is not part of the key space.
+    pub fn membership_header(&self) -> ResponseHeader {
+        self.header(0)
+    }
+
     /// Awaits an engine call that has no deadline of its own (the async read barrier), for at
     /// most the engine's request timeout, and maps its error to etcd's status.
     pub async fn bounded<T>(

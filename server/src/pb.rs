@@ -41,6 +41,10 @@ pub mod watch_wire {
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.Watch.rs"));
 }
 
+/// The descriptors of every message above (a `FileDescriptorSet`), for the HTTP/JSON
+/// gateway, which transcodes between JSON and these messages by name.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
+
 /// cairn's peer transport.
 pub mod peer {
     tonic::include_proto!("cairnpeer");

@@ -516,28 +516,23 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
         ));
     let counted = metrics.clone();
     let member = node.clone();
-    routes
-        .into_axum_router()
+    let grpc = routes.into_axum_router().layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            counted.grpc_call(request.uri().path());
+            let refused = member.engine.is_learner() && !LEARNER_METHODS.contains(&request.uri().path());
+            async move {
+                if refused {
+                    return tonic::Status::from(crate::errors::Refusal::NotForLearner).into_http();
+                }
+                next.run(request).await
+            }
+        },
+    ));
+    // The HTTP/JSON gateway calls the gRPC services as a gRPC client would.
+    let gateway = crate::gateway::router(grpc.clone(), limit);
+    grpc.merge(gateway)
         .merge(crate::http::router(node, metrics))
         .fallback(unknown_path)
-        .layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let grpc = request
-                    .headers()
-                    .get("content-type")
-                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-                if grpc {
-                    counted.grpc_call(request.uri().path());
-                }
-                let refused = grpc && member.engine.is_learner() && !LEARNER_METHODS.contains(&request.uri().path());
-                async move {
-                    if refused {
-                        return tonic::Status::from(crate::errors::Refusal::NotForLearner).into_http();
-                    }
-                    next.run(request).await
-                }
-            },
-        ))
 }
 
 /// The gRPC methods a learner serves, as etcd's learners do (a Range only if serializable,

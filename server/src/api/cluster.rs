@@ -58,7 +58,7 @@ impl ClusterService {
         change: impl FnOnce(&cairn_engine::Engine) -> cairn_engine::Result<()> + Send + 'static,
     ) -> Result<(Option<pb::ResponseHeader>, Vec<pb::Member>), Status> {
         self.node.blocking(change).await?;
-        Ok((Some(self.node.current_header()), self.members()))
+        Ok((Some(self.node.membership_header()), self.members()))
     }
 }
 
@@ -116,7 +116,7 @@ impl Cluster for ClusterService {
             })
             .await?;
         Ok(Response::new(pb::MemberAddResponse {
-            header: Some(self.node.current_header()),
+            header: Some(self.node.membership_header()),
             member: Some(pb::Member {
                 id,
                 peer_ur_ls: r.peer_ur_ls,
@@ -168,7 +168,7 @@ impl Cluster for ClusterService {
             self.node.blocking(|e| e.read_barrier()).await?;
         }
         Ok(Response::new(pb::MemberListResponse {
-            header: Some(self.node.current_header()),
+            header: Some(self.node.membership_header()),
             members: self.members(),
         }))
     }

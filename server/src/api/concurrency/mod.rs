@@ -61,7 +61,11 @@ impl Client {
 
     async fn range(&self, range: pb::RangeRequest) -> Result<pb::RangeResponse, Status> {
         let kv = KvService::new(self.node.clone());
-        Ok(kv.range(self.request(range)).await.map_err(as_client_error)?.into_inner())
+        Ok(kv
+            .range(self.request(range))
+            .await
+            .map_err(as_client_error)?
+            .into_inner())
     }
 
     async fn delete(&self, key: bytes::Bytes) -> Result<pb::DeleteRangeResponse, Status> {
@@ -129,10 +133,12 @@ impl Client {
                     }
                 }
                 WatchResponse::Compacted { compact_revision } => {
-                    return Err(as_client_error(crate::errors::status(&cairn_engine::Error::Compacted {
-                        requested: revision,
-                        compacted: compact_revision,
-                    })));
+                    return Err(as_client_error(crate::errors::status(
+                        &cairn_engine::Error::Compacted {
+                            requested: revision,
+                            compacted: compact_revision,
+                        },
+                    )));
                 }
                 WatchResponse::Progress { .. } => {}
             }
