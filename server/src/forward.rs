@@ -11,6 +11,9 @@ use tonic::Status;
 use crate::node::Node;
 use crate::tls::Connector;
 
+/// How long a request waits for the leader's client URLs to be known here.
+const PUBLISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Channels to leaders, by member ID (kept: a leader is asked again and again).
 #[derive(Debug, Default)]
 pub struct Forwarder {
@@ -36,30 +39,50 @@ impl Forwarder {
         }
     }
 
-    /// Whether `node` serves a leader-only request itself, or where to send it.
-    pub fn route(&self, node: &Node) -> Result<Route, Status> {
+    /// Whether `node` serves a leader-only request itself, or where to send it. A leader
+    /// whose client URLs are not known here yet (a cluster just started: each member
+    /// publishes them through the log once it runs) is waited for, for up to
+    /// [`PUBLISH_PATIENCE`]; "no leader" after that.
+    pub async fn route(&self, node: &Node) -> Result<Route, Status> {
+        let deadline = tokio::time::Instant::now() + PUBLISH_PATIENCE;
+        loop {
+            match self.route_now(node) {
+                Ok(Some(route)) => return Ok(route),
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Ok(None) => return Err(crate::errors::status(&cairn_engine::Error::NoLeader)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`Forwarder::route`] as things are now: `None` while the leader's client URLs are
+    /// not known.
+    fn route_now(&self, node: &Node) -> Result<Option<Route>, Status> {
         let Some(leader) = node.engine.leader() else {
             return Err(crate::errors::status(&cairn_engine::Error::NoLeader));
         };
         if leader == node.member_id {
-            return Ok(Route::Here);
+            return Ok(Some(Route::Here));
         }
         if let Some(channel) = self.channels.lock().get(&leader) {
-            return Ok(Route::Leader(channel.clone()));
+            return Ok(Some(Route::Leader(channel.clone())));
         }
-        let url = node
+        let Some(url) = node
             .engine
             .member_list()
             .into_iter()
             .find(|m| m.id == leader)
             .and_then(|m| m.client_urls.into_iter().next())
-            // The leader has not published its client URLs yet.
-            .ok_or_else(|| crate::errors::status(&cairn_engine::Error::NoLeader))?;
+        else {
+            return Ok(None);
+        };
         let channel = self
             .connector
             .lazy_channel(&url)
             .map_err(|e| Status::internal(format!("etcdserver: the leader's client URL: {e}")))?;
         self.channels.lock().insert(leader, channel.clone());
-        Ok(Route::Leader(channel))
+        Ok(Some(Route::Leader(channel)))
     }
 }

@@ -231,6 +231,36 @@ fn start_cluster(root: &Path, names: &[&str]) -> (Vec<Member>, String) {
     (members, initial)
 }
 
+/// A lease's TTL and keep-alive asked of every member as soon as the cluster is healthy: a
+/// follower sends them on to the leader, and waits for the leader's client URLs if they are
+/// not applied there yet (they are published through the log just after start), instead of
+/// answering "no leader".
+#[test]
+fn leader_only_requests_are_served_by_every_member_from_the_start() {
+    use cairn_server::pb::etcdserverpb::lease_client::LeaseClient;
+    use cairn_server::pb::etcdserverpb::{LeaseGrantRequest, LeaseTimeToLiveRequest};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (members, _) = start_cluster(root.path(), &["n1", "n2", "n3"]);
+    runtime.block_on(async {
+        for m in &members {
+            let channel = tonic::transport::Channel::from_shared(m.client_url())
+                .unwrap()
+                .connect_lazy();
+            let mut lease = LeaseClient::new(channel);
+            let grant = LeaseGrantRequest { ttl: 60, id: 0 };
+            let id = lease.lease_grant(grant).await.unwrap().into_inner().id;
+            let ask = LeaseTimeToLiveRequest { id, keys: false };
+            let ttl = lease.lease_time_to_live(ask).await;
+            let ttl = ttl.unwrap_or_else(|e| panic!("{}: {e:?}", m.name)).into_inner();
+            assert_eq!(ttl.granted_ttl, 60, "{}", m.name);
+        }
+    });
+}
+
 #[test]
 fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let root = tempfile::tempdir().unwrap();

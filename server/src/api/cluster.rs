@@ -95,7 +95,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
@@ -135,7 +135,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
@@ -181,7 +181,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node)? {
+        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
