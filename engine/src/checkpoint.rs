@@ -8,12 +8,13 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNCKP"
-//! 8       4     format version, u32 LE (6; 5, without the auth store, is read too)
+//! 8       4     format version, u32 LE (7; 6, with alarms without their member, and 5,
+//!               without the auth store either, are read too)
 //! 12      4     crc32 of the body, u32 LE
 //! 16      8     body length, u64 LE
 //! 24      len   body: postcard of (applied index and term, membership with each member's
 //!               attributes, recent request IDs,
-//!               layout epoch, store meta, leases, alarms, auth store)
+//!               layout epoch, store meta, leases, alarms with their members, auth store)
 //! ```
 //!
 //! The store meta is the revision, the compacted revision and the data files' layout (each
@@ -36,7 +37,9 @@ use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
-const VERSION: u32 = 6;
+const VERSION: u32 = 7;
+/// The version before alarms had a member: its body is version 7's with each alarm alone.
+const VERSION_NO_MEMBER: u32 = 6;
 /// The version before the auth store: its body is version 6's without the last field.
 const VERSION_NO_AUTH: u32 = 5;
 const HEADER_LEN: usize = 24;
@@ -57,11 +60,45 @@ pub(crate) struct Checkpoint {
     pub(crate) epoch: u64,
     pub(crate) store: StoreMeta,
     pub(crate) leases: Vec<LeaseRecord>,
+    /// The raised alarms, with the member each was raised for.
     #[serde(with = "crate::format::state::alarms")]
-    pub(crate) alarms: Vec<Alarm>,
+    pub(crate) alarms: Vec<(u64, Alarm)>,
     /// Users, roles and permissions (its permission cache is rebuilt on load).
     #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
+}
+
+/// A version 6 body: [`Checkpoint`] with alarms that have no member (read as member 0's).
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct CheckpointV6 {
+    applied_index: u64,
+    applied_term: u64,
+    membership: Membership,
+    recent: RecentRequests,
+    epoch: u64,
+    store: StoreMeta,
+    leases: Vec<LeaseRecord>,
+    #[serde(with = "crate::format::state::alarms_without_member")]
+    alarms: Vec<(u64, Alarm)>,
+    #[serde(with = "crate::format::state::auth_store")]
+    auth: crate::auth::AuthStore,
+}
+
+impl From<CheckpointV6> for Checkpoint {
+    fn from(v6: CheckpointV6) -> Checkpoint {
+        Checkpoint {
+            applied_index: v6.applied_index,
+            applied_term: v6.applied_term,
+            membership: v6.membership,
+            recent: v6.recent,
+            epoch: v6.epoch,
+            store: v6.store,
+            leases: v6.leases,
+            alarms: v6.alarms,
+            auth: v6.auth,
+        }
+    }
 }
 
 impl Checkpoint {
@@ -101,7 +138,7 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
             .map(u32::from_le_bytes)
     };
     let version = u32_at(8);
-    if version != Some(VERSION) && version != Some(VERSION_NO_AUTH) {
+    if ![Some(VERSION), Some(VERSION_NO_MEMBER), Some(VERSION_NO_AUTH)].contains(&version) {
         return Err(bad("unknown format version"));
     }
     let crc = u32_at(12).unwrap_or_default();
@@ -117,14 +154,18 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
     if crc32fast::hash(body) != crc {
         return Err(bad("checksum mismatch"));
     }
+    if version == Some(VERSION) {
+        return postcard::from_bytes(body).map_err(|e| bad(&e.to_string()));
+    }
+    let mut v6 = body.to_vec();
     if version == Some(VERSION_NO_AUTH) {
         // postcard writes fields one after another: an empty auth store appended makes it a
         // version 6 body.
-        let mut upgraded = body.to_vec();
-        upgraded.extend_from_slice(&crate::format::state::auth_store::empty());
-        return postcard::from_bytes(&upgraded).map_err(|e| bad(&e.to_string()));
+        v6.extend_from_slice(&crate::format::state::auth_store::empty());
     }
-    postcard::from_bytes(body).map_err(|e| bad(&e.to_string()))
+    postcard::from_bytes::<CheckpointV6>(&v6)
+        .map(Checkpoint::from)
+        .map_err(|e| bad(&e.to_string()))
 }
 
 /// Writes checkpoint bytes into `dir` atomically and durably.
@@ -166,9 +207,59 @@ pub(crate) fn in_use(dir: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// Version 6 and 5 bodies, from a checkpoint: alarms without their member, and (5)
+    /// without the auth store.
+    fn older(c: &Checkpoint) -> (Vec<u8>, Vec<u8>) {
+        let v6 = CheckpointV6 {
+            applied_index: c.applied_index,
+            applied_term: c.applied_term,
+            membership: c.membership.clone(),
+            recent: c.recent.clone(),
+            epoch: c.epoch,
+            store: c.store.clone(),
+            leases: c.leases.clone(),
+            alarms: c.alarms.clone(),
+            auth: c.auth.clone(),
+        };
+        let framed = |version: u32, body: &[u8]| {
+            let mut out = Vec::new();
+            out.extend_from_slice(MAGIC);
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+            out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+            out.extend_from_slice(body);
+            out
+        };
+        let body = postcard::to_allocvec(&v6).unwrap();
+        // Version 5: the same body without its last field, the (empty) auth store.
+        let empty_auth = crate::format::state::auth_store::empty();
+        let v5 = framed(VERSION_NO_AUTH, &body[..body.len() - empty_auth.len()]);
+        (framed(VERSION_NO_MEMBER, &body), v5)
+    }
+
+    #[test]
+    fn alarms_keep_their_member() {
+        let mut c = sample();
+        c.alarms = vec![(0, Alarm::NoSpace), (0x8e9e_05c5_2164_694d, Alarm::Corrupt)];
+        assert_eq!(decode(&encode(&c).unwrap(), "v7").unwrap(), c);
+    }
+
     #[test]
     fn a_checkpoint_from_before_the_auth_store_opens_with_auth_empty() {
-        let c = Checkpoint {
+        let c = sample();
+        let v7 = encode(&c).unwrap();
+        let (v6, v5) = older(&c);
+        assert_eq!(decode(&v5, "v5").unwrap(), c);
+        assert_eq!(decode(&v6, "v6").unwrap(), c);
+        assert_eq!(decode(&v7, "v7").unwrap(), c);
+        let mut v4 = v5.clone();
+        v4[8] = 4;
+        assert!(decode(&v4, "v4").is_err());
+    }
+
+    /// A checkpoint whose alarms older versions could hold (member 0's, as they are read).
+    fn sample() -> Checkpoint {
+        Checkpoint {
             applied_index: 7,
             applied_term: 2,
             membership: Membership::default(),
@@ -180,23 +271,8 @@ mod tests {
                 layout: Vec::new(),
             },
             leases: Vec::new(),
-            alarms: vec![Alarm::NoSpace],
+            alarms: vec![(0, Alarm::NoSpace)],
             auth: crate::auth::AuthStore::default(),
-        };
-        let v6 = encode(&c).unwrap();
-        // Version 5: the same body without its last field, the (empty) auth store.
-        let empty_auth = crate::format::state::auth_store::empty();
-        let body = &v6[HEADER_LEN..v6.len() - empty_auth.len()];
-        let mut v5 = Vec::new();
-        v5.extend_from_slice(MAGIC);
-        v5.extend_from_slice(&VERSION_NO_AUTH.to_le_bytes());
-        v5.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-        v5.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        v5.extend_from_slice(body);
-        assert_eq!(decode(&v5, "v5").unwrap(), c);
-        assert_eq!(decode(&v6, "v6").unwrap(), c);
-        let mut v4 = v5.clone();
-        v4[8] = 4;
-        assert!(decode(&v4, "v4").is_err());
+        }
     }
 }

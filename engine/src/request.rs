@@ -40,9 +40,11 @@ pub(crate) enum Request {
         name: String,
         client_urls: Vec<String>,
     },
-    /// Raises (`activate`) or disarms an alarm.
+    /// Raises (`activate`) or disarms `alarm` of `member` (0 for none in particular, as
+    /// etcd stores an alarm activated with member ID 0).
     Alarm {
         activate: bool,
+        member: u64,
         alarm: Alarm,
     },
     /// A change to the auth store.
@@ -62,7 +64,8 @@ pub(crate) enum Request {
     },
 }
 
-/// A member-wide alarm (etcd's `AlarmType`).
+/// An alarm (etcd's `AlarmType`), raised for a member (etcd's `AlarmMember`: the engine keeps
+/// `(member ID, Alarm)` pairs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Alarm {
     /// The backend reached its quota: writes that add data fail.

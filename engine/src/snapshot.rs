@@ -1,10 +1,11 @@
 //! Snapshots: the complete state as a stream, written and read in bounded memory.
 //!
 //! ```text
-//! "CAIRNSNP" | format version u32 LE (5; 4, without the auth store, is read too)
+//! "CAIRNSNP" | format version u32 LE (6; 5, with alarms without their member, and 4, without
+//!              the auth store either, are read too)
 //! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
 //!   1 meta     postcard of (applied index and term, membership with attributes, recent request IDs,
-//!              revision, compacted revision, leases, alarms, auth store)
+//!              revision, compacted revision, leases, alarms with their members, auth store)
 //!   2 records  data-file records (see `backend::record`), back to back, in revision order
 //!   3 end      the number of records, u64 LE
 //! ```
@@ -25,7 +26,9 @@ use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
+/// The version before alarms had a member: its meta is version 6's with each alarm alone.
+const VERSION_NO_MEMBER: u32 = 5;
 /// The version before the auth store: its meta is version 5's without the last field.
 const VERSION_NO_AUTH: u32 = 4;
 const META: u32 = 1;
@@ -47,11 +50,45 @@ pub(crate) struct SnapshotMeta {
     pub(crate) current: i64,
     pub(crate) compacted: i64,
     pub(crate) leases: Vec<LeaseRecord>,
+    /// The raised alarms, with the member each was raised for.
     #[serde(with = "crate::format::state::alarms")]
-    pub(crate) alarms: Vec<Alarm>,
+    pub(crate) alarms: Vec<(u64, Alarm)>,
     /// Users, roles and permissions.
     #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
+}
+
+/// A version 5 meta: [`SnapshotMeta`] with alarms that have no member (read as member 0's).
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct SnapshotMetaV5 {
+    applied_index: u64,
+    applied_term: u64,
+    membership: Membership,
+    recent: RecentRequests,
+    current: i64,
+    compacted: i64,
+    leases: Vec<LeaseRecord>,
+    #[serde(with = "crate::format::state::alarms_without_member")]
+    alarms: Vec<(u64, Alarm)>,
+    #[serde(with = "crate::format::state::auth_store")]
+    auth: crate::auth::AuthStore,
+}
+
+impl From<SnapshotMetaV5> for SnapshotMeta {
+    fn from(v5: SnapshotMetaV5) -> SnapshotMeta {
+        SnapshotMeta {
+            applied_index: v5.applied_index,
+            applied_term: v5.applied_term,
+            membership: v5.membership,
+            recent: v5.recent,
+            current: v5.current,
+            compacted: v5.compacted,
+            leases: v5.leases,
+            alarms: v5.alarms,
+            auth: v5.auth,
+        }
+    }
 }
 
 fn write_error(e: std::io::Error) -> Error {
@@ -156,8 +193,9 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
             "not a snapshot: neither cairn's format nor etcd's (bad magic)",
         )));
     }
-    let without_auth = header[8..] == VERSION_NO_AUTH.to_le_bytes();
-    if header[8..] != VERSION.to_le_bytes() && !without_auth {
+    let version = header.get(8..).and_then(|v| v.try_into().ok()).map(u32::from_le_bytes);
+    let without_auth = version == Some(VERSION_NO_AUTH);
+    if ![Some(VERSION), Some(VERSION_NO_MEMBER), Some(VERSION_NO_AUTH)].contains(&version) {
         return Err(Error::Snapshot(Failure::new("unknown snapshot format version")));
     }
     let mut body = Vec::new();
@@ -169,7 +207,12 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
         // version 5 meta.
         body.extend_from_slice(&crate::format::state::auth_store::empty());
     }
-    let meta: SnapshotMeta = postcard::from_bytes(&body).map_err(|e| Error::Snapshot(Failure::caused_by("meta", e)))?;
+    let meta = if version == Some(VERSION) {
+        postcard::from_bytes::<SnapshotMeta>(&body)
+    } else {
+        postcard::from_bytes::<SnapshotMetaV5>(&body).map(SnapshotMeta::from)
+    };
+    let meta = meta.map_err(|e| Error::Snapshot(Failure::caused_by("meta", e)))?;
     let mut count = 0u64;
     let mut last: Option<Revision> = None;
     loop {

@@ -40,7 +40,11 @@ fn nospace_blocks_growth_but_not_reclaiming() {
     };
     assert_eq!(err, Error::NoSpace);
     assert!(engine.size_in_use() <= 4096);
-    assert_eq!(engine.alarms(), vec![Alarm::NoSpace]);
+    assert_eq!(
+        engine.alarms(),
+        vec![(engine.member_id(), Alarm::NoSpace)],
+        "raised for this member"
+    );
     assert_eq!(put(&engine, "other").unwrap_err(), Error::NoSpace);
     assert_eq!(engine.lease_grant(0, 10).unwrap_err(), Error::NoSpace);
     let writing_txn = TxnRequest {
@@ -73,7 +77,11 @@ fn nospace_blocks_growth_but_not_reclaiming() {
     // The alarm is durable.
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
-    assert_eq!(engine.alarms(), vec![Alarm::NoSpace]);
+    assert_eq!(
+        engine.alarms(),
+        vec![(engine.member_id(), Alarm::NoSpace)],
+        "raised for this member"
+    );
 
     // Reclaim: compact away the old versions, then disarm.
     let before = engine.size_in_use();
@@ -85,7 +93,7 @@ fn nospace_blocks_growth_but_not_reclaiming() {
         before,
         engine.size_in_use()
     );
-    engine.alarm_disarm(Alarm::NoSpace).unwrap();
+    engine.alarm_disarm(engine.member_id(), Alarm::NoSpace).unwrap();
     assert!(engine.alarms().is_empty());
     put(&engine, "other").unwrap();
 }

@@ -434,19 +434,31 @@ impl Engine {
         })
     }
 
-    /// The alarms raised (etcd's `Alarm` list).
-    pub fn alarms(&self) -> Vec<Alarm> {
+    /// The alarms raised, each with the member it was raised for (etcd's `Alarm` list),
+    /// in member order.
+    pub fn alarms(&self) -> Vec<(u64, Alarm)> {
         self.core.state.read().alarms.iter().copied().collect()
     }
 
-    /// Raises `alarm` on every member (etcd's `Alarm` ACTIVATE); returns once applied here.
-    pub fn alarm_activate(&self, alarm: Alarm) -> Result<()> {
-        self.core.propose(Request::Alarm { activate: true, alarm }).map(|_| ())
+    /// Raises `alarm` for `member` (etcd's `Alarm` ACTIVATE; 0 is stored as 0, as etcd
+    /// stores it); returns once applied here.
+    pub fn alarm_activate(&self, member: u64, alarm: Alarm) -> Result<()> {
+        let request = Request::Alarm {
+            activate: true,
+            member,
+            alarm,
+        };
+        self.core.propose(request).map(|_| ())
     }
 
-    /// Disarms an alarm (etcd's `Alarm` deactivate), durably.
-    pub fn alarm_disarm(&self, alarm: Alarm) -> Result<()> {
-        self.core.propose(Request::Alarm { activate: false, alarm }).map(|_| ())
+    /// Disarms `member`'s `alarm` (etcd's `Alarm` DEACTIVATE), durably.
+    pub fn alarm_disarm(&self, member: u64, alarm: Alarm) -> Result<()> {
+        let request = Request::Alarm {
+            activate: false,
+            member,
+            alarm,
+        };
+        self.core.propose(request).map(|_| ())
     }
 
     /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),

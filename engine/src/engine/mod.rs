@@ -85,7 +85,8 @@ struct Replica {
 struct State {
     store: Store,
     lessor: Lessor,
-    alarms: std::collections::BTreeSet<Alarm>,
+    /// The raised alarms, by member (etcd's `AlarmMember`s).
+    alarms: std::collections::BTreeSet<(u64, Alarm)>,
     /// Users, roles and permissions.
     auth: crate::auth::AuthStore,
     /// Simple tokens, registered as their entries are applied (not persisted).

@@ -213,7 +213,8 @@ impl Core {
         }
         let (used, raised) = {
             let st = self.state.read();
-            (st.store.size_in_use(), st.alarms.contains(&Alarm::NoSpace))
+            let raised = st.alarms.iter().any(|(_, a)| *a == Alarm::NoSpace);
+            (st.store.size_in_use(), raised)
         };
         if used.saturating_add(bytes) <= quota {
             return Ok(());
@@ -222,6 +223,7 @@ impl Core {
             tracing::warn!(used, quota, "backend quota exceeded: raising the NOSPACE alarm");
             self.propose(Request::Alarm {
                 activate: true,
+                member: self.member_id,
                 alarm: Alarm::NoSpace,
             })?;
         }

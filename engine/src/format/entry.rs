@@ -50,7 +50,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
     }
 }
 
-// Format 1. Variants and fields are in their order on disk: append nothing, reorder nothing.
+// Format 1. Variants and fields are in their order on disk: reorder nothing, add no field. A new
+// request is a variant appended at the end (the variants before it keep their bytes), as
+// `MemberAlarm` was; what replaces a variant leaves the old one decoding.
 
 #[derive(Serialize, Deserialize)]
 enum Entry {
@@ -79,6 +81,7 @@ enum Entry {
         name: String,
         client_urls: Vec<String>,
     },
+    /// Written before alarms had a member; read as member 0's.
     Alarm {
         activate: bool,
         alarm: Alarm,
@@ -92,6 +95,11 @@ enum Entry {
     Guarded {
         auth_revision: u64,
         request: Box<Entry>,
+    },
+    MemberAlarm {
+        activate: bool,
+        member: u64,
+        alarm: Alarm,
     },
 }
 
@@ -262,8 +270,13 @@ impl From<Request> for Entry {
             Request::LeaseCheckpoint { remaining } => Entry::LeaseCheckpoint { remaining },
             Request::MemberUpdate { id, peer_urls } => Entry::MemberUpdate { id, peer_urls },
             Request::MemberPublish { id, name, client_urls } => Entry::MemberPublish { id, name, client_urls },
-            Request::Alarm { activate, alarm } => Entry::Alarm {
+            Request::Alarm {
                 activate,
+                member,
+                alarm,
+            } => Entry::MemberAlarm {
+                activate,
+                member,
                 alarm: alarm.into(),
             },
             Request::Auth(change) => Entry::Auth(change.into()),
@@ -298,6 +311,16 @@ impl From<Entry> for Request {
             Entry::MemberPublish { id, name, client_urls } => Request::MemberPublish { id, name, client_urls },
             Entry::Alarm { activate, alarm } => Request::Alarm {
                 activate,
+                member: 0,
+                alarm: alarm.into(),
+            },
+            Entry::MemberAlarm {
+                activate,
+                member,
+                alarm,
+            } => Request::Alarm {
+                activate,
+                member,
                 alarm: alarm.into(),
             },
             Entry::Auth(change) => Request::Auth(change.into()),
@@ -776,10 +799,12 @@ mod tests {
             },
             Request::Alarm {
                 activate: true,
+                member: 0,
                 alarm: api::Alarm::NoSpace,
             },
             Request::Alarm {
                 activate: false,
+                member: 0x8e9e_05c5_2164_694d,
                 alarm: api::Alarm::Corrupt,
             },
             Request::Authenticate {
@@ -812,6 +837,27 @@ mod tests {
         for (request, expected) in samples.into_iter().zip(golden) {
             let bytes = encode(request.clone()).unwrap();
             assert_eq!(hex(&bytes), expected, "{request:?}");
+            assert_eq!(decode(&bytes), Ok(request));
+        }
+    }
+
+    /// Alarms as format 1 wrote them before they had a member: read as member 0's.
+    #[test]
+    fn alarms_without_a_member_are_member_0s() {
+        let legacy = [
+            ("01090100", true, api::Alarm::NoSpace),
+            ("01090001", false, api::Alarm::Corrupt),
+        ];
+        for (hex, activate, alarm) in legacy {
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            let request = Request::Alarm {
+                activate,
+                member: 0,
+                alarm,
+            };
             assert_eq!(decode(&bytes), Ok(request));
         }
     }

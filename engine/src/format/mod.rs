@@ -4,8 +4,8 @@
 //! |-------------------------------|--------------------------|-----------------------------|
 //! | a Raft log entry's request    | [`entry`]                | format byte 1               |
 //! | a membership change's context | [`state::attributes`]    | unversioned, as format 1    |
-//! | checkpoints                   | `checkpoint.rs`, [`state`] | 6 (5 is read too)         |
-//! | snapshots                     | `snapshot.rs`, [`state`] | 5 (4 is read too)           |
+//! | checkpoints                   | `checkpoint.rs`, [`state`] | 7 (6 and 5 are read too)  |
+//! | snapshots                     | `snapshot.rs`, [`state`] | 6 (5 and 4 are read too)    |
 //! | data-file records             | `backend/record.rs`      | one layout, CRC-framed      |
 //! | WAL segments                  | the `cairn-wal` crate    | docs/wal-format.md          |
 //!

@@ -133,16 +133,32 @@ pub(crate) mod auth_store {
     }
 }
 
-/// `#[serde(with)]` for the raised alarms.
+/// `#[serde(with)]` for the raised alarms, each with its member (checkpoints from version 7,
+/// snapshots from version 6).
 pub(crate) mod alarms {
     use super::*;
 
-    pub(crate) fn serialize<S: Serializer>(alarms: &[Alarm], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(alarms.iter().map(|a| entry::Alarm::from(*a)))
+    pub(crate) fn serialize<S: Serializer>(alarms: &[(u64, Alarm)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(alarms.iter().map(|(member, a)| (*member, entry::Alarm::from(*a))))
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Alarm>, D::Error> {
-        Vec::<entry::Alarm>::deserialize(d).map(|v| v.into_iter().map(Alarm::from).collect())
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u64, Alarm)>, D::Error> {
+        Vec::<(u64, entry::Alarm)>::deserialize(d).map(|v| v.into_iter().map(|(m, a)| (m, Alarm::from(a))).collect())
+    }
+}
+
+/// `#[serde(with)]` for the raised alarms as older versions wrote them, without a member:
+/// read as member 0's.
+pub(crate) mod alarms_without_member {
+    use super::*;
+
+    #[cfg(test)]
+    pub(crate) fn serialize<S: Serializer>(alarms: &[(u64, Alarm)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(alarms.iter().map(|(_, a)| entry::Alarm::from(*a)))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u64, Alarm)>, D::Error> {
+        Vec::<entry::Alarm>::deserialize(d).map(|v| v.into_iter().map(|a| (0, Alarm::from(a))).collect())
     }
 }
 
@@ -187,8 +203,8 @@ mod tests {
     struct Holder {
         #[serde(with = "auth_store")]
         auth: AuthStore,
-        #[serde(with = "alarms")]
-        alarms: Vec<Alarm>,
+        #[serde(with = "alarms_without_member")]
+        alarms: Vec<(u64, Alarm)>,
     }
 
     /// The bytes below were written before these types existed, by serializing the API's types
@@ -239,7 +255,7 @@ mod tests {
         }
         let holder = Holder {
             auth: store,
-            alarms: vec![Alarm::NoSpace, Alarm::Corrupt],
+            alarms: vec![(0, Alarm::NoSpace), (0, Alarm::Corrupt)],
         };
         let bytes = postcard::to_allocvec(&holder).unwrap();
         assert_eq!(

@@ -35,13 +35,18 @@ fn alarm_type(alarm: Alarm) -> pb::AlarmType {
     }
 }
 
-/// etcd's text for an alarm in `Status.errors`.
+/// etcd's text for an alarm in `Status.errors`: the `AlarmMember` in protobuf's text format,
+/// which leaves out a member ID of 0. etcd 3.5 ends it with a space, 3.7 does not; cairn
+/// follows 3.7.
 fn alarm_error(member: u64, alarm: Alarm) -> String {
     let name = match alarm {
         Alarm::NoSpace => "NOSPACE",
         Alarm::Corrupt => "CORRUPT",
     };
-    format!("memberID:{member} alarm:{name} ")
+    match member {
+        0 => format!("alarm:{name}"),
+        member => format!("memberID:{member} alarm:{name}"),
+    }
 }
 
 type SnapshotStream = super::ResponseStream<pb::SnapshotResponse>;
@@ -62,12 +67,14 @@ impl Maintenance for MaintenanceService {
             Ok(pb::AlarmType::Corrupt) => Some(Alarm::Corrupt),
             _ => None,
         };
-        let member = self.node.member_id;
-        let report = |alarms: Vec<Alarm>| -> Vec<pb::AlarmMember> {
+        // The member the alarm is for, as given: etcd stores an alarm activated for member 0
+        // under 0.
+        let member = r.member_id;
+        let report = |alarms: Vec<(u64, Alarm)>| -> Vec<pb::AlarmMember> {
             alarms
                 .into_iter()
-                .map(|a| pb::AlarmMember {
-                    member_id: member,
+                .map(|(member_id, a)| pb::AlarmMember {
+                    member_id,
                     alarm: alarm_type(a) as i32,
                 })
                 .collect()
@@ -75,13 +82,13 @@ impl Maintenance for MaintenanceService {
         let alarms = match (AlarmAction::try_from(r.action), alarm) {
             (Ok(AlarmAction::Get), _) => report(self.node.engine.alarms()),
             (Ok(AlarmAction::Activate), Some(a)) => {
-                self.node.blocking(move |e| e.alarm_activate(a)).await?;
-                report(vec![a])
+                self.node.blocking(move |e| e.alarm_activate(member, a)).await?;
+                report(vec![(member, a)])
             }
             (Ok(AlarmAction::Deactivate), Some(a)) => {
-                let raised = self.node.engine.alarms().contains(&a);
-                self.node.blocking(move |e| e.alarm_disarm(a)).await?;
-                report(if raised { vec![a] } else { Vec::new() })
+                let raised = self.node.engine.alarms().contains(&(member, a));
+                self.node.blocking(move |e| e.alarm_disarm(member, a)).await?;
+                report(if raised { vec![(member, a)] } else { Vec::new() })
             }
             // Activating or deactivating "no alarm" changes nothing.
             (Ok(_), None) => Vec::new(),
@@ -101,7 +108,7 @@ impl Maintenance for MaintenanceService {
         let errors = e
             .alarms()
             .into_iter()
-            .map(|a| alarm_error(self.node.member_id, a))
+            .map(|(member, a)| alarm_error(member, a))
             .collect();
         Ok(Response::new(pb::StatusResponse {
             header: Some(self.node.current_header()),

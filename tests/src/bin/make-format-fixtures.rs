@@ -103,8 +103,8 @@ fn run(out: &Path) -> Result<()> {
 
     engine.member_update(1, vec!["http://127.0.0.1:2380".into()])?;
     engine.member_publish("fixture".into(), vec!["http://127.0.0.1:2379".into()])?;
-    engine.alarm_activate(Alarm::NoSpace)?;
-    engine.alarm_disarm(Alarm::NoSpace)?;
+    engine.alarm_activate(0, Alarm::NoSpace)?;
+    engine.alarm_disarm(0, Alarm::NoSpace)?;
     let changes = [
         AuthChange::UserAdd {
             name: "root".into(),

@@ -161,7 +161,7 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
         tokens,
         ..
     } = state;
-    if alarms.contains(&Alarm::NoSpace) {
+    if alarms.iter().any(|(_, a)| *a == Alarm::NoSpace) {
         // etcd's capped applier: what adds data fails; reads, deletes, compaction and leases'
         // revokes go on, so space can be reclaimed.
         let adds = match request {
@@ -231,11 +231,15 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
             attributes.client_urls = client_urls.clone();
             Ok((Response::Member, store.current_revision()))
         }
-        Request::Alarm { activate, alarm } => {
+        Request::Alarm {
+            activate,
+            member,
+            alarm,
+        } => {
             if *activate {
-                alarms.insert(*alarm);
+                alarms.insert((*member, *alarm));
             } else {
-                alarms.remove(alarm);
+                alarms.remove(&(*member, *alarm));
             }
             Ok((Response::Alarm, store.current_revision()))
         }
