@@ -168,6 +168,10 @@ pub struct Flags {
     /// revision count for revision. 0 disables auto-compaction.
     #[arg(long, env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
     pub auto_compaction_retention: String,
+    /// The leader promotes a learner once it is in sync (its log 90% of the leader's), as
+    /// MemberPromote would (cairn's own; etcd has no such flag).
+    #[arg(long, env = "ETCD_AUTO_PROMOTE_LEARNERS", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub auto_promote_learners: bool,
     /// The largest request the server accepts, in bytes.
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: u64,

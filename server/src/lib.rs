@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod node;
 pub mod pb;
 pub mod peer;
+pub mod promoter;
 pub mod server;
 pub mod snapshot_tool;
 pub mod tls;

@@ -256,6 +256,7 @@ fn log_settings(f: &Flags, plan: &Plan) {
         client_tls = plan.client_tls.is_some(),
         peer_tls = plan.peer_tls.is_some(),
         auth_token = %f.security.auth_token.split(',').next().unwrap_or_default(),
+        auto_promote_learners = f.auto_promote_learners,
         log_level = ?f.log_level,
         "starting a cairn server"
     );
@@ -638,6 +639,8 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         leaderless: tokio::sync::watch::channel(0).0,
     });
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
+    let (auto_promote, promoting) = (f.auto_promote_learners, node.clone());
+    let every = Duration::from_millis(f.heartbeat_interval.saturating_mul(5));
     let background = [
         tokio::spawn(publish(
             node.clone(),
@@ -653,6 +656,11 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             node.clone(),
             Duration::from_millis(f.election_timeout),
         )),
+        tokio::spawn(async move {
+            if auto_promote {
+                crate::promoter::run(promoting, every).await;
+            }
+        }),
     ];
     let http_only = crate::http::router(node.clone(), metrics.clone());
     let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());

@@ -30,6 +30,8 @@ struct Member {
     client: u16,
     peer: u16,
     child: Option<Child>,
+    /// More flags for cairn.
+    extra: Vec<String>,
 }
 
 impl Member {
@@ -40,6 +42,7 @@ impl Member {
             client: free_port(),
             peer: free_port(),
             child: None,
+            extra: Vec::new(),
         }
     }
 
@@ -77,6 +80,7 @@ impl Member {
                 "--experimental-snapshot-catchup-entries",
                 "10",
             ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -219,7 +223,14 @@ fn member_id(member: &Member) -> String {
 
 /// Starts members named `names` as one new cluster, and waits until each is healthy.
 fn start_cluster(root: &Path, names: &[&str]) -> (Vec<Member>, String) {
+    start_cluster_with(root, names, &[])
+}
+
+fn start_cluster_with(root: &Path, names: &[&str], extra: &[&str]) -> (Vec<Member>, String) {
     let mut members: Vec<Member> = names.iter().map(|n| Member::new(root, n)).collect();
+    for m in &mut members {
+        m.extra = extra.iter().map(|s| s.to_string()).collect();
+    }
     let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
     let initial = initial.join(",");
     for m in &mut members {
@@ -259,6 +270,80 @@ fn leader_only_requests_are_served_by_every_member_from_the_start() {
             assert_eq!(ttl.granted_ttl, 60, "{}", m.name);
         }
     });
+}
+
+/// `--auto-promote-learners`: a fourth member added as a learner while a client writes is
+/// promoted by the leader once it is in sync, with no MemberPromote from anyone.
+#[test]
+fn a_learner_that_joins_under_load_is_promoted_without_an_operator() {
+    let root = tempfile::tempdir().unwrap();
+    let (members, initial) = start_cluster_with(root.path(), &["p1", "p2", "p3"], &["--auto-promote-learners"]);
+    // The load: puts as fast as one client makes them, until the learner is a voter.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, endpoint) = (stop.clone(), members[0].client_url());
+        std::thread::spawn(move || {
+            use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let channel = tonic::transport::Channel::from_shared(endpoint).unwrap().connect_lazy();
+                let mut kv = KvClient::new(channel);
+                let mut written = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let put = PutRequest {
+                        key: format!("load/{}", written % 1000).into_bytes().into(),
+                        value: vec![b'x'; 1024].into(),
+                        ..Default::default()
+                    };
+                    if kv.put(put).await.is_ok() {
+                        written += 1;
+                    }
+                }
+                written
+            })
+        })
+    };
+    let mut fourth = Member::new(root.path(), "p4");
+    let peer_urls = format!("--peer-urls={}", fourth.peer_url());
+    retry_unproposed(&[&members[0]], &["member", "add", "p4", "--learner", &peer_urls]);
+    let fourth_url = fourth.peer_url();
+    let is_learner = |list: &serde_json::Value| {
+        list["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["peerURLs"][0] == fourth_url.as_str())
+            .map(|m| m["isLearner"] == true)
+    };
+    // Not started yet, it has nothing of the log: a learner.
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(etcdctl(&[&members[0]], &["member", "list", "-w", "json"]))).unwrap();
+    assert_eq!(is_learner(&list), Some(true), "{list}");
+    fourth.start(&format!("{initial},p4={}", fourth.peer_url()), "existing");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let list = ok(etcdctl(&[&members[1]], &["member", "list", "-w", "json"]));
+        let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+        if is_learner(&list) == Some(false) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the learner was never promoted: {list}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(written > 0, "the load wrote nothing");
+    // A voter now: it serves linearizable reads, and has what was written.
+    ok(etcdctl(&[&fourth], &["get", "load/0"]));
+    let said = members.iter().any(|m| {
+        std::fs::read_to_string(m.dir.with_extension("log"))
+            .unwrap_or_default()
+            .contains("promoted a learner in sync with the leader")
+    });
+    assert!(said, "the leader logs the promotion");
 }
 
 #[test]
