@@ -11,7 +11,6 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cairn_server::pb::etcdserverpb::kv_client::KvClient;
@@ -22,32 +21,8 @@ use cairn_server::pb::v3electionpb::{CampaignRequest, LeaderKey, LeaderRequest, 
 use cairn_server::pb::v3lockpb::lock_client::LockClient;
 use cairn_server::pb::v3lockpb::{LockRequest, UnlockRequest};
 use common::{Member, PATIENCE};
-use process::{etcd_tool, Server};
 use tonic::transport::Channel;
 use tonic::Code;
-
-/// cairn, etcd 3.5.1 and etcd 3.7.3, started and ready.
-async fn servers() -> (Vec<(&'static str, Channel)>, Vec<Server>) {
-    let mut started = vec![
-        Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]),
-        Server::start(
-            "etcd 3.5",
-            &etcd_tool("etcd-3.5", "etcd", "tests/etcd-3.5/install.sh"),
-            &[],
-        ),
-        Server::start(
-            "etcd 3.7",
-            &etcd_tool("etcd-3.7", "etcd", "tests/etcd-3.7/build.sh"),
-            &[],
-        ),
-    ];
-    let mut channels = Vec::new();
-    for s in &mut started {
-        let channel = s.ready().await;
-        channels.push((s.name, channel));
-    }
-    (channels, started)
-}
 
 /// The error's code and message, for an outcome that must have failed.
 #[track_caller]
@@ -352,7 +327,7 @@ async fn elections_and_locks(server: &str, channel: &Channel) {
 
 #[tokio::test]
 async fn elections_and_locks_answer_as_etcds_do() {
-    let (servers, _processes) = servers().await;
+    let (servers, _processes) = process::cairn_and_etcds().await;
     for (name, channel) in &servers {
         elections_and_locks(name, channel).await;
     }

