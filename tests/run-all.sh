@@ -61,6 +61,9 @@ cargo build -p cairn-server --bin cairn --locked
 step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 
+step "faults across processes: cairn, then etcd 3.5 as the harness's own check (tests/faults)"
+tests/faults/run.sh --seconds 60
+
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
 # Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.
 (cd tests/kubernetes && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet ./...)

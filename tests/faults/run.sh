@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The fault test in CI's short form: three cairn members under a minute of random faults, then
+# the same run against etcd 3.5.1 (target/etcd-3.5, which tests/run-all.sh installs), the
+# harness's own check: a harness that flags etcd is wrong. Both must pass.
+#
+# Needs root (network namespaces, iptables); installs Debian's iproute2 and iptables if they
+# are missing. `--seconds N` and `--members N` pass through; tests/faults/soak.sh is the long
+# run.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+
+if [ "$(id -u)" != 0 ]; then
+    echo "tests/faults needs root (network namespaces and iptables)" >&2
+    exit 1
+fi
+if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 iptables >/dev/null
+fi
+
+cargo build -p cairn-server --bin cairn -p cairn-faults --bin faults --locked
+faults="$root/target/debug/faults"
+"$faults" --binary "$root/target/debug/cairn" --label cairn --subnet 1 --workdir /tmp/cairn-faults "$@"
+"$faults" --binary "$root/target/etcd-3.5/etcd" --label "etcd 3.5.1" --subnet 2 --workdir /tmp/etcd-faults "$@"

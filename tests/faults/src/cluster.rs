@@ -1,0 +1,196 @@
+//! The members: one `cairn` (or etcd) process per network namespace, with its data directory
+//! and log under the run's directory, killed (SIGKILL), paused (SIGSTOP) and restarted by
+//! the nemesis.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::net::Net;
+
+/// One member's process, if running.
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// The cluster under test.
+#[derive(Debug)]
+pub struct Cluster {
+    pub net: Net,
+    pub members: Vec<Member>,
+    binary: PathBuf,
+    initial: String,
+}
+
+impl Cluster {
+    /// Starts `size` members of `binary` in `net`, data under `root`, and waits until each is
+    /// healthy.
+    pub fn start(binary: &Path, net: Net, size: usize, root: &Path) -> Result<Cluster, String> {
+        let initial = (0..size)
+            .map(|i| format!("m{i}=http://{}:2380", net.address(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let members = (0..size)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                dir: root.join(format!("m{i}")),
+                child: None,
+                paused: false,
+            })
+            .collect();
+        let mut cluster = Cluster {
+            net,
+            members,
+            binary: binary.to_path_buf(),
+            initial,
+        };
+        for i in 0..size {
+            cluster.spawn(i)?;
+        }
+        for i in 0..size {
+            cluster.wait_healthy(i, Duration::from_secs(60))?;
+        }
+        Ok(cluster)
+    }
+
+    /// Member `i`'s client URL.
+    pub fn client_url(&self, i: usize) -> String {
+        format!("http://{}:2379", self.net.address(i))
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), String> {
+        let address = self.net.address(i);
+        let member = &mut self.members[i];
+        std::fs::create_dir_all(&member.dir).map_err(|e| e.to_string())?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(member.dir.with_extension("log"))
+            .map_err(|e| e.to_string())?;
+        let client = format!("http://{address}:2379");
+        let peer = format!("http://{address}:2380");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.net.namespace(i)])
+            .arg(&self.binary)
+            .args(["--name", &member.name])
+            .arg("--data-dir")
+            .arg(member.dir.join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", member.name))?;
+        member.child = Some(child);
+        member.paused = false;
+        Ok(())
+    }
+
+    /// Waits until member `i` answers `/health` with `"health":"true"`.
+    pub fn wait_healthy(&mut self, i: usize, patience: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + patience;
+        let address = format!("{}:2379", self.net.address(i));
+        loop {
+            if let Some(child) = self.members[i].child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!(
+                        "{} exited ({status}):\n{}",
+                        self.members[i].name,
+                        self.log_tail(i)
+                    ));
+                }
+            }
+            if http_get(&address, "/health").is_some_and(|body| body.contains(r#""health":"true""#)) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} not healthy within {patience:?}:\n{}",
+                    self.members[i].name,
+                    self.log_tail(i)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The last lines of member `i`'s log.
+    pub fn log_tail(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(self.members[i].dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// SIGKILL of member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.members[i].paused = false;
+    }
+
+    /// Starts member `i` again from its data directory.
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        if self.members[i].child.is_none() {
+            self.spawn(i)?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT of member `i`.
+    pub fn pause(&mut self, i: usize, pause: bool) {
+        if let Some(child) = &self.members[i].child {
+            let signal = if pause { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+            self.members[i].paused = pause;
+        }
+    }
+
+    /// Every member running, none paused.
+    pub fn heal_processes(&mut self) -> Result<(), String> {
+        for i in 0..self.members.len() {
+            if self.members[i].paused {
+                self.pause(i, false);
+            }
+            self.restart(i)?;
+        }
+        Ok(())
+    }
+
+    /// Stops every member.
+    pub fn stop(&mut self) {
+        for i in 0..self.members.len() {
+            if self.members[i].paused {
+                self.pause(i, false);
+            }
+            self.kill(i);
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `GET path` on `address` over HTTP/1.0: the body, or `None`.
+pub fn http_get(address: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&address.parse().ok()?, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}

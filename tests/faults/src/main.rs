@@ -1,0 +1,327 @@
+//! `faults`: a Jepsen-style test of real member processes (cairn's, or etcd's for the
+//! harness's own check) under faults: SIGKILL and restart, SIGSTOP and SIGCONT, a member or
+//! the leader isolated, asymmetric partitions and lossy links, one at a time at random, all
+//! healed at the end. Clients on random members do linearizable reads, writes and
+//! compare-and-set on a few keys meanwhile. Then it checks:
+//!
+//! - the history is linearizable per key (an acknowledged write lost fails this too: the
+//!   final reads on every member would contradict it);
+//! - after healing, every member reaches the same revision and the same HashKV within a
+//!   stated bound.
+//!
+//! It prints a report and exits non-zero when a check fails. Run as root: the members live in
+//! network namespaces (see `net.rs`). See tests/faults/README.md.
+
+// A test harness: member and key indices are its own, and a panic is a failed run.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+
+mod cluster;
+mod nemesis;
+mod net;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
+use cairn_server::pb::etcdserverpb::{HashKvRequest, StatusRequest};
+use cairn_tests::linearizability::{check_with, Budget, Input, Output, Verdict};
+use clap::Parser;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tonic::transport::{Channel, Endpoint};
+
+/// How long the members may take to agree once every fault is healed (a restarted member
+/// catches up, a new leader is elected): past this, convergence fails.
+const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Parser)]
+#[command(about = "A Jepsen-style fault test of cairn (or etcd) processes; run as root")]
+struct Args {
+    /// The member binary: cairn, or etcd for the harness's own check.
+    #[arg(long)]
+    binary: PathBuf,
+    /// What the report calls it.
+    #[arg(long, default_value = "cairn")]
+    label: String,
+    /// Members.
+    #[arg(long, default_value_t = 3)]
+    members: usize,
+    /// How long faults are injected, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    /// Keys the clients share.
+    #[arg(long, default_value_t = 8)]
+    keys: usize,
+    /// Seed of the fault schedule and the clients' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the members' data and logs go (emptied first).
+    #[arg(long, default_value = "/tmp/cairn-faults")]
+    workdir: PathBuf,
+    /// The third byte of the members' addresses (10.77.<subnet>.x), so runs can coexist.
+    #[arg(long, default_value_t = 1)]
+    subnet: u8,
+}
+
+fn main() {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("faults: cannot start a runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    match runtime.block_on(run(&args)) {
+        Ok(report) => {
+            println!("{report}");
+            if !report.passed() {
+                eprintln!("the members' data and logs are kept in {}", args.workdir.display());
+                std::process::exit(1);
+            }
+            // The members preallocate their files: a passed run's data is not kept.
+            let _ = std::fs::remove_dir_all(&args.workdir);
+        }
+        Err(e) => {
+            eprintln!("faults ({}): {e}", args.label);
+            std::process::exit(2);
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug)]
+struct Report {
+    label: String,
+    members: usize,
+    seconds: u64,
+    seed: u64,
+    injected: nemesis::Injected,
+    ops: Vec<cairn_tests::linearizability::Operation>,
+    verdict: Verdict,
+    recovered: Result<Duration, String>,
+    converged: Result<(Duration, i64), String>,
+}
+
+impl Report {
+    fn passed(&self) -> bool {
+        self.verdict.is_linearizable() && self.recovered.is_ok() && self.converged.is_ok()
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "== faults: {} ({} members, {} s of faults, seed {})",
+            self.label, self.members, self.seconds, self.seed
+        )?;
+        let total: usize = self.injected.values().sum();
+        writeln!(f, "faults injected: {total}")?;
+        for (kind, count) in &self.injected {
+            writeln!(f, "  {kind:?}: {count}")?;
+        }
+        let mut counts = std::collections::BTreeMap::<(&str, &str), usize>::new();
+        for op in &self.ops {
+            let what = match op.input {
+                Input::Get { .. } => "read",
+                Input::Put { .. } => "write",
+                Input::Cas { .. } => "cas",
+            };
+            let outcome = match op.output {
+                Output::Unknown => "indeterminate",
+                Output::Swapped(false) => "not swapped",
+                _ => "ok",
+            };
+            *counts.entry((what, outcome)).or_default() += 1;
+        }
+        writeln!(f, "operations: {}", self.ops.len())?;
+        for ((what, outcome), count) in &counts {
+            writeln!(f, "  {what} {outcome}: {count}")?;
+        }
+        let verdict = match &self.verdict {
+            Verdict::Linearizable => "PASS".to_string(),
+            other => format!("FAIL: {other:?}"),
+        };
+        writeln!(f, "check linearizable per key (acknowledged writes kept): {verdict}")?;
+        match &self.recovered {
+            Ok(took) => writeln!(
+                f,
+                "check every member takes writes after healing (within {CONVERGENCE_BOUND:?}): PASS, after {:.1} s",
+                took.as_secs_f64()
+            )?,
+            Err(e) => writeln!(f, "check every member takes writes after healing: FAIL: {e}")?,
+        }
+        match &self.converged {
+            Ok((took, revision)) => writeln!(
+                f,
+                "check converged after healing (same revision and HashKV within {CONVERGENCE_BOUND:?}): PASS, revision {revision} after {:.1} s",
+                took.as_secs_f64()
+            )?,
+            Err(e) => writeln!(f, "check converged after healing: FAIL: {e}")?,
+        }
+        write!(f, "result: {}", if self.passed() { "PASS" } else { "FAIL" })
+    }
+}
+
+async fn run(args: &Args) -> Result<Report, String> {
+    let _ = std::fs::remove_dir_all(&args.workdir);
+    std::fs::create_dir_all(&args.workdir).map_err(|e| format!("{}: {e}", args.workdir.display()))?;
+    let net = net::Net::new(&format!("cf{}", args.subnet), args.subnet, args.members)?;
+    let mut cluster = cluster::Cluster::start(&args.binary, net, args.members, &args.workdir)?;
+    let channels: Vec<Channel> = (0..args.members)
+        .map(|i| {
+            Endpoint::from_shared(cluster.client_url(i))
+                .map(|e| e.connect_timeout(Duration::from_secs(1)).connect_lazy())
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let keys = workload::keys(args.keys);
+    let history = workload::History::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..args.clients)
+        .map(|id| {
+            tokio::spawn(workload::client(
+                id,
+                channels.clone(),
+                keys.clone(),
+                history.clone(),
+                stop.clone(),
+                args.seed.wrapping_mul(1000).wrapping_add(id as u64),
+            ))
+        })
+        .collect();
+
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut injected = nemesis::Injected::new();
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < until {
+        let kind = nemesis::one_fault(&mut cluster, &channels, &mut rng).await?;
+        *injected.entry(kind).or_default() += 1;
+        let gap = Duration::from_millis(rand::Rng::random_range(&mut rng, 500..2000));
+        tokio::time::sleep(gap).await;
+    }
+    // Heal everything, let the clients go on a little, then stop them.
+    cluster.net.heal()?;
+    cluster.heal_processes()?;
+    let healed = Instant::now();
+    let recovered = recover(&channels, healed).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        let _ = client.await;
+    }
+    let converged = converge(&mut cluster, &channels, healed).await;
+    // The final reads: every key on every member, after convergence.
+    for (i, channel) in channels.iter().enumerate() {
+        for key in &keys {
+            workload::read(1000 + i, channel.clone(), key.clone(), &history).await;
+        }
+    }
+    let ops = history.operations();
+    let verdict = check_with(
+        &ops,
+        Budget {
+            max_steps_per_key: 50_000_000,
+        },
+    );
+    if !verdict.is_linearizable() {
+        dump(&args.workdir, &ops);
+    }
+    cluster.stop();
+    Ok(Report {
+        label: args.label.clone(),
+        members: args.members,
+        seconds: args.seconds,
+        seed: args.seed,
+        injected,
+        ops,
+        verdict,
+        recovered,
+        converged,
+    })
+}
+
+/// Waits until a write through each member is acknowledged: how long after healing the
+/// last one was.
+async fn recover(channels: &[Channel], healed: Instant) -> Result<Duration, String> {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
+    let deadline = healed + CONVERGENCE_BOUND;
+    for (i, channel) in channels.iter().enumerate() {
+        let mut kv = KvClient::new(channel.clone());
+        loop {
+            let put = PutRequest {
+                key: format!("recovery/{i}").into_bytes().into(),
+                value: b"ok".to_vec().into(),
+                ..Default::default()
+            };
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), kv.put(put)).await {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("member {i} takes no write within {CONVERGENCE_BOUND:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(healed.elapsed())
+}
+
+/// Waits until every member is healthy and all report the same revision with the same
+/// HashKV there: how long it took after healing, and the revision.
+async fn converge(
+    cluster: &mut cluster::Cluster,
+    channels: &[Channel],
+    healed: Instant,
+) -> Result<(Duration, i64), String> {
+    let deadline = healed + CONVERGENCE_BOUND;
+    for i in 0..channels.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        cluster.wait_healthy(i, left)?;
+    }
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let mut revisions = Vec::new();
+        let mut hashes = Vec::new();
+        for channel in channels {
+            let mut m = MaintenanceClient::new(channel.clone());
+            let status = tokio::time::timeout(Duration::from_secs(1), m.status(StatusRequest {})).await;
+            if let Ok(Ok(s)) = status {
+                revisions.push(s.into_inner().header.map_or(0, |h| h.revision));
+            }
+        }
+        if revisions.len() == channels.len() && revisions.iter().all(|r| *r == revisions[0]) {
+            let revision = revisions[0];
+            for channel in channels {
+                let mut m = MaintenanceClient::new(channel.clone());
+                let asked = m.hash_kv(HashKvRequest { revision });
+                if let Ok(Ok(h)) = tokio::time::timeout(Duration::from_secs(2), asked).await {
+                    hashes.push(h.into_inner().hash);
+                }
+            }
+            if hashes.len() == channels.len() && hashes.iter().all(|h| *h == hashes[0]) {
+                return Ok((healed.elapsed(), revision));
+            }
+            last = format!("revision {revision}, hashes {hashes:?}");
+        } else {
+            last = format!("revisions {revisions:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("not within {CONVERGENCE_BOUND:?}: {last}"))
+}
+
+/// Writes the history beside the members' data, for the reader of a failure.
+fn dump(workdir: &std::path::Path, ops: &[cairn_tests::linearizability::Operation]) {
+    let text: Vec<String> = ops.iter().map(|op| format!("{op:?}")).collect();
+    let path = workdir.join("history.txt");
+    if std::fs::write(&path, text.join("\n")).is_ok() {
+        eprintln!("history written to {}", path.display());
+    }
+}

@@ -1,0 +1,122 @@
+//! The nemesis: faults at random, one at a time, each healed before the next. Kills restart
+//! the member; pauses resume it; network faults are removed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
+use cairn_server::pb::etcdserverpb::StatusRequest;
+use rand::rngs::StdRng;
+use rand::Rng;
+use tonic::transport::Channel;
+
+use crate::cluster::Cluster;
+
+/// The kinds of fault, as the report counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    KillLeader,
+    KillFollower,
+    PauseLeader,
+    PauseFollower,
+    IsolateLeader,
+    IsolateFollower,
+    AsymmetricPartition,
+    LossyLinks,
+}
+
+/// The member leading now, as the members' Status says (the first that names itself).
+pub async fn leader(channels: &[Channel]) -> Option<usize> {
+    for (i, channel) in channels.iter().enumerate() {
+        let mut m = MaintenanceClient::new(channel.clone());
+        let status = tokio::time::timeout(Duration::from_millis(500), m.status(StatusRequest {})).await;
+        if let Ok(Ok(status)) = status {
+            let status = status.into_inner();
+            if status.header.is_some_and(|h| h.member_id == status.leader) {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// Injects one fault of a random kind for a random 1–4 s, then heals it. Returns its kind.
+pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut StdRng) -> Result<Kind, String> {
+    let size = cluster.members.len();
+    let leader = leader(channels).await;
+    let follower = |rng: &mut StdRng| loop {
+        let i = rng.random_range(0..size);
+        if Some(i) != leader {
+            return i;
+        }
+    };
+    let kinds = [
+        Kind::KillLeader,
+        Kind::KillFollower,
+        Kind::PauseLeader,
+        Kind::PauseFollower,
+        Kind::IsolateLeader,
+        Kind::IsolateFollower,
+        Kind::AsymmetricPartition,
+        Kind::LossyLinks,
+    ];
+    let mut kind = kinds[rng.random_range(0..kinds.len())];
+    let target = match (kind, leader) {
+        (Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader, Some(l)) => l,
+        (Kind::KillLeader, None) => {
+            kind = Kind::KillFollower;
+            follower(rng)
+        }
+        (Kind::PauseLeader, None) => {
+            kind = Kind::PauseFollower;
+            follower(rng)
+        }
+        (Kind::IsolateLeader, None) => {
+            kind = Kind::IsolateFollower;
+            follower(rng)
+        }
+        _ => follower(rng),
+    };
+    let hold = Duration::from_millis(rng.random_range(1000..4000));
+    match kind {
+        Kind::KillLeader | Kind::KillFollower => {
+            cluster.kill(target);
+            tokio::time::sleep(hold).await;
+            cluster.restart(target)?;
+        }
+        Kind::PauseLeader | Kind::PauseFollower => {
+            cluster.pause(target, true);
+            tokio::time::sleep(hold).await;
+            cluster.pause(target, false);
+        }
+        Kind::IsolateLeader | Kind::IsolateFollower => {
+            for other in (0..size).filter(|o| *o != target) {
+                cluster.net.drop_from(other, target, None)?;
+                cluster.net.drop_from(target, other, None)?;
+            }
+            tokio::time::sleep(hold).await;
+            cluster.net.heal()?;
+        }
+        Kind::AsymmetricPartition => {
+            // The target hears nobody, but the others still hear it.
+            for other in (0..size).filter(|o| *o != target) {
+                cluster.net.drop_from(other, target, None)?;
+            }
+            tokio::time::sleep(hold).await;
+            cluster.net.heal()?;
+        }
+        Kind::LossyLinks => {
+            let share = rng.random_range(0.2..0.5);
+            for other in (0..size).filter(|o| *o != target) {
+                cluster.net.drop_from(other, target, Some(share))?;
+                cluster.net.drop_from(target, other, Some(share))?;
+            }
+            tokio::time::sleep(hold).await;
+            cluster.net.heal()?;
+        }
+    }
+    Ok(kind)
+}
+
+/// Faults by kind, for the report.
+pub type Injected = BTreeMap<Kind, usize>;

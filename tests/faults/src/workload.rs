@@ -1,0 +1,180 @@
+//! The workload: clients on random members doing linearizable reads, writes and
+//! compare-and-set on a few keys, each call recorded (what was asked, what came back, when)
+//! for the linearizability check. Every call has a timeout; a write that timed out or failed
+//! is indeterminate (it may have taken effect), a read that did is left out.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use cairn_server::pb::etcdserverpb::kv_client::KvClient;
+use cairn_server::pb::etcdserverpb::request_op::Request as Op;
+use cairn_server::pb::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use cairn_tests::linearizability::{Input, Operation, Output};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tonic::transport::Channel;
+
+/// How long one call may take before it counts as timed out.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The keys the clients work on.
+pub fn keys(count: usize) -> Vec<String> {
+    (0..count).map(|k| format!("k/{k}")).collect()
+}
+
+/// What every client records, against one clock.
+#[derive(Debug)]
+pub struct History {
+    start: Instant,
+    ops: Mutex<Vec<Operation>>,
+}
+
+impl History {
+    pub fn new() -> Arc<History> {
+        Arc::new(History {
+            start: Instant::now(),
+            ops: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn record(&self, op: Operation) {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner()).push(op);
+    }
+
+    pub fn operations(&self) -> Vec<Operation> {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// One client's calls on `channels` (a channel per member), until `stop`.
+pub async fn client(
+    id: usize,
+    channels: Vec<Channel>,
+    keys: Vec<String>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut seq = 0u64;
+    let mut last_read: Vec<Option<String>> = vec![None; keys.len()];
+    while !stop.load(Ordering::Relaxed) {
+        let member = rng.random_range(0..channels.len());
+        let k = rng.random_range(0..keys.len());
+        let key = keys[k].clone();
+        let mut kv = KvClient::new(channels[member].clone());
+        let roll = rng.random_range(0..10);
+        let input = if roll < 4 {
+            Input::Get { key }
+        } else if roll < 8 {
+            seq += 1;
+            Input::Put {
+                key,
+                value: format!("{id}.{seq}"),
+            }
+        } else {
+            seq += 1;
+            Input::Cas {
+                key,
+                expected: last_read[k].clone(),
+                new: format!("{id}.{seq}"),
+            }
+        };
+        let call = history.now();
+        let output = call_once(&mut kv, &input).await;
+        let ret = history.now();
+        if let (Input::Get { .. }, Output::Value(v)) = (&input, &output) {
+            last_read[k] = v.clone();
+        }
+        history.record(Operation {
+            client: id,
+            input,
+            output,
+            call,
+            ret,
+        });
+    }
+}
+
+/// One linearizable read of `key` on `channel`, recorded (the final reads after healing).
+pub async fn read(id: usize, channel: Channel, key: String, history: &History) -> Output {
+    let mut kv = KvClient::new(channel);
+    let input = Input::Get { key };
+    let call = history.now();
+    let output = call_once(&mut kv, &input).await;
+    let ret = history.now();
+    history.record(Operation {
+        client: id,
+        input,
+        output: output.clone(),
+        call,
+        ret,
+    });
+    output
+}
+
+async fn call_once(kv: &mut KvClient<Channel>, input: &Input) -> Output {
+    let answer = tokio::time::timeout(CALL_TIMEOUT, async {
+        match input {
+            Input::Get { key } => {
+                let range = RangeRequest {
+                    key: key.clone().into_bytes().into(),
+                    ..Default::default()
+                };
+                let got = kv.range(range).await.ok()?.into_inner();
+                let value = got
+                    .kvs
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+                Some(Output::Value(value))
+            }
+            Input::Put { key, value } => {
+                kv.put(put(key, value)).await.ok()?;
+                Some(Output::Ok)
+            }
+            Input::Cas { key, expected, new } => {
+                let compare = match expected {
+                    None => Compare {
+                        result: CompareResult::Equal as i32,
+                        target: CompareTarget::Create as i32,
+                        key: key.clone().into_bytes().into(),
+                        target_union: Some(TargetUnion::CreateRevision(0)),
+                        ..Default::default()
+                    },
+                    Some(value) => Compare {
+                        result: CompareResult::Equal as i32,
+                        target: CompareTarget::Value as i32,
+                        key: key.clone().into_bytes().into(),
+                        target_union: Some(TargetUnion::Value(value.clone().into_bytes().into())),
+                        ..Default::default()
+                    },
+                };
+                let txn = TxnRequest {
+                    compare: vec![compare],
+                    success: vec![RequestOp {
+                        request: Some(Op::RequestPut(put(key, new))),
+                    }],
+                    failure: Vec::new(),
+                };
+                let answer = kv.txn(txn).await.ok()?.into_inner();
+                Some(Output::Swapped(answer.succeeded))
+            }
+        }
+    })
+    .await;
+    answer.ok().flatten().unwrap_or(Output::Unknown)
+}
+
+fn put(key: &str, value: &str) -> PutRequest {
+    PutRequest {
+        key: key.to_string().into_bytes().into(),
+        value: value.to_string().into_bytes().into(),
+        ..Default::default()
+    }
+}
