@@ -86,6 +86,14 @@ impl Cluster {
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            // Frequent snapshots and a short catch-up margin: a member down for a few seconds
+            // of writes comes back by a snapshot from the leader, not the log.
+            .args([
+                "--snapshot-count",
+                "500",
+                "--experimental-snapshot-catchup-entries",
+                "100",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -23,6 +23,8 @@ pub enum Kind {
     IsolateFollower,
     AsymmetricPartition,
     LossyLinks,
+    /// A follower down long enough to need a snapshot when it comes back.
+    FollowerFarBehind,
 }
 
 /// The member leading now, as the members' Status says (the first that names itself).
@@ -59,6 +61,7 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
         Kind::IsolateFollower,
         Kind::AsymmetricPartition,
         Kind::LossyLinks,
+        Kind::FollowerFarBehind,
     ];
     let mut kind = kinds[rng.random_range(0..kinds.len())];
     let target = match (kind, leader) {
@@ -82,6 +85,13 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
         Kind::KillLeader | Kind::KillFollower => {
             cluster.kill(target);
             tokio::time::sleep(hold).await;
+            cluster.restart(target)?;
+        }
+        Kind::FollowerFarBehind => {
+            // Down for several seconds of writes: far more than the leader keeps for it
+            // (--experimental-snapshot-catchup-entries 100).
+            cluster.kill(target);
+            tokio::time::sleep(hold * 3).await;
             cluster.restart(target)?;
         }
         Kind::PauseLeader | Kind::PauseFollower => {
