@@ -18,6 +18,7 @@
 mod cluster;
 mod nemesis;
 mod net;
+mod watch;
 mod workload;
 
 use std::path::PathBuf;
@@ -107,11 +108,13 @@ struct Report {
     verdict: Verdict,
     recovered: Result<Duration, String>,
     converged: Result<(Duration, i64), String>,
+    /// Events checked and connections made by the watchers.
+    watched: Result<(usize, usize), String>,
 }
 
 impl Report {
     fn passed(&self) -> bool {
-        self.verdict.is_linearizable() && self.recovered.is_ok() && self.converged.is_ok()
+        self.verdict.is_linearizable() && self.recovered.is_ok() && self.converged.is_ok() && self.watched.is_ok()
     }
 }
 
@@ -166,6 +169,13 @@ impl std::fmt::Display for Report {
             )?,
             Err(e) => writeln!(f, "check converged after healing: FAIL: {e}")?,
         }
+        match &self.watched {
+            Ok((events, connections)) => writeln!(
+                f,
+                "check watchers ordered, without gaps, equal to the history: PASS, {events} events over {connections} connections"
+            )?,
+            Err(e) => writeln!(f, "check watchers ordered, without gaps, equal to the history: FAIL: {e}")?,
+        }
         write!(f, "result: {}", if self.passed() { "PASS" } else { "FAIL" })
     }
 }
@@ -185,6 +195,10 @@ async fn run(args: &Args) -> Result<Report, String> {
     let keys = workload::keys(args.keys);
     let history = workload::History::new();
     let stop = Arc::new(AtomicBool::new(false));
+    let watchers: Vec<_> = channels
+        .iter()
+        .map(|channel| tokio::spawn(watch::watcher(channel.clone(), "k/".to_string(), stop.clone())))
+        .collect();
     let clients: Vec<_> = (0..args.clients)
         .map(|id| {
             tokio::spawn(workload::client(
@@ -217,7 +231,12 @@ async fn run(args: &Args) -> Result<Report, String> {
     for client in clients {
         let _ = client.await;
     }
+    let mut seen = Vec::new();
+    for watcher in watchers {
+        seen.push(watcher.await.unwrap_or_default());
+    }
     let converged = converge(&mut cluster, &channels, healed).await;
+    let watched = check_watchers(&channels, &seen).await;
     // The final reads: every key on every member, after convergence.
     for (i, channel) in channels.iter().enumerate() {
         for key in &keys {
@@ -245,7 +264,33 @@ async fn run(args: &Args) -> Result<Report, String> {
         verdict,
         recovered,
         converged,
+        watched,
     })
+}
+
+/// The watchers' events against the history the members agree on (read by a watch from the
+/// first revision on member 0, up to a last key written after everything else): how many
+/// events were checked over how many connections.
+async fn check_watchers(channels: &[Channel], seen: &[Vec<watch::Segment>]) -> Result<(usize, usize), String> {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
+    let last = "k/~end";
+    let put = PutRequest {
+        key: last.as_bytes().to_vec().into(),
+        value: b"end".to_vec().into(),
+        ..Default::default()
+    };
+    KvClient::new(channels[0].clone())
+        .put(put)
+        .await
+        .map_err(|e| format!("the last key: {e}"))?;
+    let history = tokio::time::timeout(Duration::from_secs(60), watch::history(&channels[0], "k/", last))
+        .await
+        .map_err(|_| "reading the history took over 60 s".to_string())?;
+    if history.last().is_none_or(|e| e.key != last) {
+        return Err(format!("the history ended early, after {} events", history.len()));
+    }
+    let checked = watch::check(seen, &history)?;
+    Ok((checked, seen.iter().map(Vec::len).sum()))
 }
 
 /// Waits until a write through each member is acknowledged: how long after healing the

@@ -1,0 +1,171 @@
+//! Watchers, one on every member, on the workload's keys: each reconnects to its member
+//! after an error from the revision after the last event it saw, as a client resuming a
+//! watch does. Every connection's events are kept, to be checked against the history the
+//! members agree on once healed: strictly ordered, no gap while connected, each event equal
+//! to the history's at its revision.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_server::pb::etcdserverpb::watch_client::WatchClient;
+use cairn_server::pb::etcdserverpb::watch_request::RequestUnion;
+use cairn_server::pb::etcdserverpb::{WatchCreateRequest, WatchRequest};
+use cairn_server::pb::mvccpb::event::EventType;
+use tonic::transport::Channel;
+
+/// A change as a watcher sees it: a put's value, or `None` for a delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub revision: i64,
+    pub key: String,
+    pub value: Option<String>,
+}
+
+/// One connection of a watcher: the revision it asked to start at, and what it got.
+#[derive(Debug, Default)]
+pub struct Segment {
+    pub from: i64,
+    pub events: Vec<Event>,
+}
+
+/// The prefix's end: the key after every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+/// Watches `prefix` on `channel` from revision `from`, handing each event to `each` until it
+/// returns false, the stream ends or fails, or `stop` is set (checked every half second).
+async fn watch_once(
+    channel: &Channel,
+    prefix: &str,
+    from: i64,
+    stop: &AtomicBool,
+    mut each: impl FnMut(Event) -> bool,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let create = WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: prefix.as_bytes().to_vec().into(),
+            range_end: prefix_end(prefix).into(),
+            start_revision: from,
+            ..Default::default()
+        })),
+    };
+    if tx.send(create).await.is_err() {
+        return;
+    }
+    let mut client = WatchClient::new(channel.clone());
+    let opened = tokio::time::timeout(
+        Duration::from_secs(2),
+        client.watch(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await;
+    let Ok(Ok(stream)) = opened else { return };
+    let mut stream = stream.into_inner();
+    while !stop.load(Ordering::Relaxed) {
+        let message = match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+            Err(_) => continue,
+            Ok(Ok(Some(message))) => message,
+            Ok(_) => return,
+        };
+        if message.canceled {
+            return;
+        }
+        for e in message.events {
+            let Some(kv) = e.kv else { continue };
+            let event = Event {
+                revision: kv.mod_revision,
+                key: String::from_utf8_lossy(&kv.key).into_owned(),
+                value: (e.r#type != EventType::Delete as i32).then(|| String::from_utf8_lossy(&kv.value).into_owned()),
+            };
+            if !each(event) {
+                return;
+            }
+        }
+    }
+}
+
+/// A watcher on `channel`, reconnecting until `stop`: its connections.
+pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>) -> Vec<Segment> {
+    let mut segments = Vec::new();
+    let mut next = 1;
+    while !stop.load(Ordering::Relaxed) {
+        let mut segment = Segment {
+            from: next,
+            events: Vec::new(),
+        };
+        watch_once(&channel, &prefix, next, &stop, |event| {
+            next = event.revision + 1;
+            segment.events.push(event);
+            true
+        })
+        .await;
+        segments.push(segment);
+        if !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    segments
+}
+
+/// Every event under `prefix` up to and including the event of key `last` (written after
+/// everything else), from one member: the history the watchers are checked against.
+pub async fn history(channel: &Channel, prefix: &str, last: &str) -> Vec<Event> {
+    let mut events = Vec::new();
+    let stop = AtomicBool::new(false);
+    watch_once(channel, prefix, 1, &stop, |event| {
+        let done = event.key == last;
+        events.push(event);
+        !done
+    })
+    .await;
+    events
+}
+
+/// Checks each watcher's connections against `history`: within a connection, events come
+/// in revision order, none is missing between its start and its last event, and each equals
+/// the history's; a reconnection starts after the last event seen. Returns how many events
+/// were checked, or the first discrepancy.
+pub fn check(watchers: &[Vec<Segment>], history: &[Event]) -> Result<usize, String> {
+    let mut checked = 0;
+    for (member, segments) in watchers.iter().enumerate() {
+        let mut seen_up_to = 0;
+        for (n, segment) in segments.iter().enumerate() {
+            if segment.from <= seen_up_to {
+                return Err(format!(
+                    "member {member}, connection {n}: resumed at {} after {seen_up_to}",
+                    segment.from
+                ));
+            }
+            let Some(last) = segment.events.last() else { continue };
+            let expected: Vec<&Event> = history
+                .iter()
+                .filter(|e| e.revision >= segment.from && e.revision <= last.revision)
+                .collect();
+            let got: Vec<&Event> = segment.events.iter().collect();
+            if got != expected {
+                let at = got
+                    .iter()
+                    .zip(&expected)
+                    .position(|(g, e)| g != e)
+                    .unwrap_or(got.len().min(expected.len()));
+                return Err(format!(
+                    "member {member}, connection {n} (from revision {}): event {at} is {:?}, the history has {:?} ({} events seen, {} expected)",
+                    segment.from,
+                    got.get(at),
+                    expected.get(at),
+                    got.len(),
+                    expected.len()
+                ));
+            }
+            checked += got.len();
+            seen_up_to = last.revision;
+        }
+    }
+    Ok(checked)
+}
