@@ -16,6 +16,7 @@
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
 mod cluster;
+mod lease;
 mod nemesis;
 mod net;
 mod watch;
@@ -110,11 +111,16 @@ struct Report {
     converged: Result<(Duration, i64), String>,
     /// Events checked and connections made by the watchers.
     watched: Result<(usize, usize), String>,
+    leases: lease::Leases,
 }
 
 impl Report {
     fn passed(&self) -> bool {
-        self.verdict.is_linearizable() && self.recovered.is_ok() && self.converged.is_ok() && self.watched.is_ok()
+        self.verdict.is_linearizable()
+            && self.recovered.is_ok()
+            && self.converged.is_ok()
+            && self.watched.is_ok()
+            && self.leases.violations.is_empty()
     }
 }
 
@@ -176,6 +182,16 @@ impl std::fmt::Display for Report {
             )?,
             Err(e) => writeln!(f, "check watchers ordered, without gaps, equal to the history: FAIL: {e}")?,
         }
+        let l = &self.leases;
+        let verdict = match l.violations.first() {
+            None => "PASS".to_string(),
+            Some(first) => format!("FAIL: {} violations, the first: {first}", l.violations.len()),
+        };
+        writeln!(
+            f,
+            "check no lease expires before its TTL after its last acknowledged keep-alive, and each expires: {verdict}, {} leases, {} keep-alives, {} expiries seen",
+            l.granted, l.keep_alives, l.expired
+        )?;
         write!(f, "result: {}", if self.passed() { "PASS" } else { "FAIL" })
     }
 }
@@ -198,6 +214,18 @@ async fn run(args: &Args) -> Result<Report, String> {
     let watchers: Vec<_> = channels
         .iter()
         .map(|channel| tokio::spawn(watch::watcher(channel.clone(), "k/".to_string(), stop.clone())))
+        .collect();
+    let leases = Arc::new(std::sync::Mutex::new(lease::Leases::default()));
+    let lease_clients: Vec<_> = (0..2)
+        .map(|n| {
+            tokio::spawn(lease::client(
+                channels.clone(),
+                history.clone(),
+                stop.clone(),
+                args.seed.wrapping_mul(7919).wrapping_add(n),
+                leases.clone(),
+            ))
+        })
         .collect();
     let clients: Vec<_> = (0..args.clients)
         .map(|id| {
@@ -231,6 +259,10 @@ async fn run(args: &Args) -> Result<Report, String> {
     for client in clients {
         let _ = client.await;
     }
+    for client in lease_clients {
+        let _ = client.await;
+    }
+    let leases = std::mem::take(&mut *leases.lock().unwrap_or_else(|e| e.into_inner()));
     let mut seen = Vec::new();
     for watcher in watchers {
         seen.push(watcher.await.unwrap_or_default());
@@ -265,6 +297,7 @@ async fn run(args: &Args) -> Result<Report, String> {
         recovered,
         converged,
         watched,
+        leases,
     })
 }
 
