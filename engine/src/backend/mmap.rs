@@ -64,7 +64,12 @@ impl MappedFile {
     /// Creates `path` (which must not exist) with `capacity` bytes allocated, and maps it.
     pub(crate) fn create(path: &Path, capacity: u64) -> io::Result<MappedFile> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
-        preallocate(&file, capacity)?;
+        if let Err(e) = preallocate(&file, capacity) {
+            // No room (a full disk): leave no empty file behind to trip over later.
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
         Self::map(file, capacity)
     }
 

@@ -119,6 +119,15 @@ pub(crate) struct RecentRequests {
 const REMEMBERED_REQUESTS: usize = 16 << 10;
 
 impl RecentRequests {
+    /// Forgets `id`, recorded last by [`RecentRequests::first_time`] for an entry that could
+    /// not be applied after all (it will be again).
+    pub(crate) fn forget_last(&mut self, id: u64) {
+        if self.order.back() == Some(&id) {
+            self.order.pop_back();
+            self.set.remove(&id);
+        }
+    }
+
     /// Records `id`; false if it was applied already.
     pub(crate) fn first_time(&mut self, id: u64) -> bool {
         if self.set.len() != self.order.len() {

@@ -218,7 +218,14 @@ pub(in crate::engine) struct Applying {
     writing: Arc<AtomicBool>,
     /// To the checkpointer thread, while the apply thread runs it.
     to_write: Option<Sender<Encoded>>,
+    /// Entries this member could not apply yet (see `Stalled`), with every batch committed
+    /// since, in order, when applying stopped, and when it was last tried: tried again every
+    /// [`STALL_RETRY`].
+    stalled: Option<(Entries, Instant, Instant)>,
 }
+
+/// How often applying stalled entries is tried again.
+const STALL_RETRY: Duration = Duration::from_secs(1);
 
 impl Applying {
     pub(in crate::engine) fn new(publisher: Publisher) -> Applying {
@@ -231,6 +238,34 @@ impl Applying {
             publisher,
             writing: Arc::new(AtomicBool::new(false)),
             to_write: None,
+            stalled: None,
+        }
+    }
+
+    /// Whether entries wait to be applied again.
+    fn is_stalled(&self) -> bool {
+        self.stalled.is_some()
+    }
+
+    /// Whether stalled entries are due to be tried again.
+    fn retry_due(&self) -> bool {
+        self.stalled.as_ref().is_some_and(|(_, _, tried)| tried.elapsed() >= STALL_RETRY)
+    }
+
+    /// Tries the stalled entries again.
+    fn retry_stalled(&mut self, st: RwLockWriteGuard<'_, State>) -> bool {
+        match self.stalled.take() {
+            Some((entries, since, _)) => {
+                let compacting = self.apply_in_order(st, entries, Some(since));
+                if self.stalled.is_none() {
+                    tracing::info!(
+                        stalled_for = ?since.elapsed(),
+                        "applying committed entries again: the entry that failed is applied"
+                    );
+                }
+                compacting
+            }
+            None => false,
         }
     }
 
@@ -241,9 +276,20 @@ impl Applying {
 
     /// Applies committed entries under the state lock `st`, then publishes what they did
     /// without it; returns whether a compaction is left to sweep.
-    fn entries(&mut self, mut st: RwLockWriteGuard<'_, State>, batch: Entries) -> bool {
+    fn entries(&mut self, st: RwLockWriteGuard<'_, State>, batch: Entries) -> bool {
+        if let Some((stalled, _, _)) = self.stalled.as_mut() {
+            // Behind the entry that failed: applied after it, in order.
+            stalled.extend(batch);
+            return false;
+        }
+        self.apply_in_order(st, batch, None)
+    }
+
+    /// Applies `batch`; if an entry fails because of this member (see `Stalled`), keeps it
+    /// and the rest for [`Applying::retry_stalled`]. `since`: when applying first stalled.
+    fn apply_in_order(&mut self, mut st: RwLockWriteGuard<'_, State>, batch: Entries, since: Option<Instant>) -> bool {
         self.schedule.may_encode = self.to_write.is_some() && !self.writing.load(Ordering::Acquire);
-        let outcome = st.apply_batch(
+        let mut outcome = st.apply_batch(
             batch,
             Step {
                 member_id: self.publisher.core.member_id,
@@ -252,6 +298,16 @@ impl Applying {
             },
         );
         drop(st);
+        if let Some(stalled) = outcome.stalled.take() {
+            if since.is_none() {
+                tracing::error!(
+                    index = stalled.entries.first().map_or(0, |(e, _)| e.index),
+                    error = %stalled.error,
+                    "cannot apply a committed entry (a full disk?): applying stops there and is tried again every second; this member answers no write meanwhile"
+                );
+            }
+            self.stalled = Some((stalled.entries, since.unwrap_or_else(Instant::now), Instant::now()));
+        }
         let compacting = outcome.compacting;
         let checkpoint = self.publish(outcome);
         if let (Some(encoded), Some(tx)) = (checkpoint, self.to_write.as_ref()) {
@@ -387,6 +443,19 @@ impl ApplyThread {
             } else if unfinished {
                 // Paused by a snapshot: look again now and then, requests or not.
                 match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(work) => work,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else if shared.applying.lock().is_stalled() {
+                // Stalled entries are tried again on time, whether more come or not.
+                {
+                    let mut applying = shared.applying.lock();
+                    if applying.retry_due() {
+                        applying.retry_stalled(state.write());
+                    }
+                }
+                match rx.recv_timeout(STALL_RETRY / 4) {
                     Ok(work) => work,
                     Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => break,

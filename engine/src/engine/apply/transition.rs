@@ -39,6 +39,27 @@ pub(in crate::engine) struct Outcome {
     /// A compaction is left for the apply thread to sweep. Unfinished, not only pending: one
     /// paused by a snapshot still needs the apply loop, which looks again now and then.
     pub(super) compacting: bool,
+    /// Entries left unapplied because this member could not apply the first of them (its
+    /// disk is full, say): applying stops there and is tried again, in order.
+    pub(super) stalled: Option<Stalled>,
+}
+
+/// Entries not applied, from the one that failed on, and why it failed.
+#[derive(Debug)]
+pub(in crate::engine) struct Stalled {
+    pub(super) entries: Entries,
+    pub(super) error: Error,
+}
+
+/// Whether applying a request failed because of this member, not the request: its files
+/// (a full disk, damage). Every other member applies it, so this one must not answer the
+/// request with the error and go on, which would leave it with another state than theirs; it
+/// stops and applies the entry again later.
+fn is_local_failure(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Backend(_) | Error::Wal(_) | Error::Checkpoint(_) | Error::Snapshot(_)
+    )
 }
 
 /// When a checkpoint is encoded: every `every` entries applied (0: never), and only when the
@@ -85,7 +106,8 @@ impl State {
     pub(in crate::engine) fn apply_batch(&mut self, batch: Entries, step: Step<'_>) -> Outcome {
         let everything = KeyRange::new(&[0], &[0]);
         let mut out = Outcome::default();
-        for (entry, conf) in batch {
+        let mut batch = batch.into_iter();
+        while let Some((entry, conf)) = batch.next() {
             if entry.index <= self.applied_index {
                 // In the state already: a snapshot from the leader was newer than its
                 // metadata said. A waiter for it times out, as for any outcome not known.
@@ -116,6 +138,19 @@ impl State {
                         })
                     }
                 };
+                if let Some(e) = outcome.as_ref().err().filter(|e| is_local_failure(e)) {
+                    // The request left no trace (a failed write is undone): stop here, and
+                    // apply this entry and the rest again later.
+                    if let Some(id) = id {
+                        self.recent.forget_last(id);
+                    }
+                    let error = e.clone();
+                    // A normal entry: no membership change rides with it.
+                    let mut entries = vec![(entry, None)];
+                    entries.extend(batch);
+                    out.stalled = Some(Stalled { entries, error });
+                    break;
+                }
                 if let Some(id) = id {
                     out.answers.push((id, outcome));
                 }
