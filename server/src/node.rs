@@ -57,13 +57,23 @@ pub const NO_LEADER_TIMEOUTS: u32 = 3;
 
 /// Checks every election timeout whether `node` knows a leader, and bumps
 /// [`Node::leaderless`] while it has known none for [`NO_LEADER_TIMEOUTS`] of them (etcd's
-/// `monitorLeader`). Runs until the task is dropped.
+/// `monitorLeader`). Exits the process once the engine has failed for good (its WAL failed:
+/// a full disk, an fsync error), as etcd exits, so that whoever supervises the member starts
+/// it again once the cause is gone; what the log took before is durable. Runs until the
+/// task is dropped.
 pub async fn watch_leader(node: Arc<Node>, election: std::time::Duration) {
     let mut without = 0u32;
     let mut ticks = tokio::time::interval(election);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        if let Some(e) = node.engine.failure() {
+            tracing::error!(
+                error = %e,
+                "this member can take no more writes until it is started again: exiting (start it again once the cause, a full disk say, is gone)"
+            );
+            std::process::exit(1);
+        }
         without = match node.engine.leader() {
             Some(_) => 0,
             None => without.saturating_add(1),

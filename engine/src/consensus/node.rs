@@ -108,6 +108,8 @@ pub(crate) struct Status {
     pub(crate) learner: std::sync::atomic::AtomicBool,
     /// Notified when the leader changes.
     changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
+    /// Why this member stopped accepting writes for good (its WAL failed), once it has.
+    pub(crate) failed: parking_lot::Mutex<Option<Error>>,
 }
 
 impl Status {
@@ -447,12 +449,21 @@ struct NodeThread {
 }
 
 impl NodeThread {
+    /// This member stops accepting writes for good: logged once, and kept in the status for
+    /// whoever runs the engine (the server exits, as etcd does).
+    fn fail(&mut self, e: Error, what: &str) {
+        if self.broken.is_none() {
+            tracing::error!(error = %e, "{what}: this member stops accepting writes");
+            *self.status.failed.lock() = Some(e.clone());
+            self.broken = Some(e);
+        }
+    }
+
     fn run(mut self, rx: Receiver<Input>, nudges: Receiver<()>) {
         let mut next_tick = Instant::now() + self.config.tick;
         // A group of one is leader already: start at once.
         if let Err(e) = self.on_ready() {
-            tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
-            self.broken = Some(e);
+            self.fail(e, "raft ready failed");
         }
         loop {
             crossbeam_channel::select! {
@@ -482,8 +493,7 @@ impl NodeThread {
             }
             self.reads.start(&mut self.raw);
             if let Err(e) = self.on_ready() {
-                tracing::error!(error = %e, "raft ready failed: this member stops accepting writes");
-                self.broken = Some(e);
+                self.fail(e, "raft ready failed");
             }
             if self.on_persisted() {
                 // An append already durable: its Ready goes on at once, without waiting.
@@ -515,8 +525,7 @@ impl NodeThread {
                     std::task::Poll::Pending => break,
                     std::task::Poll::Ready(Ok(_)) => {}
                     std::task::Poll::Ready(Err(e)) => {
-                        tracing::error!(error = %e, "the WAL failed: this member stops accepting writes");
-                        self.broken = Some(e.into());
+                        self.fail(e.into(), "the WAL failed");
                         self.wal_failed = true;
                         break;
                     }

@@ -50,6 +50,14 @@ impl Engine {
         self.core.status.term.load(Ordering::Relaxed)
     }
 
+    /// Why this member stopped accepting writes for good, if it has: its WAL failed (a full
+    /// disk when a segment was to be made, an fsync error), and the log cannot be trusted to
+    /// take more until the engine is opened again. Whoever runs the engine should restart it
+    /// (the `cairn` server exits, as etcd does).
+    pub fn failure(&self) -> Option<crate::Error> {
+        self.core.status.failed.lock().clone()
+    }
+
     /// What this member knows of Raft now (etcd's `Status` fields).
     pub fn raft_status(&self) -> RaftStatus {
         let applied_index = self.core.state.read().applied_index;

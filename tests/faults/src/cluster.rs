@@ -29,12 +29,15 @@ pub struct Cluster {
     initial: String,
     /// Flags the binary takes beyond etcd 3.5.1's.
     extra: Vec<String>,
+    /// Each member's data on a tmpfs of this many MiB of its own (to fill it), or on the
+    /// run's directory.
+    disk_mb: Option<u64>,
 }
 
 impl Cluster {
     /// Starts `size` members of `binary` in `net`, data under `root`, and waits until each is
     /// healthy.
-    pub fn start(binary: &Path, net: Net, size: usize, root: &Path) -> Result<Cluster, String> {
+    pub fn start(binary: &Path, net: Net, size: usize, root: &Path, disk_mb: Option<u64>) -> Result<Cluster, String> {
         let initial = (0..size)
             .map(|i| format!("m{i}=http://{}:2380", net.address(i)))
             .collect::<Vec<_>>()
@@ -65,7 +68,16 @@ impl Cluster {
             binary: binary.to_path_buf(),
             initial,
             extra,
+            disk_mb,
         };
+        if let Some(mb) = disk_mb {
+            for member in &cluster.members {
+                std::fs::create_dir_all(&member.dir).map_err(|e| e.to_string())?;
+                let size = format!("size={mb}m");
+                let dir = member.dir.to_string_lossy().into_owned();
+                crate::net::run(&["mount", "-t", "tmpfs", "-o", &size, "tmpfs", &dir])?;
+            }
+        }
         for i in 0..size {
             cluster.spawn(i)?;
         }
@@ -164,6 +176,24 @@ impl Cluster {
         Ok(())
     }
 
+    /// Whether each member has a disk of its own to fill.
+    pub fn has_own_disks(&self) -> bool {
+        self.disk_mb.is_some()
+    }
+
+    /// Starts member `i` again if its process exited by itself.
+    pub fn restart_if_exited(&mut self, i: usize) -> Result<(), String> {
+        let exited = self.members[i]
+            .child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+        if exited {
+            self.members[i].child = None;
+            self.spawn(i)?;
+        }
+        Ok(())
+    }
+
     /// SIGSTOP (`pause`) or SIGCONT of member `i`.
     pub fn pause(&mut self, i: usize, pause: bool) {
         if let Some(child) = &self.members[i].child {
@@ -179,6 +209,7 @@ impl Cluster {
             if self.members[i].paused {
                 self.pause(i, false);
             }
+            self.restart_if_exited(i)?;
             self.restart(i)?;
         }
         Ok(())
@@ -192,6 +223,34 @@ impl Cluster {
             }
             self.kill(i);
         }
+        if self.disk_mb.is_some() {
+            for member in &self.members {
+                let _ = crate::net::run(&["umount", "-l", &member.dir.to_string_lossy()]);
+            }
+            self.disk_mb = None;
+        }
+    }
+
+    /// Fills member `i`'s disk but for `leave` bytes (a file named `ballast`); `false` to
+    /// empty it again.
+    pub fn fill_disk(&self, i: usize, fill: bool, leave: u64) -> Result<(), String> {
+        let ballast = self.members[i].dir.join("ballast");
+        if !fill {
+            let _ = std::fs::remove_file(&ballast);
+            return Ok(());
+        }
+        let out = Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&self.members[i].dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let avail: u64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or("df gave no free space")?;
+        let size = avail.saturating_sub(leave).max(4096).to_string();
+        crate::net::run(&["fallocate", "-l", &size, &ballast.to_string_lossy()])
     }
 }
 

@@ -69,6 +69,10 @@ struct Args {
     /// The third byte of the members' addresses (10.77.<subnet>.x), so runs can coexist.
     #[arg(long, default_value_t = 1)]
     subnet: u8,
+    /// Each member's data on a tmpfs of this many MiB, which the nemesis fills; 0 for none
+    /// (no disk-full faults).
+    #[arg(long, default_value_t = 0)]
+    disk_mb: u64,
 }
 
 fn main() {
@@ -200,7 +204,8 @@ async fn run(args: &Args) -> Result<Report, String> {
     let _ = std::fs::remove_dir_all(&args.workdir);
     std::fs::create_dir_all(&args.workdir).map_err(|e| format!("{}: {e}", args.workdir.display()))?;
     let net = net::Net::new(&format!("cf{}", args.subnet), args.subnet, args.members)?;
-    let mut cluster = cluster::Cluster::start(&args.binary, net, args.members, &args.workdir)?;
+    let disk = (args.disk_mb > 0).then_some(args.disk_mb);
+    let mut cluster = cluster::Cluster::start(&args.binary, net, args.members, &args.workdir, disk)?;
     let channels: Vec<Channel> = (0..args.members)
         .map(|i| {
             Endpoint::from_shared(cluster.client_url(i))

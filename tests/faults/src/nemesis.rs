@@ -25,6 +25,8 @@ pub enum Kind {
     LossyLinks,
     /// A follower down long enough to need a snapshot when it comes back.
     FollowerFarBehind,
+    /// A member's disk filled (but for 1 MiB) while large values are written, then emptied.
+    DiskFull,
 }
 
 /// The member leading now, as the members' Status says (the first that names itself).
@@ -62,8 +64,14 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
         Kind::AsymmetricPartition,
         Kind::LossyLinks,
         Kind::FollowerFarBehind,
+        Kind::DiskFull,
     ];
-    let mut kind = kinds[rng.random_range(0..kinds.len())];
+    let choices = if cluster.has_own_disks() {
+        kinds.len()
+    } else {
+        kinds.len() - 1
+    };
+    let mut kind = kinds[rng.random_range(0..choices)];
     let target = match (kind, leader) {
         (Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader, Some(l)) => l,
         (Kind::KillLeader, None) => {
@@ -86,6 +94,15 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
             cluster.kill(target);
             tokio::time::sleep(hold).await;
             cluster.restart(target)?;
+        }
+        Kind::DiskFull => {
+            // Large values, so a member soon needs space its preallocated files do not have.
+            cluster.fill_disk(target, true, 1 << 20)?;
+            let writer = tokio::spawn(large_values(channels[leader.unwrap_or(0)].clone(), hold * 2));
+            let _ = writer.await;
+            cluster.fill_disk(target, false, 0)?;
+            // A member that gave up (etcd exits on a full disk) starts again.
+            cluster.restart_if_exited(target)?;
         }
         Kind::FollowerFarBehind => {
             // Down for several seconds of writes: far more than the leader keeps for it
@@ -126,6 +143,23 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
         }
     }
     Ok(kind)
+}
+
+/// Writes 512 KiB values to `channel` for `how_long`, under keys apart from the workload's.
+async fn large_values(channel: Channel, how_long: Duration) {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
+    let mut kv = KvClient::new(channel);
+    let until = tokio::time::Instant::now() + how_long;
+    let mut n = 0u32;
+    while tokio::time::Instant::now() < until {
+        let put = PutRequest {
+            key: format!("large/{}", n % 32).into_bytes().into(),
+            value: vec![b'x'; 512 << 10].into(),
+            ..Default::default()
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), kv.put(put)).await;
+        n += 1;
+    }
 }
 
 /// Faults by kind, for the report.

@@ -16,7 +16,8 @@ pub struct Net {
     members: usize,
 }
 
-fn run(args: &[&str]) -> Result<(), String> {
+/// Runs a command; its stderr in the error if it fails.
+pub fn run(args: &[&str]) -> Result<(), String> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()

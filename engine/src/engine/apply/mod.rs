@@ -249,7 +249,9 @@ impl Applying {
 
     /// Whether stalled entries are due to be tried again.
     fn retry_due(&self) -> bool {
-        self.stalled.as_ref().is_some_and(|(_, _, tried)| tried.elapsed() >= STALL_RETRY)
+        self.stalled
+            .as_ref()
+            .is_some_and(|(_, _, tried)| tried.elapsed() >= STALL_RETRY)
     }
 
     /// Tries the stalled entries again.
