@@ -60,6 +60,9 @@ struct Args {
     /// Keys the clients share.
     #[arg(long, default_value_t = 8)]
     keys: usize,
+    /// Seconds after which the clients move to new keys (each key's history stays short).
+    #[arg(long, default_value_t = 30)]
+    epoch_seconds: u64,
     /// Seed of the fault schedule and the clients' choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -213,7 +216,10 @@ async fn run(args: &Args) -> Result<Report, String> {
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
-    let keys = workload::keys(args.keys);
+    let keys = workload::Keys {
+        count: args.keys,
+        epoch: Duration::from_secs(args.epoch_seconds.max(1)),
+    };
     let history = workload::History::new();
     let stop = Arc::new(AtomicBool::new(false));
     let watchers: Vec<_> = channels
@@ -276,8 +282,8 @@ async fn run(args: &Args) -> Result<Report, String> {
     let watched = check_watchers(&channels, &seen).await;
     // The final reads: every key on every member, after convergence.
     for (i, channel) in channels.iter().enumerate() {
-        for key in &keys {
-            workload::read(1000 + i, channel.clone(), key.clone(), &history).await;
+        for key in keys.all(history.now()) {
+            workload::read(1000 + i, channel.clone(), key, &history).await;
         }
     }
     let ops = history.operations();

@@ -19,9 +19,29 @@ use tonic::transport::Channel;
 /// How long one call may take before it counts as timed out.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The keys the clients work on.
-pub fn keys(count: usize) -> Vec<String> {
-    (0..count).map(|k| format!("k/{k}")).collect()
+/// The keys the clients work on: `count` of them, new ones every `epoch` (so that each key's
+/// history, which the linearizability search walks whole, stays short in a long run; keys
+/// are independent, so checking each on its own is checking all).
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub count: usize,
+    pub epoch: Duration,
+}
+
+impl Keys {
+    /// Key `k` of the epoch `now` (microseconds from the history's start) falls in.
+    pub fn key(&self, now: u64, k: usize) -> String {
+        let epoch = now / u64::try_from(self.epoch.as_micros()).unwrap_or(u64::MAX).max(1);
+        format!("k/{epoch}/{k}")
+    }
+
+    /// Every key of every epoch up to `now`.
+    pub fn all(&self, now: u64) -> Vec<String> {
+        let last = now / u64::try_from(self.epoch.as_micros()).unwrap_or(u64::MAX).max(1);
+        (0..=last)
+            .flat_map(|e| (0..self.count).map(move |k| format!("k/{e}/{k}")))
+            .collect()
+    }
 }
 
 /// What every client records, against one clock.
@@ -56,18 +76,24 @@ impl History {
 pub async fn client(
     id: usize,
     channels: Vec<Channel>,
-    keys: Vec<String>,
+    keys: Keys,
     history: Arc<History>,
     stop: Arc<AtomicBool>,
     seed: u64,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seq = 0u64;
-    let mut last_read: Vec<Option<String>> = vec![None; keys.len()];
+    let mut last_read: Vec<Option<String>> = vec![None; keys.count];
+    let mut epoch_key = String::new();
     while !stop.load(Ordering::Relaxed) {
         let member = rng.random_range(0..channels.len());
-        let k = rng.random_range(0..keys.len());
-        let key = keys[k].clone();
+        let k = rng.random_range(0..keys.count);
+        let key = keys.key(history.now(), k);
+        if keys.key(history.now(), 0) != epoch_key {
+            // A new epoch: nothing read of its keys yet.
+            epoch_key = keys.key(history.now(), 0);
+            last_read.iter_mut().for_each(|v| *v = None);
+        }
         let mut kv = KvClient::new(channels[member].clone());
         let roll = rng.random_range(0..10);
         let input = if roll < 4 {
