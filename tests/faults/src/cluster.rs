@@ -29,8 +29,8 @@ pub struct Cluster {
     initial: String,
     /// Flags the binary takes beyond etcd 3.5.1's.
     extra: Vec<String>,
-    /// Each member's data on a tmpfs of this many MiB of its own (to fill it), or on the
-    /// run's directory.
+    /// Each member's data on an ext4 file system of this many MiB of its own (a sparse image
+    /// loop-mounted, to fill or freeze), or on the run's directory.
     disk_mb: Option<u64>,
 }
 
@@ -73,9 +73,11 @@ impl Cluster {
         if let Some(mb) = disk_mb {
             for member in &cluster.members {
                 std::fs::create_dir_all(&member.dir).map_err(|e| e.to_string())?;
-                let size = format!("size={mb}m");
+                let image = member.dir.with_extension("img").to_string_lossy().into_owned();
                 let dir = member.dir.to_string_lossy().into_owned();
-                crate::net::run(&["mount", "-t", "tmpfs", "-o", &size, "tmpfs", &dir])?;
+                crate::net::run(&["truncate", "-s", &format!("{mb}M"), &image])?;
+                crate::net::run(&["mkfs.ext4", "-q", "-F", &image])?;
+                crate::net::run(&["mount", "-o", "loop", &image, &dir])?;
             }
         }
         for i in 0..size {
@@ -176,6 +178,13 @@ impl Cluster {
         Ok(())
     }
 
+    /// Freezes member `i`'s file system (`fsfreeze`: every write to it waits), or thaws it: a
+    /// stalled disk.
+    pub fn freeze_disk(&self, i: usize, freeze: bool) -> Result<(), String> {
+        let dir = self.members[i].dir.to_string_lossy().into_owned();
+        crate::net::run(&["fsfreeze", if freeze { "-f" } else { "-u" }, &dir])
+    }
+
     /// Whether each member has a disk of its own to fill.
     pub fn has_own_disks(&self) -> bool {
         self.disk_mb.is_some()
@@ -225,7 +234,10 @@ impl Cluster {
         }
         if self.disk_mb.is_some() {
             for member in &self.members {
-                let _ = crate::net::run(&["umount", "-l", &member.dir.to_string_lossy()]);
+                let dir = member.dir.to_string_lossy().into_owned();
+                let _ = crate::net::run(&["fsfreeze", "-u", &dir]);
+                let _ = crate::net::run(&["umount", "-l", &dir]);
+                let _ = std::fs::remove_file(member.dir.with_extension("img"));
             }
             self.disk_mb = None;
         }

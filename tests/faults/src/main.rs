@@ -119,6 +119,8 @@ struct Report {
     /// Events checked and connections made by the watchers.
     watched: Result<(usize, usize), String>,
     leases: lease::Leases,
+    /// For each stalled disk: serializable reads asked of its member, and answered.
+    stalled: Vec<(usize, usize)>,
 }
 
 impl Report {
@@ -199,6 +201,14 @@ impl std::fmt::Display for Report {
             "check no lease expires before its TTL after its last acknowledged keep-alive, and each expires: {verdict}, {} leases, {} keep-alives, {} expiries seen",
             l.granted, l.keep_alives, l.expired
         )?;
+        if !self.stalled.is_empty() {
+            let (asked, answered) = self.stalled.iter().fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+            writeln!(
+                f,
+                "serializable reads on a member whose disk is stalled: {answered} of {asked} answered within 1 s, over {} stalls",
+                self.stalled.len()
+            )?;
+        }
         write!(f, "result: {}", if self.passed() { "PASS" } else { "FAIL" })
     }
 }
@@ -253,9 +263,10 @@ async fn run(args: &Args) -> Result<Report, String> {
 
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut injected = nemesis::Injected::new();
+    let mut stalled = Vec::new();
     let until = Instant::now() + Duration::from_secs(args.seconds);
     while Instant::now() < until {
-        let kind = nemesis::one_fault(&mut cluster, &channels, &mut rng).await?;
+        let kind = nemesis::one_fault(&mut cluster, &channels, &mut rng, &mut stalled).await?;
         *injected.entry(kind).or_default() += 1;
         let gap = Duration::from_millis(rand::Rng::random_range(&mut rng, 500..2000));
         tokio::time::sleep(gap).await;
@@ -309,6 +320,7 @@ async fn run(args: &Args) -> Result<Report, String> {
         converged,
         watched,
         leases,
+        stalled,
     })
 }
 

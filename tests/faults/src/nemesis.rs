@@ -27,6 +27,8 @@ pub enum Kind {
     FollowerFarBehind,
     /// A member's disk filled (but for 1 MiB) while large values are written, then emptied.
     DiskFull,
+    /// A member's file system frozen (every write to it waits), then thawed: a stalled disk.
+    DiskStall,
 }
 
 /// The member leading now, as the members' Status says (the first that names itself).
@@ -45,7 +47,14 @@ pub async fn leader(channels: &[Channel]) -> Option<usize> {
 }
 
 /// Injects one fault of a random kind for a random 1–4 s, then heals it. Returns its kind.
-pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut StdRng) -> Result<Kind, String> {
+/// `stalled`: for each stalled disk, the serializable reads asked of its member meanwhile and
+/// those answered.
+pub async fn one_fault(
+    cluster: &mut Cluster,
+    channels: &[Channel],
+    rng: &mut StdRng,
+    stalled: &mut Vec<(usize, usize)>,
+) -> Result<Kind, String> {
     let size = cluster.members.len();
     let leader = leader(channels).await;
     let follower = |rng: &mut StdRng| loop {
@@ -65,11 +74,13 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
         Kind::LossyLinks,
         Kind::FollowerFarBehind,
         Kind::DiskFull,
+        Kind::DiskStall,
     ];
+    // The disk faults last, for members with disks of their own.
     let choices = if cluster.has_own_disks() {
         kinds.len()
     } else {
-        kinds.len() - 1
+        kinds.len() - 2
     };
     let mut kind = kinds[rng.random_range(0..choices)];
     let target = match (kind, leader) {
@@ -103,6 +114,12 @@ pub async fn one_fault(cluster: &mut Cluster, channels: &[Channel], rng: &mut St
             cluster.fill_disk(target, false, 0)?;
             // A member that gave up (etcd exits on a full disk) starts again.
             cluster.restart_if_exited(target)?;
+        }
+        Kind::DiskStall => {
+            cluster.freeze_disk(target, true)?;
+            let probed = stalled_reads(channels[target].clone(), hold).await;
+            cluster.freeze_disk(target, false)?;
+            stalled.push(probed);
         }
         Kind::FollowerFarBehind => {
             // Down for several seconds of writes: far more than the leader keeps for it
@@ -160,6 +177,30 @@ async fn large_values(channel: Channel, how_long: Duration) {
         let _ = tokio::time::timeout(Duration::from_secs(2), kv.put(put)).await;
         n += 1;
     }
+}
+
+/// Serializable reads on a member whose disk is stalled, for `how_long`: how many were
+/// asked and how many answered within a second (they need no disk).
+async fn stalled_reads(channel: Channel, how_long: Duration) -> (usize, usize) {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, RangeRequest};
+    let mut kv = KvClient::new(channel);
+    let until = tokio::time::Instant::now() + how_long;
+    let (mut asked, mut answered) = (0, 0);
+    while tokio::time::Instant::now() < until {
+        let range = RangeRequest {
+            key: b"k/".to_vec().into(),
+            range_end: b"k0".to_vec().into(),
+            serializable: true,
+            count_only: true,
+            ..Default::default()
+        };
+        asked += 1;
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), kv.range(range)).await {
+            answered += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (asked, answered)
 }
 
 /// Faults by kind, for the report.
