@@ -3,8 +3,8 @@
 # the same run against etcd 3.5.1 (target/etcd-3.5, which tests/run-all.sh installs), the
 # harness's own check: a harness that flags etcd is wrong. Both must pass.
 #
-# Needs root (network namespaces, iptables); installs Debian's iproute2 and iptables if they
-# are missing. `--seconds N` and `--members N` pass through; tests/faults/soak.sh is the long
+# Needs root (network namespaces, iptables, loop mounts); installs Debian's iproute2, iptables,
+# e2fsprogs and util-linux if they are missing. `--seconds N` and `--members N` pass through; tests/faults/soak.sh is the long
 # run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -14,9 +14,11 @@ if [ "$(id -u)" != 0 ]; then
     echo "tests/faults needs root (network namespaces and iptables)" >&2
     exit 1
 fi
-if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
+if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1 \
+    || ! command -v mkfs.ext4 >/dev/null 2>&1 || ! command -v fsfreeze >/dev/null 2>&1; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 iptables >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        iproute2 iptables e2fsprogs util-linux >/dev/null
 fi
 
 cargo build -p cairn-server --bin cairn -p cairn-faults --bin faults --locked
