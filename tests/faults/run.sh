@@ -4,8 +4,8 @@
 # harness's own check: a harness that flags etcd is wrong. Both must pass.
 #
 # Needs root (network namespaces, iptables, loop mounts); installs Debian's iproute2, iptables,
-# e2fsprogs and util-linux if they are missing. `--seconds N` and `--members N` pass through; tests/faults/soak.sh is the long
-# run.
+# e2fsprogs and util-linux if they are missing. `--seconds N` and `--members N` pass through;
+# tests/faults/soak.sh is the long run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
