@@ -162,13 +162,19 @@ pub async fn one_fault(
     Ok(kind)
 }
 
-/// Writes 512 KiB values to `channel` for `how_long`, under keys apart from the workload's.
+/// Large values one disk-full fault writes at most: 64 MiB, so that history (never compacted:
+/// the watchers are checked against all of it) does not fill the disks for good in a long
+/// run.
+const LARGE_VALUES: u32 = 128;
+
+/// Writes 512 KiB values to `channel` for `how_long` (at most [`LARGE_VALUES`] of them), under
+/// keys apart from the workload's.
 async fn large_values(channel: Channel, how_long: Duration) {
     use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
     let mut kv = KvClient::new(channel);
     let until = tokio::time::Instant::now() + how_long;
     let mut n = 0u32;
-    while tokio::time::Instant::now() < until {
+    while tokio::time::Instant::now() < until && n < LARGE_VALUES {
         let put = PutRequest {
             key: format!("large/{}", n % 32).into_bytes().into(),
             value: vec![b'x'; 512 << 10].into(),
