@@ -76,8 +76,13 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<()
         .with_writer(writer.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr)));
     match format {
         LogFormat::Json => subscriber.with_ansi(false).event_format(ZapJson).init(),
-        // No terminal colours in a file.
-        LogFormat::Console => subscriber.with_ansi(!files).init(),
+        // Colours only on a terminal (not in a file, nor in stderr redirected to one), and not
+        // with NO_COLOR set.
+        LogFormat::Console => {
+            use std::io::IsTerminal;
+            let colours = !files && std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            subscriber.with_ansi(colours).init()
+        }
     }
     Ok(())
 }

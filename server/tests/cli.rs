@@ -185,6 +185,17 @@ fn the_console_format_is_not_json() {
     assert!(written.contains("serving name=console"), "{written}");
     assert!(written.lines().all(|l| !l.starts_with('{')), "{written}");
     assert!(!written.contains('\x1b'), "colours in a file: {written}");
+    // Nor on stderr when it is not a terminal (here a pipe), NO_COLOR or not.
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_dir = dir.path().join("a-file");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    let output = cairn(
+        &["--log-format=console", "--data-dir", not_a_dir.to_str().unwrap()],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("starting a cairn server"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "colours in a pipe: {stderr}");
 }
 
 /// A KV request slower than `--warning-apply-duration` is logged with how long it took; at
