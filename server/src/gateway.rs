@@ -355,6 +355,21 @@ impl Replies {
     }
 }
 
+impl Replies {
+    /// A gRPC answer's messages, or the error its headers already carry (a call that failed
+    /// before answering anything).
+    fn of(answer: Response<Body>) -> Result<Replies, Status> {
+        let (parts, body) = answer.into_parts();
+        match failure(&parts.headers) {
+            Some(status) => Err(status),
+            None => Ok(Replies {
+                body,
+                buffered: BytesMut::new(),
+            }),
+        }
+    }
+}
+
 /// The status in gRPC headers or trailers, unless it is OK.
 fn failure(headers: &HeaderMap) -> Option<Status> {
     Status::from_header_map(headers).filter(|s| s.code() != Code::Ok)
@@ -362,13 +377,9 @@ fn failure(headers: &HeaderMap) -> Option<Status> {
 
 /// A unary answer: its message as JSON, or its error.
 async fn unary(answer: Response<Body>, response: MessageDescriptor) -> Response<Body> {
-    let (parts, body) = answer.into_parts();
-    if let Some(status) = failure(&parts.headers) {
-        return unary_error(&status);
-    }
-    let mut replies = Replies {
-        body,
-        buffered: BytesMut::new(),
+    let mut replies = match Replies::of(answer) {
+        Ok(replies) => replies,
+        Err(status) => return unary_error(&status),
     };
     let message = match replies.next().await {
         Reply::Message(message) => message,
@@ -387,13 +398,9 @@ async fn unary(answer: Response<Body>, response: MessageDescriptor) -> Response<
 /// A streamed answer: a `{"result":…}` line per message, flushed one at a time. An error
 /// before the first message is the answer's status; after it, the last chunk.
 async fn streamed(answer: Response<Body>, response: MessageDescriptor) -> Response<Body> {
-    let (parts, body) = answer.into_parts();
-    if let Some(status) = failure(&parts.headers) {
-        return stream_error(&status);
-    }
-    let mut replies = Replies {
-        body,
-        buffered: BytesMut::new(),
+    let mut replies = match Replies::of(answer) {
+        Ok(replies) => replies,
+        Err(status) => return stream_error(&status),
     };
     let first = match replies.next().await {
         Reply::Message(message) => message,
