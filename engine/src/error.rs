@@ -73,6 +73,11 @@ pub enum Error {
     /// "mvcc: database space exceeded").
     #[error("the backend quota is exhausted (the NOSPACE alarm is raised)")]
     NoSpace,
+    /// The CORRUPT alarm is raised: a hash check found a member whose data differs from the
+    /// others'. Writes fail everywhere, and reads on the member named, until it is disarmed
+    /// (etcd: "etcdserver: corrupt cluster").
+    #[error("the CORRUPT alarm is raised: a member's data differs from the others'")]
+    Corrupt,
     /// The configuration failed validation.
     #[error("invalid engine config: {0}")]
     InvalidConfig(String),

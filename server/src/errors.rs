@@ -97,6 +97,7 @@ pub fn status(e: &Error) -> Status {
             "etcdserver: mvcc: required revision is a future revision",
         ),
         Error::NoSpace => (Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+        Error::Corrupt => (Code::DataLoss, "etcdserver: corrupt cluster"),
         Error::LeaseNotFound => (Code::NotFound, "etcdserver: requested lease not found"),
         Error::LeaseExists => (Code::FailedPrecondition, "etcdserver: lease already exists"),
         Error::LeaseTtlTooLarge => (Code::OutOfRange, "etcdserver: too large lease TTL"),

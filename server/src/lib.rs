@@ -7,6 +7,7 @@ pub mod access;
 pub mod api;
 pub mod compactor;
 pub mod convert;
+pub mod corruption;
 pub mod errors;
 pub mod flags;
 pub mod forward;

@@ -311,6 +311,18 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
 struct PeerService {
     inbox: InboxSlot,
     cluster: Arc<ClusterId>,
+    /// This member's compaction hashes, for the leader's check.
+    kept: Arc<crate::corruption::Kept>,
+}
+
+impl PeerService {
+    fn engine(&self) -> Result<Arc<Engine>, Status> {
+        self.inbox
+            .read()
+            .as_ref()
+            .and_then(|a| a.engine.upgrade())
+            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))
+    }
 }
 
 fn foreign() -> Status {
@@ -406,12 +418,7 @@ impl Peer for PeerService {
     }
 
     async fn members(&self, _request: Request<pb::MembersRequest>) -> Result<Response<pb::MembersResponse>, Status> {
-        let engine = self
-            .inbox
-            .read()
-            .as_ref()
-            .and_then(|a| a.engine.upgrade())
-            .ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
+        let engine = self.engine()?;
         let members = engine
             .member_list()
             .into_iter()
@@ -423,6 +430,30 @@ impl Peer for PeerService {
         Ok(Response::new(pb::MembersResponse {
             cluster_id: self.cluster.get(),
             members,
+        }))
+    }
+    async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        let engine = self.engine()?;
+        let request = request.into_inner();
+        let hash = match request.compaction {
+            true => self
+                .kept
+                .get(request.revision)
+                .ok_or_else(|| Status::not_found("no hash kept for a compaction at that revision"))?,
+            false => {
+                let hashing = engine.clone();
+                tokio::task::spawn_blocking(move || hashing.hash_kv(request.revision))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(|e| crate::errors::status(&e))?
+            }
+        };
+        Ok(Response::new(pb::HashResponse {
+            member_id: engine.member_id(),
+            revision: engine.current_revision(),
+            hash: hash.hash,
+            hash_revision: hash.hash_revision,
+            compact_revision: hash.compact_revision,
         }))
     }
 }
@@ -483,8 +514,8 @@ pub fn store_member_id(dir: &Path, id: u64) -> std::io::Result<()> {
 }
 
 /// The peer listener's routes.
-pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>) -> axum::Router {
-    let service = PeerServer::new(PeerService { inbox, cluster })
+pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>, kept: Arc<crate::corruption::Kept>) -> axum::Router {
+    let service = PeerServer::new(PeerService { inbox, cluster, kept })
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     tonic::service::Routes::new(service).into_axum_router()

@@ -82,6 +82,8 @@ struct Plan {
     client_tls: Option<Tls>,
     /// The peer port's TLS (also for dialing peers).
     peer_tls: Option<Tls>,
+    /// The corruption checks asked for.
+    checks: crate::corruption::Checks,
 }
 
 fn plan(f: &Flags) -> Result<Plan, ServeError> {
@@ -224,6 +226,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         access: access_settings(&f.security)?,
         client_tls,
         peer_tls,
+        checks: f.compat.corruption_checks()?,
     })
 }
 
@@ -598,8 +601,9 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     // A new member of an existing cluster starts hearing from the leader only once its peer
     // listener is up: serve peers before opening the engine, which waits to catch up.
     let inbox = peers.inbox_slot();
+    let kept = Arc::new(crate::corruption::Kept::default());
     for bound in peer_listeners {
-        let router = crate::peer::router(inbox.clone(), cluster.clone());
+        let router = crate::peer::router(inbox.clone(), cluster.clone(), kept.clone());
         let serving = serve_on(bound, plan.peer_tls.as_ref(), "peer", router, std::future::pending())?;
         tokio::spawn(async move {
             if let Ok(Err(e)) = serving.await {
@@ -638,6 +642,12 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         access: plan.access.clone(),
         leaderless: tokio::sync::watch::channel(0).0,
     });
+    let peer_connector = Connector::new(plan.peer_tls.clone());
+    if plan.checks.initial {
+        crate::corruption::initial_check(&node, &peer_connector)
+            .await
+            .map_err(ServeError::Other)?;
+    }
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
     let (auto_promote, promoting) = (f.auto_promote_learners, node.clone());
     let every = Duration::from_millis(f.heartbeat_interval.saturating_mul(5));
@@ -661,6 +671,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
                 crate::promoter::run(promoting, every).await;
             }
         }),
+        tokio::spawn(crate::corruption::run(node.clone(), peer_connector, plan.checks, kept)),
     ];
     let http_only = crate::http::router(node.clone(), metrics.clone());
     let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());

@@ -212,7 +212,9 @@ impl Engine {
     }
 
     fn read_txn_locally(&self, request: &TxnRequest) -> Result<Applied<TxnResponse>> {
-        let (response, revision) = request.read(&self.core.state.read().store)?;
+        let st = self.core.state.read();
+        st.check_readable(self.member_id())?;
+        let (response, revision) = request.read(&st.store)?;
         Ok(Applied { response, revision })
     }
 
@@ -227,7 +229,9 @@ impl Engine {
         if !request.serializable {
             self.core.read_barrier()?;
         }
-        request.apply(&self.core.state.read().store)
+        let st = self.core.state.read();
+        st.check_readable(self.member_id())?;
+        request.apply(&st.store)
     }
 
     /// [`Engine::range`] for async code: no thread waits for the read barrier, and a
@@ -239,7 +243,9 @@ impl Engine {
         if !request.serializable {
             self.read_barrier_async().await?;
         }
-        request.apply(&self.core.state.read().store)
+        let st = self.core.state.read();
+        st.check_readable(self.member_id())?;
+        request.apply(&st.store)
     }
 
     /// Waits until this member has applied everything committed when it was called: what it

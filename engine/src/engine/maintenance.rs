@@ -69,6 +69,46 @@ pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write
     writer.finish()
 }
 
+/// Keeps the compaction sweep from dropping history while a snapshot or a hash reads it a
+/// chunk at a time; taken with `store.pinned += 1` under the state's lock, released however
+/// the reading ends. A snapshot from the leader installed meanwhile carries the count over.
+struct Pin<'a>(&'a RwLock<State>);
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.0.write().store.pinned -= 1;
+    }
+}
+
+/// Records hashed under one hold of the state's read lock.
+const HASH_CHUNK: usize = 4096;
+
+/// The hash of the changes in history as of compaction at `compacted` up to revision `to`,
+/// read a chunk at a time so writes go on meanwhile; the caller has pinned the store (`_pin`)
+/// in the lock hold that chose `to` and `compacted` and read `installs`.
+fn hash_pinned(state: &RwLock<State>, _pin: Pin<'_>, installs: u64, to: i64, compacted: i64) -> Result<HashKv> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut after = None;
+    loop {
+        let st = state.read();
+        if st.installs != installs {
+            // Another state now: what was hashed so far says nothing about it.
+            return Err(Error::Snapshot(Failure::new(
+                "a snapshot from the leader replaced the state while it was hashed",
+            )));
+        }
+        match st.store.hash_chunk(&mut hasher, after, to, compacted, HASH_CHUNK)? {
+            Some(last) => after = Some(last),
+            None => break,
+        }
+    }
+    Ok(HashKv {
+        hash: hasher.finalize(),
+        compact_revision: compacted,
+        hash_revision: to,
+    })
+}
+
 /// Exports the state as of now: `begin` gets its meta (leases, auth, membership, revisions),
 /// then `each` every record in history, in revision order, a chunk at a time read under the
 /// read lock (writes go on; the compaction sweep waits until it is done). The chunks are read
@@ -79,13 +119,6 @@ fn export_state<W>(
     begin: impl FnOnce(SnapshotMeta) -> Result<W>,
     mut each: impl FnMut(&mut W, &crate::mvcc::store::Chunk) -> Result<()>,
 ) -> Result<W> {
-    /// Unpins the store however the snapshot ends.
-    struct Pin<'a>(&'a RwLock<State>);
-    impl Drop for Pin<'_> {
-        fn drop(&mut self) {
-            self.0.write().store.pinned -= 1;
-        }
-    }
     let (meta, installs) = {
         let mut st = state.write();
         st.store.pinned += 1;
@@ -462,8 +495,35 @@ impl Engine {
     }
 
     /// etcd's `HashKV`: a hash of the history kept up to `revision` (0 for the current one),
-    /// equal on members that applied the same log, and across restarts.
+    /// equal on members that applied the same log, and across restarts. Read a chunk at a time
+    /// while writes go on (the compaction sweep waits until it is done).
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
-        self.core.state.read().store.hash_kv(revision)
+        let state = &self.core.state;
+        let (to, compacted, installs) = {
+            let mut st = state.write();
+            let to = st.store.hash_revision(revision)?;
+            st.store.pinned += 1;
+            (to, st.store.compacted_revision(), st.installs)
+        };
+        hash_pinned(state, Pin(state), installs, to, compacted)
+    }
+
+    /// The hash of the keys and values as of the latest compaction (`hash_revision` and
+    /// `compact_revision` are its revision): what a member keeps of each compaction for the
+    /// compaction hash check, which compares it with the other members' at the same revision.
+    /// It can be taken any time until the next compaction, whose history it does not cover.
+    /// `None` if history was never compacted.
+    pub fn compaction_hash(&self) -> Result<Option<HashKv>> {
+        let state = &self.core.state;
+        let (compacted, installs) = {
+            let mut st = state.write();
+            let compacted = st.store.compacted_revision();
+            if compacted == 0 {
+                return Ok(None);
+            }
+            st.store.pinned += 1;
+            (compacted, st.installs)
+        };
+        hash_pinned(state, Pin(state), installs, compacted, compacted).map(Some)
     }
 }

@@ -128,6 +128,19 @@ impl State {
         }
     }
 
+    /// Reads served here fail while a CORRUPT alarm names this member (or no member): a hash
+    /// check found its data differs from the others'.
+    fn check_readable(&self, me: u64) -> Result<()> {
+        match self
+            .alarms
+            .iter()
+            .any(|&(m, a)| a == Alarm::Corrupt && (m == me || m == 0))
+        {
+            true => Err(Error::Corrupt),
+            false => Ok(()),
+        }
+    }
+
     /// An empty state in memory, applied up to `applied`, for the apply core's tests.
     #[cfg(test)]
     fn empty(applied: u64) -> State {

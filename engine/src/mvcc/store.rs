@@ -79,6 +79,17 @@ pub struct HashKv {
     pub hash_revision: i64,
 }
 
+impl HashKv {
+    /// A hash as another member reported it.
+    pub fn new(hash: u32, compact_revision: i64, hash_revision: i64) -> HashKv {
+        HashKv {
+            hash,
+            compact_revision,
+            hash_revision,
+        }
+    }
+}
+
 /// How to read a range (etcd's `RangeRequest` options, less sorting and filters, which the
 /// request layer applies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -508,7 +519,23 @@ impl Store {
 
     /// A hash of the history still kept, up to `revision` (0 for the current one): members that
     /// applied the same log, and compacted at the same revision, agree on it, across restarts.
+    /// All under one borrow; the engine hashes a chunk at a time ([`Store::hash_chunk`]).
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        let at = self.hash_revision(revision)?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut after = None;
+        while let Some(last) = self.hash_chunk(&mut hasher, after, at, self.compacted, usize::MAX)? {
+            after = Some(last);
+        }
+        Ok(HashKv {
+            hash: hasher.finalize(),
+            compact_revision: self.compacted,
+            hash_revision: at,
+        })
+    }
+
+    /// The revision HashKV of `revision` hashes up to (0: the current one).
+    pub(crate) fn hash_revision(&self, revision: i64) -> Result<i64> {
         // etcd refuses the compacted revision itself too (reads accept it).
         if revision > 0 && self.compacted > 0 && revision <= self.compacted {
             return Err(Error::Compacted {
@@ -516,33 +543,46 @@ impl Store {
                 compacted: self.compacted,
             });
         }
-        let at = self.read_revision(revision)?;
-        let mut h = crc32fast::Hasher::new();
+        self.read_revision(revision)
+    }
+
+    /// Adds to `hasher` the changes in history as of compaction at `compacted`, after revision
+    /// `after` (none: from the start) up to revision `to`, at most `limit` looked at. Returns
+    /// the last revision looked at (`None`: nothing was left). The caller keeps the history
+    /// from being swept between chunks (the store's pin).
+    pub(crate) fn hash_chunk(
+        &self,
+        hasher: &mut crc32fast::Hasher,
+        after: Option<Revision>,
+        to: i64,
+        compacted: i64,
+        limit: usize,
+    ) -> Result<Option<Revision>> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut last = None;
         for (rev, loc) in self
             .log
-            .range(Bound::Unbounded, Bound::Included(Revision::new(at, i64::MAX)))
+            .range(from, Bound::Included(Revision::new(to, i64::MAX)))
+            .take(limit)
         {
+            last = Some(rev);
             let record = self.backend.read(loc)?;
-            if !self.visible(&rev, record.key, self.compacted) {
+            if !self.visible(&rev, record.key, compacted) {
                 continue;
             }
-            h.update(&rev.encode());
-            h.update(&(record.key.len() as u64).to_be_bytes());
-            h.update(record.key);
+            hasher.update(&rev.encode());
+            hasher.update(&(record.key.len() as u64).to_be_bytes());
+            hasher.update(record.key);
             if record.is_tombstone() {
-                h.update(&[0]);
+                hasher.update(&[0]);
             } else {
-                h.update(&[1]);
-                h.update(&(record.value.len() as u64).to_be_bytes());
-                h.update(record.value);
-                h.update(&record.lease.to_be_bytes());
+                hasher.update(&[1]);
+                hasher.update(&(record.value.len() as u64).to_be_bytes());
+                hasher.update(record.value);
+                hasher.update(&record.lease.to_be_bytes());
             }
         }
-        Ok(HashKv {
-            hash: h.finalize(),
-            compact_revision: self.compacted,
-            hash_revision: at,
-        })
+        Ok(last)
     }
 
     /// Every key that exists now with a lease attached, as lease changes from none (for the

@@ -1,7 +1,7 @@
 //! etcd 3.6's and 3.7's newer flags: `--watch-progress-notify-interval` and
 //! `--snapshot-catchup-entries` with their 3.6 `--experimental-*` aliases, `--feature-gates`,
-//! and the flags kubeadm and managed distributions pass that tune what cairn does not have
-//! (bbolt, hash checks, tracing): accepted with their types checked, logged as without
+//! the hash checks' flags, and the flags kubeadm and managed distributions pass that tune what
+//! cairn does not have (bbolt, tracing): accepted with their types checked, logged as without
 //! effect, so an etcd manifest starts cairn unchanged.
 
 use std::collections::BTreeMap;
@@ -12,19 +12,23 @@ use clap::Args;
 use super::{bad, BadFlag};
 
 /// etcd's server feature gates (3.6 and 3.7, `server/features`), with what cairn does with
-/// each: all are accepted; none changes cairn's behaviour, which already is what the gate
-/// turns on (or has no such part).
+/// each: all are accepted; the hash checks' two ([`EFFECTIVE_GATES`]) turn them on, and none
+/// of the others changes cairn's behaviour, which already is what the gate turns on (or has
+/// no such part).
 pub const FEATURE_GATES: &[(&str, &str)] = &[
     ("StopGRPCServiceOnDefrag", "cairn serves during defragmentation"),
     ("TxnModeWriteWithSharedBuffer", "a bbolt buffering mode"),
-    ("InitialCorruptCheck", "cairn checks its files' CRCs when it opens them"),
-    ("CompactHashCheck", "no periodic hash check"),
+    ("InitialCorruptCheck", "compare hashes with the peers before serving"),
+    ("CompactHashCheck", "the leader compares the hashes kept at compactions"),
     ("LeaseCheckpoint", "remaining TTLs are always checkpointed"),
     ("LeaseCheckpointPersist", "remaining TTLs are always checkpointed"),
     ("SetMemberLocalAddr", "peer connections use the system's source address"),
     ("FastLeaseKeepAlive", "keep-alives are served by the leader at once"),
     ("PriorityRequest", "no request priorities"),
 ];
+
+/// The gates that change what cairn does.
+pub const EFFECTIVE_GATES: &[&str] = &["InitialCorruptCheck", "CompactHashCheck"];
 
 /// The flags of this module.
 // The hidden flags are documented a group at a time, on the first of each; clap turns doc
@@ -49,12 +53,17 @@ pub struct Compat {
     #[arg(long, env = "ETCD_FEATURE_GATES")]
     pub feature_gates: Option<String>,
 
+    /// Compare this member's hash with its peers' before serving clients, and exit if they
+    /// differ (the InitialCorruptCheck feature gate does the same).
+    #[arg(long, env = "ETCD_EXPERIMENTAL_INITIAL_CORRUPT_CHECK", num_args = 0..=1, default_missing_value = "true")]
+    pub experimental_initial_corrupt_check: Option<bool>,
+    /// The leader compares the hashes members keep at each compaction, every
+    /// --compact-hash-check-time (the CompactHashCheck feature gate does the same).
+    #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACT_HASH_CHECK_ENABLED", num_args = 0..=1, default_missing_value = "true")]
+    pub experimental_compact_hash_check_enabled: Option<bool>,
+
     /// Bools as Go's flag package reads them (`--flag`, `--flag=true|false`), of what cairn
     /// does not have or always does.
-    #[arg(long, env = "ETCD_EXPERIMENTAL_INITIAL_CORRUPT_CHECK", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub experimental_initial_corrupt_check: Option<bool>,
-    #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACT_HASH_CHECK_ENABLED", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub experimental_compact_hash_check_enabled: Option<bool>,
     #[arg(long, env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub experimental_enable_lease_checkpoint: Option<bool>,
     #[arg(long, env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT_PERSIST", hide = true, num_args = 0..=1, default_missing_value = "true")]
@@ -72,16 +81,22 @@ pub struct Compat {
     #[arg(long, env = "ETCD_MEMORY_MLOCK", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub memory_mlock: Option<bool>,
 
-    /// Durations: --warning-apply-duration, and those of what cairn does not have (hash
-    /// checks, bbolt compaction pacing, unary request warnings).
+    /// How often the leader compares the latest revision's hash with the members' (a Go
+    /// duration; 0, the default, for never).
+    #[arg(long, env = "ETCD_CORRUPT_CHECK_TIME")]
+    pub corrupt_check_time: Option<String>,
+    /// etcd 3.5's name for --corrupt-check-time.
     #[arg(long, env = "ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME", hide = true)]
     pub experimental_corrupt_check_time: Option<String>,
-    #[arg(long, env = "ETCD_CORRUPT_CHECK_TIME", hide = true)]
-    pub corrupt_check_time: Option<String>,
+    /// How often the leader compares compaction hashes, once enabled (default 1m).
+    #[arg(long, env = "ETCD_COMPACT_HASH_CHECK_TIME")]
+    pub compact_hash_check_time: Option<String>,
+    /// etcd 3.5's name for --compact-hash-check-time.
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACT_HASH_CHECK_TIME", hide = true)]
     pub experimental_compact_hash_check_time: Option<String>,
-    #[arg(long, env = "ETCD_COMPACT_HASH_CHECK_TIME", hide = true)]
-    pub compact_hash_check_time: Option<String>,
+
+    /// Durations: --warning-apply-duration, and those of what cairn does not have (bbolt
+    /// compaction pacing, unary request warnings).
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACTION_SLEEP_INTERVAL", hide = true)]
     pub experimental_compaction_sleep_interval: Option<String>,
     #[arg(long, env = "ETCD_COMPACTION_SLEEP_INTERVAL", hide = true)]
@@ -156,6 +171,43 @@ impl Compat {
         }
     }
 
+    /// The hash checks the flags and feature gates turn on; all are off unless asked for, as
+    /// in etcd.
+    pub fn corruption_checks(&self) -> Result<crate::corruption::Checks, BadFlag> {
+        let gates = self.feature_gates()?;
+        let duration = |new: &'static str,
+                        new_value: &Option<String>,
+                        old: &'static str,
+                        old_value: &Option<String>| match (new_value, old_value) {
+            (Some(v), _) => go_duration(new, v).map(Some),
+            (None, Some(v)) => go_duration(old, v).map(Some),
+            (None, None) => Ok(None),
+        };
+        let latest = duration(
+            "corrupt-check-time",
+            &self.corrupt_check_time,
+            "experimental-corrupt-check-time",
+            &self.experimental_corrupt_check_time,
+        )?;
+        let compaction = duration(
+            "compact-hash-check-time",
+            &self.compact_hash_check_time,
+            "experimental-compact-hash-check-time",
+            &self.experimental_compact_hash_check_time,
+        )?;
+        let compaction_on =
+            self.experimental_compact_hash_check_enabled == Some(true) || gates.get("CompactHashCheck") == Some(&true);
+        Ok(crate::corruption::Checks {
+            initial: self.experimental_initial_corrupt_check == Some(true)
+                || gates.get("InitialCorruptCheck") == Some(&true),
+            latest_every: latest.filter(|d| !d.is_zero()),
+            compaction_every: match compaction_on {
+                true => Some(compaction.filter(|d| !d.is_zero()).unwrap_or(Duration::from_secs(60))),
+                false => None,
+            },
+        })
+    }
+
     /// `--snapshot-catchup-entries`, or its 3.6 alias, or etcd's default of 5000.
     pub fn snapshot_catchup_entries(&self) -> u64 {
         self.snapshot_catchup_entries
@@ -195,18 +247,15 @@ impl Compat {
     pub fn check(&self) -> Result<(), BadFlag> {
         self.watch_progress_interval()?;
         self.warning_apply_duration()?;
+        self.corruption_checks()?;
         for (name, on) in self.feature_gates()? {
+            if EFFECTIVE_GATES.contains(&name) {
+                continue;
+            }
             let why = FEATURE_GATES.iter().find(|(g, _)| *g == name).map_or("", |(_, w)| *w);
             tracing::info!(gate = name, enabled = on, "feature gate accepted without effect: {why}");
         }
         let durations = [
-            ("experimental-corrupt-check-time", &self.experimental_corrupt_check_time),
-            ("corrupt-check-time", &self.corrupt_check_time),
-            (
-                "experimental-compact-hash-check-time",
-                &self.experimental_compact_hash_check_time,
-            ),
-            ("compact-hash-check-time", &self.compact_hash_check_time),
             (
                 "experimental-compaction-sleep-interval",
                 &self.experimental_compaction_sleep_interval,
@@ -230,14 +279,6 @@ impl Compat {
             }
         }
         let others = [
-            (
-                "experimental-initial-corrupt-check",
-                self.experimental_initial_corrupt_check.is_some(),
-            ),
-            (
-                "experimental-compact-hash-check-enabled",
-                self.experimental_compact_hash_check_enabled.is_some(),
-            ),
             (
                 "experimental-enable-lease-checkpoint",
                 self.experimental_enable_lease_checkpoint.is_some(),
@@ -365,5 +406,46 @@ mod tests {
             .check()
             .is_err());
         assert!(parse(&["--experimental-initial-corrupt-check=yes"]).is_err());
+    }
+
+    #[test]
+    fn hash_checks_are_off_unless_a_flag_or_a_gate_turns_them_on() {
+        let checks = |args: &[&str]| parse(args).unwrap().corruption_checks().unwrap();
+        let none = checks(&[]);
+        assert!(!none.initial && none.latest_every.is_none() && none.compaction_every.is_none());
+        let old = checks(&[
+            "--experimental-initial-corrupt-check",
+            "--experimental-corrupt-check-time=3m",
+            "--experimental-compact-hash-check-enabled=true",
+        ]);
+        assert!(old.initial);
+        assert_eq!(old.latest_every, Some(Duration::from_secs(180)));
+        assert_eq!(
+            old.compaction_every,
+            Some(Duration::from_secs(60)),
+            "etcd's default period"
+        );
+        let new = checks(&[
+            "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true",
+            "--corrupt-check-time=0s",
+            "--compact-hash-check-time=10s",
+            "--experimental-compact-hash-check-time=20s",
+        ]);
+        assert!(new.initial);
+        assert_eq!(new.latest_every, None, "0 turns the periodic check off");
+        assert_eq!(
+            new.compaction_every,
+            Some(Duration::from_secs(10)),
+            "the newer name wins"
+        );
+        let period_alone = checks(&["--compact-hash-check-time=10s"]);
+        assert_eq!(
+            period_alone.compaction_every, None,
+            "a period does not turn the check on"
+        );
+        assert!(parse(&["--corrupt-check-time=often"])
+            .unwrap()
+            .corruption_checks()
+            .is_err());
     }
 }

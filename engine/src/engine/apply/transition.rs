@@ -196,6 +196,22 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
         tokens,
         ..
     } = state;
+    if alarms.iter().any(|(_, a)| *a == Alarm::Corrupt) {
+        // etcd's corrupt applier: nothing that changes data is applied while a member's copy
+        // is known to differ; alarms go on, so it can be disarmed once the member is rebuilt.
+        let refused = matches!(
+            request,
+            Request::Put(_)
+                | Request::DeleteRange(_)
+                | Request::Txn(_)
+                | Request::Compact { .. }
+                | Request::LeaseGrant { .. }
+                | Request::LeaseRevoke { .. }
+        );
+        if refused {
+            return Err(Error::Corrupt);
+        }
+    }
     if alarms.iter().any(|(_, a)| *a == Alarm::NoSpace) {
         // etcd's capped applier: what adds data fails; reads, deletes, compaction and leases'
         // revokes go on, so space can be reclaimed.
