@@ -22,7 +22,7 @@
 //! members compared hold (for member 0, meaning any, when no hash has a majority of them). Then, as in etcd, nothing
 //! that writes is applied anywhere ("etcdserver: corrupt cluster"); unlike etcd, the member
 //! named also refuses reads, rather than answer from data known to be wrong. An operator
-//! rebuilds the member (docs/operations.md) and disarms the alarm.
+//! rebuilds the member and disarms the alarm (docs/reliability.md).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
