@@ -62,6 +62,18 @@ impl Cluster {
         if help.contains("snapshot-catchup-entries") {
             extra.extend(["--experimental-snapshot-catchup-entries".to_string(), "100".to_string()]);
         }
+        // Every hash check the binary has, at short periods: faults must not make one see a
+        // divergence that is not there (the report fails on a CORRUPT alarm).
+        if help.contains("initial-corrupt-check") {
+            extra.push("--experimental-initial-corrupt-check".to_string());
+        }
+        if help.contains("corrupt-check-time") {
+            extra.push("--experimental-corrupt-check-time=10s".to_string());
+        }
+        if help.contains("compact-hash-check") {
+            extra.push("--experimental-compact-hash-check-enabled".to_string());
+            extra.push("--experimental-compact-hash-check-time=10s".to_string());
+        }
         let mut cluster = Cluster {
             net,
             members,

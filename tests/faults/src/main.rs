@@ -15,6 +15,7 @@
 // A test harness: member and key indices are its own, and a panic is a failed run.
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
+mod chores;
 mod cluster;
 mod lease;
 mod nemesis;
@@ -23,7 +24,7 @@ mod watch;
 mod workload;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,10 @@ struct Args {
     /// (no disk-full faults).
     #[arg(long, default_value_t = 0)]
     disk_mb: u64,
+    /// Seconds between an operator's chores under faults: a compaction and a defragmentation
+    /// (0: never).
+    #[arg(long, default_value_t = 10)]
+    compact_seconds: u64,
 }
 
 fn main() {
@@ -121,6 +126,10 @@ struct Report {
     leases: lease::Leases,
     /// For each stalled disk: serializable reads asked of its member, and answered.
     stalled: Vec<(usize, usize)>,
+    /// Compactions and defragmentations done under faults.
+    chores: chores::Chores,
+    /// The alarms raised once healed: (member, alarm).
+    alarms: Result<Vec<(u64, String)>, String>,
 }
 
 impl Report {
@@ -130,6 +139,17 @@ impl Report {
             && self.converged.is_ok()
             && self.watched.is_ok()
             && self.leases.violations.is_empty()
+            && self.no_corrupt_alarm().is_ok()
+    }
+
+    /// The hash checks (on, at short periods, in every member) found no member whose data
+    /// differs.
+    fn no_corrupt_alarm(&self) -> Result<usize, String> {
+        let alarms = self.alarms.as_ref().map_err(|e| format!("cannot list alarms: {e}"))?;
+        match alarms.iter().find(|(_, a)| a == "CORRUPT") {
+            Some((member, _)) => Err(format!("CORRUPT raised for member {member:x}")),
+            None => Ok(alarms.len()),
+        }
     }
 }
 
@@ -209,6 +229,19 @@ impl std::fmt::Display for Report {
                 self.stalled.len()
             )?;
         }
+        let c = &self.chores;
+        writeln!(
+            f,
+            "chores under faults: {} compactions (the last asked at revision {}), {} defragmentations",
+            c.compactions, c.compacted, c.defrags
+        )?;
+        match self.no_corrupt_alarm() {
+            Ok(others) => writeln!(
+                f,
+                "check no CORRUPT alarm from the hash checks: PASS ({others} other alarms raised)"
+            )?,
+            Err(e) => writeln!(f, "check no CORRUPT alarm from the hash checks: FAIL: {e}")?,
+        }
         write!(f, "result: {}", if self.passed() { "PASS" } else { "FAIL" })
     }
 }
@@ -232,10 +265,33 @@ async fn run(args: &Args) -> Result<Report, String> {
     };
     let history = workload::History::new();
     let stop = Arc::new(AtomicBool::new(false));
+    let progress: Vec<Arc<AtomicI64>> = (0..=channels.len()).map(|_| Arc::default()).collect();
     let watchers: Vec<_> = channels
         .iter()
-        .map(|channel| tokio::spawn(watch::watcher(channel.clone(), "k/".to_string(), stop.clone())))
+        .zip(&progress)
+        .map(|(channel, seen)| {
+            tokio::spawn(watch::watcher(
+                channel.clone(),
+                "k/".to_string(),
+                stop.clone(),
+                seen.clone(),
+            ))
+        })
         .collect();
+    let recorder = tokio::spawn(watch::recorder(
+        channels.clone(),
+        "k/".to_string(),
+        LAST_KEY.to_string(),
+        progress[channels.len()].clone(),
+    ));
+    let chores = tokio::spawn(chores::run(
+        channels.clone(),
+        progress.clone(),
+        Duration::from_secs(args.compact_seconds.max(1)),
+        stop.clone(),
+        args.seed.wrapping_mul(31),
+    ));
+    let chores = (args.compact_seconds > 0).then_some(chores);
     let leases = Arc::new(std::sync::Mutex::new(lease::Leases::default()));
     let lease_clients: Vec<_> = (0..2)
         .map(|n| {
@@ -289,8 +345,13 @@ async fn run(args: &Args) -> Result<Report, String> {
     for watcher in watchers {
         seen.push(watcher.await.unwrap_or_default());
     }
+    let chores = match chores {
+        Some(chores) => chores.await.unwrap_or_default(),
+        None => chores::Chores::default(),
+    };
     let converged = converge(&mut cluster, &channels, healed).await;
-    let watched = check_watchers(&channels, &seen).await;
+    let alarms = alarms(&channels).await;
+    let watched = check_watchers(&channels, &seen, recorder, chores.compacted).await;
     // The final reads: every key on every member, after convergence.
     for (i, channel) in channels.iter().enumerate() {
         for key in keys.all(history.now()) {
@@ -321,17 +382,26 @@ async fn run(args: &Args) -> Result<Report, String> {
         watched,
         leases,
         stalled,
+        chores,
+        alarms,
     })
 }
 
-/// The watchers' events against the history the members agree on (read by a watch from the
-/// first revision on member 0, up to a last key written after everything else): how many
-/// events were checked over how many connections.
-async fn check_watchers(channels: &[Channel], seen: &[Vec<watch::Segment>]) -> Result<(usize, usize), String> {
+/// The key written after everything else: the end of the history.
+const LAST_KEY: &str = "k/~end";
+
+/// The watchers' events against the recorder's history, up to a last key written after
+/// everything else; the recorder's in turn against member 0's after the last compaction
+/// (`compacted`): how many events were checked over how many connections.
+async fn check_watchers(
+    channels: &[Channel],
+    seen: &[Vec<watch::Segment>],
+    recorder: tokio::task::JoinHandle<Vec<watch::Event>>,
+    compacted: i64,
+) -> Result<(usize, usize), String> {
     use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
-    let last = "k/~end";
     let put = PutRequest {
-        key: last.as_bytes().to_vec().into(),
+        key: LAST_KEY.as_bytes().to_vec().into(),
         value: b"end".to_vec().into(),
         ..Default::default()
     };
@@ -339,14 +409,58 @@ async fn check_watchers(channels: &[Channel], seen: &[Vec<watch::Segment>]) -> R
         .put(put)
         .await
         .map_err(|e| format!("the last key: {e}"))?;
-    let history = tokio::time::timeout(Duration::from_secs(60), watch::history(&channels[0], "k/", last))
+    let recorded = tokio::time::timeout(Duration::from_secs(60), recorder)
         .await
-        .map_err(|_| "reading the history took over 60 s".to_string())?;
-    if history.last().is_none_or(|e| e.key != last) {
-        return Err(format!("the history ended early, after {} events", history.len()));
+        .map_err(|_| "the recorder did not see the last key within 60 s".to_string())?
+        .map_err(|e| format!("the recorder failed: {e}"))?;
+    let kept = tokio::time::timeout(
+        Duration::from_secs(60),
+        watch::history(&channels[0], "k/", compacted, LAST_KEY),
+    )
+    .await
+    .map_err(|_| "reading the history took over 60 s".to_string())?;
+    if kept.last().is_none_or(|e| e.key != LAST_KEY) {
+        return Err(format!("member 0's history ended early, after {} events", kept.len()));
     }
-    let checked = watch::check(seen, &history)?;
+    let recorded_tail: Vec<&watch::Event> = recorded.iter().filter(|e| e.revision > compacted).collect();
+    if recorded_tail != kept.iter().collect::<Vec<_>>() {
+        return Err(format!(
+            "the recorder's history after revision {compacted} differs from member 0's ({} events, {} there)",
+            recorded_tail.len(),
+            kept.len()
+        ));
+    }
+    let checked = watch::check(seen, &recorded)?;
     Ok((checked, seen.iter().map(Vec::len).sum()))
+}
+
+/// The alarms raised, as member 0 (or the first member that answers) lists them.
+async fn alarms(channels: &[Channel]) -> Result<Vec<(u64, String)>, String> {
+    use cairn_server::pb::etcdserverpb::{alarm_request::AlarmAction, AlarmRequest, AlarmType};
+    let mut last = String::new();
+    for channel in channels {
+        let mut maintenance = MaintenanceClient::new(channel.clone());
+        let asked = maintenance.alarm(AlarmRequest {
+            action: AlarmAction::Get as i32,
+            ..Default::default()
+        });
+        match tokio::time::timeout(Duration::from_secs(5), asked).await {
+            Ok(Ok(r)) => {
+                return Ok(r
+                    .into_inner()
+                    .alarms
+                    .iter()
+                    .map(|a| {
+                        let name = AlarmType::try_from(a.alarm).map_or("?", |t| t.as_str_name());
+                        (a.member_id, name.to_string())
+                    })
+                    .collect())
+            }
+            Ok(Err(e)) => last = e.message().to_string(),
+            Err(_) => last = "no answer within 5 s".to_string(),
+        }
+    }
+    Err(last)
 }
 
 /// Waits until a write through each member is acknowledged: how long after healing the

@@ -162,9 +162,9 @@ pub async fn one_fault(
     Ok(kind)
 }
 
-/// Large values one disk-full fault writes at most: 64 MiB, so that history (never compacted:
-/// the watchers are checked against all of it) does not fill the disks for good in a long
-/// run.
+/// Large values one disk-full fault writes at most: 64 MiB, over 32 keys, so that what the
+/// chores' compactions and defragmentations have not reclaimed yet does not fill the disks for
+/// good in a long run.
 const LARGE_VALUES: u32 = 128;
 
 /// Writes 512 KiB values to `channel` for `how_long` (at most [`LARGE_VALUES`] of them), under

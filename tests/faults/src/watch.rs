@@ -1,10 +1,10 @@
 //! Watchers, one on every member, on the workload's keys: each reconnects to its member
 //! after an error from the revision after the last event it saw, as a client resuming a
-//! watch does. Every connection's events are kept, to be checked against the history the
-//! members agree on once healed: strictly ordered, no gap while connected, each event equal
-//! to the history's at its revision.
+//! watch does. Every connection's events are kept, to be checked against the history (a
+//! recorder's, checked in turn against the members' once healed): strictly ordered, no gap
+//! while connected, each event equal to the history's at its revision.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,8 +90,9 @@ async fn watch_once(
     }
 }
 
-/// A watcher on `channel`, reconnecting until `stop`: its connections.
-pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>) -> Vec<Segment> {
+/// A watcher on `channel`, reconnecting until `stop`: its connections. `seen` is the
+/// revision of the last event it saw (the compactor stays at or below it).
+pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>, seen: Arc<AtomicI64>) -> Vec<Segment> {
     let mut segments = Vec::new();
     let mut next = 1;
     while !stop.load(Ordering::Relaxed) {
@@ -101,6 +102,7 @@ pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>) ->
         };
         watch_once(&channel, &prefix, next, &stop, |event| {
             next = event.revision + 1;
+            seen.store(event.revision, Ordering::Relaxed);
             segment.events.push(event);
             true
         })
@@ -113,17 +115,42 @@ pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>) ->
     segments
 }
 
-/// Every event under `prefix` up to and including the event of key `last` (written after
-/// everything else), from one member: the history the watchers are checked against.
-pub async fn history(channel: &Channel, prefix: &str, last: &str) -> Vec<Event> {
+/// Every event under `prefix` after revision `after`, up to and including the event of key
+/// `last` (written after everything else), from one member.
+pub async fn history(channel: &Channel, prefix: &str, after: i64, last: &str) -> Vec<Event> {
     let mut events = Vec::new();
     let stop = AtomicBool::new(false);
-    watch_once(channel, prefix, 1, &stop, |event| {
+    watch_once(channel, prefix, after + 1, &stop, |event| {
         let done = event.key == last;
         events.push(event);
         !done
     })
     .await;
+    events
+}
+
+/// The history the watchers are checked against, recorded as it happens, since the
+/// compactor drops it from the members: a watch from the first revision, moving to the next
+/// member whenever its connection fails and resuming after the last event, until the event
+/// of key `last`. `seen` as for [`watcher`].
+pub async fn recorder(channels: Vec<Channel>, prefix: String, last: String, seen: Arc<AtomicI64>) -> Vec<Event> {
+    let mut events: Vec<Event> = Vec::new();
+    let never = AtomicBool::new(false);
+    for channel in channels.iter().cycle() {
+        let next = events.last().map_or(1, |e| e.revision + 1);
+        let mut done = false;
+        watch_once(channel, &prefix, next, &never, |event| {
+            done = event.key == last;
+            seen.store(event.revision, Ordering::Relaxed);
+            events.push(event);
+            !done
+        })
+        .await;
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     events
 }
 
