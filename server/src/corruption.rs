@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use cairn_engine::{Alarm, HashKv};
 use parking_lot::Mutex;
+use tonic::{Code, Status};
 
 use crate::node::Node;
 use crate::pb::peer as pb;
@@ -85,14 +86,12 @@ impl Kept {
     }
 }
 
+/// A peer's answer, or why there is none.
+type Answer = Result<pb::HashResponse, Status>;
+
 /// Asks every other member for its hash at `revision` (of its history, or kept at that
-/// compaction), all at once; each answer is the member's or why there is none.
-async fn ask_peers(
-    node: &Node,
-    connector: &Connector,
-    revision: i64,
-    compaction: bool,
-) -> Vec<(u64, Result<pb::HashResponse, String>)> {
+/// compaction), all at once.
+async fn ask_peers(node: &Node, connector: &Connector, revision: i64, compaction: bool) -> Vec<(u64, Answer)> {
     let mut asking = tokio::task::JoinSet::new();
     for member in node.engine.member_list() {
         if member.id == node.member_id {
@@ -100,19 +99,20 @@ async fn ask_peers(
         }
         let connector = connector.clone();
         asking.spawn(async move {
-            let mut answer = Err(String::from("the member has no peer URL"));
+            let mut answer = Err(Status::unavailable("the member has no peer URL"));
             for url in &member.peer_urls {
                 let asked = async {
-                    let channel = connector.channel(url).await?;
+                    let channel = connector.channel(url).await.map_err(Status::unavailable)?;
                     PeerClient::new(channel)
                         .hash(pb::HashRequest { revision, compaction })
                         .await
                         .map(tonic::Response::into_inner)
-                        .map_err(|s| s.message().to_string())
                 };
                 answer = match tokio::time::timeout(ASK_TIMEOUT, asked).await {
                     Ok(answer) => answer,
-                    Err(_) => Err(format!("{url}: no answer within {ASK_TIMEOUT:?}")),
+                    Err(_) => Err(Status::deadline_exceeded(format!(
+                        "{url}: no answer within {ASK_TIMEOUT:?}"
+                    ))),
                 };
                 if answer.is_ok() {
                     break;
@@ -149,7 +149,7 @@ fn verdict(hashes: &[(u64, u32)]) -> Vec<u64> {
 /// Compares `mine` with the peers' answers at the same revisions: the members (this one
 /// first) and their hashes, for [`verdict`]. Peers that could not answer, or hashed
 /// something else (compacted at another revision, still behind), are logged and left out.
-fn comparable(node: &Node, mine: &HashKv, answers: Vec<(u64, Result<pb::HashResponse, String>)>) -> Vec<(u64, u32)> {
+fn comparable(node: &Node, mine: &HashKv, answers: Vec<(u64, Answer)>) -> Vec<(u64, u32)> {
     let mut hashes = vec![(node.member_id, mine.hash)];
     for (peer, answer) in answers {
         match answer {
@@ -174,7 +174,17 @@ fn comparable(node: &Node, mine: &HashKv, answers: Vec<(u64, Result<pb::HashResp
                 peer_compact_revision = r.compact_revision,
                 "cannot compare hashes with a peer that hashed other revisions"
             ),
-            Err(e) => tracing::warn!(peer = format_args!("{peer:x}"), error = %e, "cannot compare hashes with a peer"),
+            // Compacted past the revision, or still behind it; or no hash kept for that
+            // compaction: nothing is wrong.
+            Err(s) if matches!(s.code(), Code::OutOfRange | Code::NotFound) => tracing::debug!(
+                peer = format_args!("{peer:x}"),
+                revision = mine.hash_revision,
+                error = %s.message(),
+                "cannot compare hashes with a peer at this revision"
+            ),
+            Err(s) => {
+                tracing::warn!(peer = format_args!("{peer:x}"), error = %s.message(), "cannot compare hashes with a peer")
+            }
         }
     }
     hashes

@@ -28,6 +28,8 @@ use crate::tls::Connector;
 
 /// Messages queued for one peer before new ones are dropped.
 const QUEUE: usize = 4096;
+/// How long a member asked for its hash at a revision it has not applied yet waits for it.
+const HASH_CATCH_UP: Duration = Duration::from_secs(2);
 /// Pause before reconnecting to a peer that failed.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 /// Bytes per snapshot chunk.
@@ -441,6 +443,13 @@ impl Peer for PeerService {
                 .get(request.revision)
                 .ok_or_else(|| Status::not_found("no hash kept for a compaction at that revision"))?,
             false => {
+                // A member a little behind the leader's revision catches up for a moment,
+                // rather than be left out of the comparison (under steady writes, followers
+                // are always a little behind).
+                let deadline = tokio::time::Instant::now() + HASH_CATCH_UP;
+                while request.revision > engine.current_revision() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 let hashing = engine.clone();
                 tokio::task::spawn_blocking(move || hashing.hash_kv(request.revision))
                     .await

@@ -12,7 +12,7 @@ use super::propose::{wait_answer, Pending};
 use super::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseStatus;
-use crate::request::{Request, Response};
+use crate::request::{Alarm, Request, Response};
 
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +142,10 @@ impl Core {
         let leading = self.status.leader.load(Ordering::Relaxed) == self.member_id
             && self.status.leases_term.load(Ordering::Acquire) == self.status.term.load(Ordering::Relaxed);
         if !leading {
+            return (0, false);
+        }
+        // Nothing that writes is applied while a CORRUPT alarm is raised: revokes would fail.
+        if self.state.read().alarms.iter().any(|(_, a)| *a == Alarm::Corrupt) {
             return (0, false);
         }
         let (expired, more) = self
