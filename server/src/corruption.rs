@@ -52,8 +52,6 @@ pub struct Checks {
 const KEPT: usize = 10;
 /// How often a member looks for a compaction it has not hashed yet.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
-/// How long a peer has to answer a hash request (hashing a large history takes a while).
-const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The hashes this member took at its latest compactions, oldest first; the peer service
 /// answers the leader's compaction check from them.
@@ -92,6 +90,8 @@ type Answer = Result<pb::HashResponse, Status>;
 /// Asks every other member for its hash at `revision` (of its history, or kept at that
 /// compaction), all at once.
 async fn ask_peers(node: &Node, connector: &Connector, revision: i64, compaction: bool) -> Vec<(u64, Answer)> {
+    // etcd's bound too: a partitioned peer must not hold a starting member back for long.
+    let patience = node.engine.request_timeout();
     let mut asking = tokio::task::JoinSet::new();
     for member in node.engine.member_list() {
         if member.id == node.member_id {
@@ -108,10 +108,10 @@ async fn ask_peers(node: &Node, connector: &Connector, revision: i64, compaction
                         .await
                         .map(tonic::Response::into_inner)
                 };
-                answer = match tokio::time::timeout(ASK_TIMEOUT, asked).await {
+                answer = match tokio::time::timeout(patience, asked).await {
                     Ok(answer) => answer,
                     Err(_) => Err(Status::deadline_exceeded(format!(
-                        "{url}: no answer within {ASK_TIMEOUT:?}"
+                        "{url}: no answer within {patience:?}"
                     ))),
                 };
                 if answer.is_ok() {
