@@ -425,35 +425,42 @@ impl Engine {
         let rest = |started: std::time::Instant| {
             std::thread::sleep(started.elapsed().mul_f64((1.0 - DEFRAG_DUTY) / DEFRAG_DUTY));
         };
-        loop {
-            let started = std::time::Instant::now();
-            if !copying.fetch(&state.read().store) {
-                break;
+        let switched = (|| {
+            loop {
+                let started = std::time::Instant::now();
+                if !copying.fetch(&state.read().store) {
+                    break;
+                }
+                copying.copy()?;
+                if copying.has_news() {
+                    let mut st = state.write();
+                    copying.install(&mut st.store);
+                    parking_lot::RwLockWriteGuard::unlock_fair(st);
+                }
+                rest(started);
             }
-            copying.copy()?;
-            if copying.has_news() {
+            let mut repointing = copying.finish()?;
+            loop {
+                let started = std::time::Instant::now();
                 let mut st = state.write();
-                copying.install(&mut st.store);
+                let more = repointing.install(&mut st.store);
                 parking_lot::RwLockWriteGuard::unlock_fair(st);
+                if !more {
+                    break;
+                }
+                rest(started);
             }
-            rest(started);
-        }
-        let mut repointing = copying.finish()?;
-        loop {
-            let started = std::time::Instant::now();
-            let mut st = state.write();
-            let more = repointing.install(&mut st.store);
-            parking_lot::RwLockWriteGuard::unlock_fair(st);
-            if !more {
-                break;
-            }
-            rest(started);
-        }
-        let (encoded, old_paths, after_size) = {
             let mut st = state.write();
             let old = repointing.switch(&mut st.store)?;
             st.epoch += 1;
-            (st.checkpoint()?, old, st.store.size())
+            Ok((st.checkpoint()?, old, st.store.size()))
+        })();
+        let (encoded, old_paths, after_size) = match switched {
+            Ok(switched) => switched,
+            Err(e) => {
+                state.write().store.abandon_defrag();
+                return Err(e);
+            }
         };
         write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)?;
         for path in old_paths {

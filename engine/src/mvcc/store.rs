@@ -129,8 +129,13 @@ pub struct Store {
     compacted: i64,
     /// Physical compaction still under way: reads already behave as if it were done.
     compacting: Option<Compaction>,
-    /// Snapshots being streamed: the compaction sweep waits for them (their records must stay).
+    /// Snapshots being streamed and hashes being taken: the compaction sweep waits for them
+    /// (their records must stay).
     pub(crate) pinned: usize,
+    /// A defragmentation is copying: the sweep waits for it too. Dropping records between
+    /// its batches would leave in the copies a key's earlier record without the later one
+    /// (a put without its delete), which a store rebuilt from the files would then resurrect.
+    pub(super) defragmenting: bool,
 }
 
 /// What a checkpoint records of a store: the rest is rebuilt from the data files.
@@ -183,6 +188,7 @@ impl Store {
             compacted: 0,
             compacting: None,
             pinned: 0,
+            defragmenting: false,
         }
     }
 
@@ -419,9 +425,9 @@ impl Store {
     }
 
     /// Drops the compacted history of up to `keys` keys; returns whether any is left. Waits
-    /// (does nothing) while a snapshot is being streamed.
+    /// (does nothing) while a snapshot is being streamed or the files defragmented.
     pub(crate) fn compaction_step(&mut self, keys: usize) -> bool {
-        if self.pinned > 0 {
+        if self.sweep_paused() {
             return false;
         }
         let Some(c) = self.compacting.take() else {
@@ -440,9 +446,18 @@ impl Store {
         self.compacting.is_some()
     }
 
-    /// Whether the sweep has work to do now: unfinished and not paused by a snapshot.
+    /// Whether the sweep has work to do now: unfinished and not paused.
     pub(crate) fn compaction_pending(&self) -> bool {
-        self.compacting.is_some() && self.pinned == 0
+        self.compacting.is_some() && !self.sweep_paused()
+    }
+
+    fn sweep_paused(&self) -> bool {
+        self.pinned > 0 || self.defragmenting
+    }
+
+    /// Ends a defragmentation that failed before its switch: the sweep resumes.
+    pub(crate) fn abandon_defrag(&mut self) {
+        self.defragmenting = false;
     }
 
     /// Whether the change at `rev` of `key` is still history as of compaction at `compacted`:
