@@ -124,8 +124,8 @@ struct Report {
     /// Events checked and connections made by the watchers.
     watched: Result<(usize, usize), String>,
     leases: lease::Leases,
-    /// For each stalled disk: serializable reads asked of its member, and answered.
-    stalled: Vec<(usize, usize)>,
+    /// What was asked of each member whose disk stalled.
+    stalled: Vec<nemesis::Stall>,
     /// Compactions and defragmentations done under faults.
     chores: chores::Chores,
     /// The alarms raised once healed: (member, alarm).
@@ -140,6 +140,21 @@ impl Report {
             && self.watched.is_ok()
             && self.leases.violations.is_empty()
             && self.no_corrupt_alarm().is_ok()
+            && self.stalled_writes_answered().is_ok()
+    }
+
+    /// Every write through a member whose disk stalled was acknowledged or answered with one
+    /// of etcd's timeout errors, within the stall and a few seconds.
+    fn stalled_writes_answered(&self) -> Result<(), String> {
+        for stall in &self.stalled {
+            match &stall.write {
+                Ok(()) => {}
+                Err(Some(e)) if nemesis::TIMEOUT_ERRORS.iter().any(|t| e.contains(t)) => {}
+                Err(Some(e)) => return Err(format!("answered {e:?}")),
+                Err(None) => return Err("a write was not answered at all".to_string()),
+            }
+        }
+        Ok(())
     }
 
     /// The hash checks (on, at short periods, in every member) found no member whose data
@@ -222,11 +237,30 @@ impl std::fmt::Display for Report {
             l.granted, l.keep_alives, l.expired
         )?;
         if !self.stalled.is_empty() {
-            let (asked, answered) = self.stalled.iter().fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+            let (asked, answered) = self
+                .stalled
+                .iter()
+                .fold((0, 0), |(a, b), s| (a + s.reads.0, b + s.reads.1));
             writeln!(
                 f,
                 "serializable reads on a member whose disk is stalled: {answered} of {asked} answered within 1 s, over {} stalls",
                 self.stalled.len()
+            )?;
+            let acknowledged = self.stalled.iter().filter(|s| s.write.is_ok()).count();
+            let timed_out: Vec<&str> = self
+                .stalled
+                .iter()
+                .filter_map(|s| s.write.as_ref().err().and_then(|e| e.as_deref()))
+                .collect();
+            let verdict = match self.stalled_writes_answered() {
+                Ok(()) => "PASS".to_string(),
+                Err(e) => format!("FAIL: {e}"),
+            };
+            writeln!(
+                f,
+                "check writes through a member whose disk is stalled are acknowledged or answered with etcd's errors: {verdict}, {acknowledged} acknowledged, {} answered {:?}",
+                timed_out.len(),
+                timed_out.iter().collect::<std::collections::BTreeSet<_>>()
             )?;
         }
         let c = &self.chores;

@@ -46,14 +46,35 @@ pub async fn leader(channels: &[Channel]) -> Option<usize> {
     None
 }
 
-/// Injects one fault of a random kind for a random 1–4 s, then heals it. Returns its kind.
-/// `stalled`: for each stalled disk, the serializable reads asked of its member meanwhile and
-/// those answered.
+/// What was asked of a member while its disk was stalled.
+#[derive(Debug)]
+pub struct Stall {
+    /// Serializable reads asked, and answered within a second (they need no disk).
+    pub reads: (usize, usize),
+    /// A write through the member: acknowledged (a follower's stall, with two healthy
+    /// members), or the error it was answered with; `Err(None)` if no answer came at all.
+    pub write: Result<(), Option<String>>,
+}
+
+/// How long a disk stays stalled: longer than a request may take (etcd's and cairn's request
+/// timeout is 5 s plus two election timeouts, 7 s here), so a write that needs the disk is
+/// answered with the server's timeout while it lasts.
+const STALL: Duration = Duration::from_secs(9);
+
+/// The errors etcd answers a write with when it cannot be done in time.
+pub const TIMEOUT_ERRORS: &[&str] = &[
+    "etcdserver: request timed out",
+    "etcdserver: leader changed",
+    "etcdserver: no leader",
+];
+
+/// Injects one fault of a random kind for a random 1–4 s (a stalled disk: [`STALL`]), then
+/// heals it. Returns its kind. `stalled`: what was asked of each member whose disk stalled.
 pub async fn one_fault(
     cluster: &mut Cluster,
     channels: &[Channel],
     rng: &mut StdRng,
-    stalled: &mut Vec<(usize, usize)>,
+    stalled: &mut Vec<Stall>,
 ) -> Result<Kind, String> {
     let size = cluster.members.len();
     let leader = leader(channels).await;
@@ -117,9 +138,11 @@ pub async fn one_fault(
         }
         Kind::DiskStall => {
             cluster.freeze_disk(target, true)?;
-            let probed = stalled_reads(channels[target].clone(), hold).await;
+            let write = tokio::spawn(stalled_write(channels[target].clone()));
+            let reads = stalled_reads(channels[target].clone(), STALL).await;
             cluster.freeze_disk(target, false)?;
-            stalled.push(probed);
+            let write = write.await.unwrap_or(Err(None));
+            stalled.push(Stall { reads, write });
         }
         Kind::FollowerFarBehind => {
             // Down for several seconds of writes: far more than the leader keeps for it
@@ -182,6 +205,23 @@ async fn large_values(channel: Channel, how_long: Duration) {
         };
         let _ = tokio::time::timeout(Duration::from_secs(2), kv.put(put)).await;
         n += 1;
+    }
+}
+
+/// A write through a member whose disk was just stalled, given longer than the stall to be
+/// answered.
+async fn stalled_write(channel: Channel) -> Result<(), Option<String>> {
+    use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
+    let put = PutRequest {
+        key: b"stalled/write".to_vec().into(),
+        value: b"x".to_vec().into(),
+        ..Default::default()
+    };
+    let mut kv = KvClient::new(channel);
+    match tokio::time::timeout(STALL + Duration::from_secs(6), kv.put(put)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(Some(status.message().to_string())),
+        Err(_) => Err(None),
     }
 }
 
