@@ -209,19 +209,26 @@ async fn large_values(channel: Channel, how_long: Duration) {
 }
 
 /// A write through a member whose disk was just stalled, given longer than the stall to be
-/// answered.
+/// answered. Sent again if it never reached the member (the channel's connection had broken,
+/// a member restarted by the fault before): that is the client's connection, not an answer.
 async fn stalled_write(channel: Channel) -> Result<(), Option<String>> {
     use cairn_server::pb::etcdserverpb::{kv_client::KvClient, PutRequest};
-    let put = PutRequest {
-        key: b"stalled/write".to_vec().into(),
-        value: b"x".to_vec().into(),
-        ..Default::default()
-    };
     let mut kv = KvClient::new(channel);
-    match tokio::time::timeout(STALL + Duration::from_secs(6), kv.put(put)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(status)) => Err(Some(status.message().to_string())),
-        Err(_) => Err(None),
+    let deadline = tokio::time::Instant::now() + STALL + Duration::from_secs(6);
+    loop {
+        let put = PutRequest {
+            key: b"stalled/write".to_vec().into(),
+            value: b"x".to_vec().into(),
+            ..Default::default()
+        };
+        match tokio::time::timeout_at(deadline, kv.put(put)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(status)) if status.message() == "transport error" => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(status)) => return Err(Some(status.message().to_string())),
+            Err(_) => return Err(None),
+        }
     }
 }
 
