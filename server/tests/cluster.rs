@@ -120,17 +120,43 @@ impl Member {
 
     /// Waits until the member reports itself healthy: it has a leader and serves a
     /// linearizable read.
-    fn wait_healthy(&self) {
+    fn wait_healthy(&mut self) {
+        assert!(self.try_wait_healthy(), "{} exited: {}", self.name, self.log_tail());
+    }
+
+    /// [`Member::wait_healthy`], or false if the process exited because one of its ports was
+    /// taken between [`free_port`] and its bind (by another test, or a connection's ephemeral
+    /// port on a busy machine).
+    fn try_wait_healthy(&mut self) -> bool {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some((200, body)) = self.http_get("/health") {
                 if body.contains(r#""health":"true""#) {
-                    return;
+                    return true;
                 }
             }
-            assert!(Instant::now() < deadline, "{} never became healthy", self.name);
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited && self.log_tail().contains("in use") {
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never became healthy: {}",
+                self.name,
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The last lines of the member's log, for a failure's message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 }
 
@@ -232,20 +258,25 @@ fn start_cluster(root: &Path, names: &[&str]) -> (Vec<Member>, String) {
     start_cluster_with(root, names, &[])
 }
 
+/// Starts members named `names` as one new cluster with `extra` flags, and waits until each is
+/// healthy; again on other ports (and in a fresh directory) if a port was taken meanwhile.
 fn start_cluster_with(root: &Path, names: &[&str], extra: &[&str]) -> (Vec<Member>, String) {
-    let mut members: Vec<Member> = names.iter().map(|n| Member::new(root, n)).collect();
-    for m in &mut members {
-        m.extra = extra.iter().map(|s| s.to_string()).collect();
+    for attempt in 0..5 {
+        let root = root.join(format!("attempt-{attempt}"));
+        let mut members: Vec<Member> = names.iter().map(|n| Member::new(&root, n)).collect();
+        for m in &mut members {
+            m.extra = extra.iter().map(|s| s.to_string()).collect();
+        }
+        let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
+        let initial = initial.join(",");
+        for m in &mut members {
+            m.start(&initial, "new");
+        }
+        if members.iter_mut().all(|m| m.try_wait_healthy()) {
+            return (members, initial);
+        }
     }
-    let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
-    let initial = initial.join(",");
-    for m in &mut members {
-        m.start(&initial, "new");
-    }
-    for m in &members {
-        m.wait_healthy();
-    }
-    (members, initial)
+    panic!("five clusters in a row lost a port to another process before binding it");
 }
 
 /// A lease's TTL and keep-alive asked of every member as soon as the cluster is healthy: a
