@@ -47,6 +47,8 @@ struct SimState {
     writes_left: Option<u64>,
     /// While set, file syncs wait at this gate.
     gate: Option<Arc<GateState>>,
+    /// File syncs so far, by the name of the thread that made them.
+    syncs_by_thread: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +166,11 @@ impl SimFs {
     /// Writes start failing after `n` more successful ones.
     pub fn fail_writes_after(&self, n: u64) {
         self.state.lock().writes_left = Some(n);
+    }
+
+    /// How many file syncs the thread named `name` has made.
+    pub fn syncs_by(&self, name: &str) -> u64 {
+        self.state.lock().syncs_by_thread.get(name).copied().unwrap_or(0)
     }
 
     /// Makes file syncs wait until the returned gate is released or dropped.
@@ -314,6 +321,8 @@ impl WalFile for SimFile {
             if !take_budget(&mut st.syncs_left) {
                 return Err(injected("fsync"));
             }
+            let thread = std::thread::current().name().unwrap_or_default().to_owned();
+            *st.syncs_by_thread.entry(thread).or_default() += 1;
             let f = file_mut(st, id)?;
             f.durable = f.data.clone();
             Ok(())

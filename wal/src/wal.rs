@@ -3,6 +3,7 @@
 use std::future::{Future, IntoFuture};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -36,14 +37,25 @@ use crate::writer::{poisoned_error, Op, Poison, Writer, WriterInit};
 /// assert_eq!(records, vec![Record::Entry { index: LogIndex(1), payload: "a".into() }]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug)]
 pub struct Wal {
     tx: Option<Sender<Op>>,
+    /// The writer, held by its thread while it serves a group; [`Wal::append_here`] borrows it
+    /// when the thread is idle.
+    writer_state: Arc<Mutex<Writer>>,
+    /// Requests queued for the writer's thread so far (it counts those it has taken under the
+    /// writer's lock): equal, nothing is queued or in hand.
+    queued: AtomicU64,
     stats: Arc<Stats>,
     poison: Poison,
     max_record_bytes: u64,
     writer: Option<JoinHandle<()>>,
     dir: PathBuf,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal").field("dir", &self.dir).finish_non_exhaustive()
+    }
 }
 
 impl Wal {
@@ -63,19 +75,22 @@ impl Wal {
         let (tx, rx) = bounded(init.config.queue_depth);
         let max_record_bytes = init.config.max_record_bytes;
         let dir = init.dir.clone();
-        let writer = Writer::new(init, stats.clone(), poison.clone())?;
+        let writer = Arc::new(Mutex::new(Writer::new(init, stats.clone(), poison.clone())?));
         let thread = std::thread::Builder::new()
             .name("cairn-wal-writer".into())
             .spawn({
                 let span = tracing::Span::current();
+                let writer = writer.clone();
                 move || {
                     let _span = span.enter();
-                    writer.run(rx)
+                    Writer::run(&writer, rx)
                 }
             })
             .map_err(Error::io("spawn wal writer"))?;
         Ok(Wal {
             tx: Some(tx),
+            writer_state: writer,
+            queued: AtomicU64::new(0),
             stats,
             poison,
             max_record_bytes,
@@ -93,11 +108,11 @@ impl Wal {
         if let Some(err) = poisoned_error(&self.poison) {
             return Err(err);
         }
-        self.tx
-            .as_ref()
-            .ok_or(Error::Closed)?
-            .send(op)
-            .map_err(|_| Error::Closed)
+        let tx = self.tx.as_ref().ok_or(Error::Closed)?;
+        // Counted before it is sent: an inline append that sees the count ahead of the
+        // writer's knows something is queued or in flight, and queues behind it.
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        tx.send(op).map_err(|_| Error::Closed)
     }
 
     fn check_sizes<'a>(&self, payloads: impl Iterator<Item = &'a Bytes>) -> Result<()> {
@@ -112,6 +127,13 @@ impl Wal {
         Ok(())
     }
 
+    fn check_record_sizes(&self, records: &[Record]) -> Result<()> {
+        self.check_sizes(records.iter().filter_map(|r| match r {
+            Record::Entry { payload, .. } | Record::State(payload) => Some(payload),
+            Record::Truncate { .. } => None,
+        }))
+    }
+
     /// Queues `records` to be appended in order, after everything queued before them.
     ///
     /// Entries must continue the log (index = last + 1, or any index in an empty log or right
@@ -119,10 +141,7 @@ impl Wal {
     /// [`Error::NonContiguous`] and nothing of the request is written. Records of one request
     /// are not atomic across a crash: recovery keeps a prefix of the log.
     pub fn append(&self, records: Vec<Record>, durability: Durability) -> Result<Ticket> {
-        self.check_sizes(records.iter().filter_map(|r| match r {
-            Record::Entry { payload, .. } | Record::State(payload) => Some(payload),
-            Record::Truncate { .. } => None,
-        }))?;
+        self.check_record_sizes(&records)?;
         let (reply, rx) = oneshot::channel();
         self.submit(Op::Append {
             records,
@@ -130,6 +149,31 @@ impl Wal {
             reply,
         })?;
         Ok(Ticket(rx))
+    }
+
+    /// As [`Wal::append`], but when the writer's thread is idle (nothing queued, nothing in
+    /// hand) the calling thread writes the records, and syncs them if asked, itself: the
+    /// returned ticket is then complete, and the append cost no thread hand-off. Otherwise the
+    /// request is queued as `append` queues it, after everything queued before.
+    ///
+    /// For a caller with nothing better to do while the disk syncs, such as the node thread of
+    /// a group's sole member: order and durability are `append`'s either way.
+    pub fn append_here(&self, records: Vec<Record>, durability: Durability) -> Result<Ticket> {
+        if self.tx.is_some() {
+            if let Some(mut writer) = self.writer_state.try_lock() {
+                if writer.taken == self.queued.load(Ordering::SeqCst) {
+                    self.check_record_sizes(&records)?;
+                    let (reply, rx) = oneshot::channel();
+                    writer.process(vec![Op::Append {
+                        records,
+                        durability,
+                        reply,
+                    }]);
+                    return Ok(Ticket(rx));
+                }
+            }
+        }
+        self.append(records, durability)
     }
 
     /// Queues entries that continue the log, the writer assigning their indexes (the first

@@ -162,6 +162,8 @@ pub(crate) struct Writer {
     dirty: bool,
     tracker: LogTracker,
     notifier: Notifier,
+    /// Requests taken from the queue so far (see `Wal::queued`).
+    pub(crate) taken: u64,
 }
 
 impl Writer {
@@ -212,19 +214,23 @@ impl Writer {
             dirty: false,
             tracker: init.tracker,
             notifier,
+            taken: 0,
         })
     }
 
-    /// Serves requests until every sender is gone.
-    pub(crate) fn run(mut self, rx: Receiver<Op>) {
+    /// Serves requests until every sender is gone, holding the writer while it serves a group
+    /// (a caller appending inline takes it only while this thread waits for requests).
+    pub(crate) fn run(writer: &Mutex<Writer>, rx: Receiver<Op>) {
         while let Ok(first) = rx.recv() {
+            let mut this = writer.lock();
             let mut group = vec![first];
             group.extend(rx.try_iter());
-            self.process(group);
+            this.taken += group.len() as u64;
+            this.process(group);
         }
     }
 
-    fn process(&mut self, group: Vec<Op>) {
+    pub(crate) fn process(&mut self, group: Vec<Op>) {
         if let Some(err) = poisoned_error(&self.poison) {
             for op in group {
                 fail(op, &err);

@@ -451,3 +451,63 @@ fn hostile_sequence_numbers_neither_panic_nor_wrap() {
         "every acknowledged entry, and only those, is there"
     );
 }
+
+/// Runs `f` on a thread named `name`, so that `SimFs::syncs_by` can tell its syncs apart.
+fn on_thread<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn_scoped(s, f)
+            .unwrap()
+            .join()
+            .unwrap()
+    })
+}
+
+#[test]
+fn an_append_here_on_an_idle_log_is_written_and_synced_by_the_caller() {
+    let fs = SimFs::new();
+    let (_, wal) = open(&fs, small());
+    append(&wal, vec![entry(1, "queued")]);
+    let ticket = on_thread("appender", || {
+        wal.append_here(vec![entry(2, "here")], Durability::Durable).unwrap()
+    });
+    assert_eq!(fs.syncs_by("appender"), 1, "the caller synced its own append");
+    let appended = match ticket.try_wait() {
+        Ok(done) => done.unwrap(),
+        Err(_) => panic!("an inline append returned before it was durable"),
+    };
+    assert_eq!(appended.last_index, Some(LogIndex(2)));
+    // The writer's thread goes on after it, in order.
+    append(&wal, vec![entry(3, "queued again")]);
+    fs.crash_tearing(|_, _| 0);
+    drop(wal);
+    assert_eq!(
+        open(&fs, small()).0,
+        vec![entry(1, "queued"), entry(2, "here"), entry(3, "queued again")]
+    );
+}
+
+#[test]
+fn an_append_here_while_the_writer_is_busy_queues_behind_it() {
+    let fs = SimFs::new();
+    let (_, wal) = open(&fs, small());
+    let gate = fs.hold_syncs();
+    let first = wal.append_next(vec!["first".into()], Durability::Durable).unwrap();
+    gate.wait_for_blocked_sync();
+    // The writer's thread is inside the fsync for `first`.
+    let second = on_thread("appender", || {
+        wal.append_here(vec![entry(2, "second")], Durability::Durable).unwrap()
+    });
+    let second = match second.try_wait() {
+        Err(pending) => pending,
+        Ok(done) => panic!("written beside a busy writer: {done:?}"),
+    };
+    gate.release();
+    first.wait().unwrap();
+    assert_eq!(second.wait().unwrap().last_index, Some(LogIndex(2)));
+    assert_eq!(fs.syncs_by("appender"), 0);
+    fs.crash_tearing(|_, _| 0);
+    drop(wal);
+    assert_eq!(open(&fs, small()).0, vec![entry(1, "first"), entry(2, "second")]);
+}

@@ -31,7 +31,7 @@ use cairn_benches::{
     ratio, ratio_json, rounded, sleep_unless_stopped, times_cell, us_cell, Context, Failure, Percentiles, WorkDir,
     WorkerResult, MEASURING, STOPPED, WARMING,
 };
-use cairn_wal::{Config, Durability, Replay, Ticket, Wal};
+use cairn_wal::{Config, Durability, Record, Replay, Ticket, Wal};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use serde_json::{Map, Value};
@@ -58,8 +58,11 @@ struct Args {
     /// Payload bytes per record (and per raw write).
     #[arg(long, default_value_t = 256, value_parser = parse_record_size)]
     record_size: usize,
-    /// What an appender is: an OS thread blocking on `Ticket::wait`, or a task on a 2-thread
-    /// tokio runtime awaiting the ticket (as the server's request handlers do).
+    /// What an appender is: an OS thread blocking on `Ticket::wait`, a task on a 2-thread
+    /// tokio runtime awaiting the ticket (as the server's request handlers do), or an OS thread
+    /// appending with `Wal::append_here`, which writes and syncs on the appender's own thread
+    /// when the WAL's is idle (as a sole member's node thread does; its records are state
+    /// records, framed as entries are, so that appenders need no shared index).
     #[arg(long, value_enum, default_value_t = AppenderKind::Threads)]
     appender_kind: AppenderKind,
 }
@@ -68,6 +71,7 @@ struct Args {
 enum AppenderKind {
     Threads,
     Tasks,
+    Here,
 }
 
 /// Most appender threads accepted; the WAL's queue holds 4096 requests by default.
@@ -304,6 +308,19 @@ fn appender(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> WorkerResult {
     tally.finish()
 }
 
+/// An appender thread appending on its own thread when the WAL's is idle.
+fn appender_here(wal: &Wal, phase: &AtomicU8, payload: &Bytes) -> WorkerResult {
+    let mut tally = Tally::new()?;
+    while phase.load(Ordering::SeqCst) != STOPPED {
+        let started = Instant::now();
+        let appended = wal
+            .append_here(vec![Record::State(payload.clone())], Durability::Durable)
+            .and_then(Ticket::wait);
+        tally.count(wal, phase, started.elapsed(), appended.map(drop))?;
+    }
+    tally.finish()
+}
+
 /// An appender task: the same, awaiting the ticket instead of blocking.
 async fn appender_task(wal: Arc<Wal>, phase: Arc<AtomicU8>, payload: Bytes) -> WorkerResult {
     let mut tally = Tally::new()?;
@@ -363,14 +380,19 @@ fn measure_wal(
     // Appenders start right away; the warm-up is timed from the last one's start.
     let mut spawn_error = None;
     let running = match kind {
-        AppenderKind::Threads => {
+        AppenderKind::Threads | AppenderKind::Here => {
+            let work = if kind == AppenderKind::Here {
+                appender_here
+            } else {
+                appender
+            };
             let mut threads: Vec<JoinHandle<WorkerResult>> = Vec::with_capacity(appenders);
             for i in 0..appenders {
                 let (wal, their_phase, payload) = (wal.clone(), phase.clone(), payload.clone());
                 let spawned = thread::Builder::new()
                     .name(format!("appender-{i}"))
                     .stack_size(256 << 10)
-                    .spawn(move || appender(&wal, &their_phase, &payload));
+                    .spawn(move || work(&wal, &their_phase, &payload));
                 match spawned {
                     Ok(t) => threads.push(t),
                     Err(e) => {
@@ -471,6 +493,7 @@ impl Report {
         let kind = match args.appender_kind {
             AppenderKind::Threads => "threads",
             AppenderKind::Tasks => "tasks",
+            AppenderKind::Here => "here",
         };
         m.insert("appender_kind".into(), Value::from(kind));
         m.insert("raw_p50_us".into(), Value::from(self.raw.latency.p50));

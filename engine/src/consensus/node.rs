@@ -14,7 +14,10 @@
 //!    with `on_persist_ready`.
 //!
 //! So the WAL's group commit batches the fsyncs of many Readies, and of many proposals per
-//! Ready, and the node thread never waits for the disk.
+//! Ready, and the node thread of a group of several never waits for the disk. A group's sole
+//! member has no peer waiting on it: its node thread writes and syncs each Ready itself while
+//! the WAL's thread is idle (step 4 with [`Wal::append_here`]), and the proposals that arrive
+//! meanwhile share the next Ready's fsync.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -200,6 +203,15 @@ pub(crate) trait ApplyQueue: Send {
     /// apply side is idle: for the node thread of a group's sole member with nothing else to
     /// do.
     fn send_or_apply(&self, work: ToApply) -> Result<()>;
+}
+
+/// How a Ready's records go to the WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Append {
+    /// Queued for the WAL's thread; this thread goes on while it writes and syncs.
+    Queued,
+    /// Written and synced on this thread when the WAL's thread is idle (queued otherwise).
+    Here,
 }
 
 /// What the apply thread is handed.
@@ -852,26 +864,38 @@ impl NodeThread {
         let committed = self.committed(rd.take_committed_entries())?;
         let conf = self.log.conf_state();
         let alone = conf.voters == [self.config.id] && conf.learners.is_empty() && conf.voters_outgoing.is_empty();
-        if !alone || !self.inputs.is_empty() {
-            // Busy, or with peers waiting on this thread's heartbeats and appends: the apply
-            // thread applies them while this thread goes on.
+        if !alone {
+            // Peers wait on this thread's heartbeats and appends: the apply thread applies
+            // these while this thread goes on, and the WAL's thread writes and syncs.
             if let Some(work) = committed {
                 self.apply.send(work)?;
             }
-            return self.append_ready(rd, installed, conf_before);
+            return self.append_ready(rd, installed, conf_before, Append::Queued);
         }
-        // Nothing else waits for this thread: the new entries go to the WAL first, so their
-        // fsync runs while these are applied, on this thread if the batch is small.
-        let appended = self.append_ready(rd, installed, conf_before);
+        // A sole member: no one waits on this thread but its own proposers, whose next
+        // proposals queue up while the disk syncs and go in the next Ready, one fsync for all.
+        // So what is committed is applied (on this thread if the batch is small and nothing
+        // else waits), then this thread writes and syncs the new entries itself when the WAL's
+        // thread is idle: two thread hand-offs fewer per write.
         if let Some(work) = committed {
-            self.apply.send_or_apply(work)?;
+            if self.inputs.is_empty() {
+                self.apply.send_or_apply(work)?;
+            } else {
+                self.apply.send(work)?;
+            }
         }
-        appended
+        self.append_ready(rd, installed, conf_before, Append::Here)
     }
 
     /// The rest of a Ready: its read states answered, its entries and HardState into the log
     /// and the WAL, without waiting for the WAL.
-    fn append_ready(&mut self, mut rd: raft::Ready, installed: Option<u64>, conf_before: ConfState) -> Result<()> {
+    fn append_ready(
+        &mut self,
+        mut rd: raft::Ready,
+        installed: Option<u64>,
+        conf_before: ConfState,
+        how: Append,
+    ) -> Result<()> {
         let sole_voter = self.log.conf_state() != conf_before
             && self.log.conf_state().voters == [self.config.id]
             && self.raw.raft.state != StateRole::Leader;
@@ -924,7 +948,11 @@ impl NodeThread {
         let ticket = if records.is_empty() {
             None
         } else {
-            Some(self.wal.append(records, durability)?.into_future())
+            let ticket = match how {
+                Append::Here => self.wal.append_here(records, durability)?,
+                Append::Queued => self.wal.append(records, durability)?,
+            };
+            Some(ticket.into_future())
         };
         self.persisting.push_back(Persisting {
             number,
