@@ -110,6 +110,24 @@ fn concurrent_writers_get_unique_dense_revisions() {
     assert_eq!(all_at(&engine, 0).count, 200);
 }
 
+/// A write is answered once applied, and never before this member reports its entry
+/// committed: the status a client reads after its write is never behind it.
+#[test]
+fn an_answered_write_is_never_ahead_of_the_reported_commit_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    for i in 0..300 {
+        engine.write(put(&format!("k{i}"), "v")).unwrap();
+        let status = engine.raft_status();
+        assert!(
+            status.commit_index >= status.applied_index,
+            "write {i}: applied {} past the commit index {}",
+            status.applied_index,
+            status.commit_index
+        );
+    }
+}
+
 /// Writes one at a time are applied on the node thread (the apply thread idle) and bursts on
 /// the apply thread; switching between the two keeps log order: every write is answered, with
 /// the next revision, and the history at that revision holds exactly what it wrote.

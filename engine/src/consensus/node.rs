@@ -177,6 +177,15 @@ struct Persisting {
     messages: Vec<Message>,
 }
 
+/// A Ready taken into the in-memory log, its records not yet handed to the WAL.
+struct StagedReady {
+    number: u64,
+    records: Vec<Record>,
+    durability: Durability,
+    /// Sent once the records are durable.
+    persisted_messages: Vec<Message>,
+}
+
 /// Wakes the node thread when a WAL append it waits for completes: the WAL answers a
 /// [`Ticket`] on its own threads, and this waker turns the answer into a nudge on a channel the
 /// node thread selects on (one thread hand-off, where a thread waiting on each ticket made two).
@@ -308,6 +317,7 @@ impl NodeHandle {
             inputs: tx.clone(),
             staged: None,
             engine_applied: config.applied,
+            proposals: Proposals::default(),
             config,
         };
         let thread = std::thread::Builder::new()
@@ -457,8 +467,23 @@ struct NodeThread {
     /// The last index the apply thread reported applied; raft is told as much of it as it
     /// allows (its applied index never passes what it committed and persisted).
     engine_applied: u64,
+    /// Proposals taken from the inputs and not yet handed to raft.
+    proposals: Proposals,
     config: NodeConfig,
 }
+
+/// Proposals gathered for one raft message ([`NodeThread::propose_batch`]).
+#[derive(Default)]
+struct Proposals {
+    /// Request IDs and entries, in the order they came.
+    entries: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+}
+
+/// A batch of proposals goes to raft once it has this many, or this many bytes (a follower
+/// forwards it as one message).
+const PROPOSE_ENTRIES: usize = 256;
+const PROPOSE_BYTES: usize = 1 << 20;
 
 impl NodeThread {
     /// This member stops accepting writes for good: logged once, and kept in the status for
@@ -498,6 +523,7 @@ impl NodeThread {
                 }
                 self.handle(input);
             }
+            self.propose_batch();
             self.on_persisted();
             if Instant::now() >= next_tick {
                 self.tick();
@@ -561,22 +587,10 @@ impl NodeThread {
     fn handle(&mut self, input: Input) {
         match input {
             Input::Propose { id, data } => {
-                let dropped = match &self.broken {
-                    Some(e) => Some(e.clone()),
-                    None => self
-                        .raw
-                        .propose(id.to_le_bytes().to_vec(), data)
-                        .err()
-                        .map(|e| match e {
-                            raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => {
-                                Error::NoLeader
-                            }
-                            raft::Error::ProposalDropped => Error::LeaderChanged,
-                            e => Error::Internal(Failure::caused_by("propose", e)),
-                        }),
-                };
-                if let Some(error) = dropped {
-                    let _ = self.apply.send(ToApply::Dropped { id, error });
+                self.proposals.bytes += data.len();
+                self.proposals.entries.push((id, data));
+                if self.proposals.entries.len() >= PROPOSE_ENTRIES || self.proposals.bytes >= PROPOSE_BYTES {
+                    self.propose_batch();
                 }
             }
             Input::ReadIndex { reply } => match &self.broken {
@@ -586,6 +600,8 @@ impl NodeThread {
                 None => self.reads.wait(reply),
             },
             Input::ConfChange { id, change } => {
+                // After the proposals that came before it.
+                self.propose_batch();
                 if let Err(error) = self.propose_conf_change(id, change) {
                     let _ = self.apply.send(ToApply::Dropped { id, error });
                 }
@@ -652,6 +668,51 @@ impl NodeThread {
                 }
             }
             Input::Stop => {}
+        }
+    }
+
+    /// Proposes the proposals taken since the last batch, in order, as one raft message: a
+    /// leader appends them together and sends them to each follower in one append, and a
+    /// follower forwards them to its leader in one message, where a proposal each cost a
+    /// message each way. If raft drops the message, each of them is answered why.
+    fn propose_batch(&mut self) {
+        if self.proposals.entries.is_empty() {
+            return;
+        }
+        self.proposals.bytes = 0;
+        let batch = std::mem::take(&mut self.proposals.entries);
+        let ids: Vec<u64> = batch.iter().map(|(id, _)| *id).collect();
+        let dropped = match &self.broken {
+            Some(e) => Some(e.clone()),
+            None => {
+                let mut m = Message::default();
+                m.set_msg_type(MessageType::MsgPropose);
+                m.from = self.config.id;
+                m.set_entries(
+                    batch
+                        .into_iter()
+                        .map(|(id, data)| Entry {
+                            context: id.to_le_bytes().to_vec().into(),
+                            data: data.into(),
+                            ..Entry::default()
+                        })
+                        .collect::<Vec<_>>()
+                        .into(),
+                );
+                self.raw.step(m).err().map(|e| match e {
+                    raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => Error::NoLeader,
+                    raft::Error::ProposalDropped => Error::LeaderChanged,
+                    e => Error::Internal(Failure::caused_by("propose", e)),
+                })
+            }
+        };
+        if let Some(error) = dropped {
+            for id in ids {
+                let _ = self.apply.send(ToApply::Dropped {
+                    id,
+                    error: error.clone(),
+                });
+            }
         }
     }
 
@@ -864,13 +925,16 @@ impl NodeThread {
         let committed = self.committed(rd.take_committed_entries())?;
         let conf = self.log.conf_state();
         let alone = conf.voters == [self.config.id] && conf.learners.is_empty() && conf.voters_outgoing.is_empty();
+        // The new entries and HardState go into the in-memory log first, so that nothing
+        // applied is ahead of the commit index this member reports.
+        let staged = self.stage_ready(rd, installed, conf_before)?;
         if !alone {
             // Peers wait on this thread's heartbeats and appends: the apply thread applies
             // these while this thread goes on, and the WAL's thread writes and syncs.
             if let Some(work) = committed {
                 self.apply.send(work)?;
             }
-            return self.append_ready(rd, installed, conf_before, Append::Queued);
+            return self.write_ready(staged, Append::Queued);
         }
         // A sole member: no one waits on this thread but its own proposers, whose next
         // proposals queue up while the disk syncs and go in the next Ready, one fsync for all.
@@ -884,18 +948,18 @@ impl NodeThread {
                 self.apply.send(work)?;
             }
         }
-        self.append_ready(rd, installed, conf_before, Append::Here)
+        self.write_ready(staged, Append::Here)
     }
 
-    /// The rest of a Ready: its read states answered, its entries and HardState into the log
-    /// and the WAL, without waiting for the WAL.
-    fn append_ready(
+    /// The rest of a Ready but its WAL append: its read states answered, its entries and
+    /// HardState into the in-memory log (raft-rs reads them back at once), the WAL's records
+    /// built ([`NodeThread::write_ready`] hands them over).
+    fn stage_ready(
         &mut self,
         mut rd: raft::Ready,
         installed: Option<u64>,
         conf_before: ConfState,
-        how: Append,
-    ) -> Result<()> {
+    ) -> Result<StagedReady> {
         let sole_voter = self.log.conf_state() != conf_before
             && self.log.conf_state().voters == [self.config.id]
             && self.raw.raft.state != StateRole::Leader;
@@ -942,6 +1006,28 @@ impl NodeThread {
         } else {
             Durability::Durable
         };
+        if sole_voter {
+            // The sole voter of a new group (or of one shrunk to it) elects itself, once the
+            // change is applied (raft-rs refuses to campaign before).
+            self.campaign_when_applied = true;
+        }
+        Ok(StagedReady {
+            number,
+            records,
+            durability,
+            persisted_messages,
+        })
+    }
+
+    /// The rest of a Ready: its records to the WAL, without waiting for the WAL when `how`
+    /// queues them.
+    fn write_ready(&mut self, staged: StagedReady, how: Append) -> Result<()> {
+        let StagedReady {
+            number,
+            records,
+            durability,
+            persisted_messages,
+        } = staged;
         if self.wal_failed {
             return Err(Error::Closed);
         }
@@ -959,11 +1045,6 @@ impl NodeThread {
             ticket,
             messages: persisted_messages,
         });
-        if sole_voter {
-            // The sole voter of a new group (or of one shrunk to it) elects itself, once the
-            // change is applied (raft-rs refuses to campaign before).
-            self.campaign_when_applied = true;
-        }
         Ok(())
     }
 }
