@@ -83,7 +83,7 @@ def ensure_kube():
 
 def build():
     run(["cargo", "build", "--release", "--locked", "-p", "cairn-server", "--bin", "cairn",
-         "-p", "cairn-benches", "--bin", "cairn-bench"], cwd=ROOT)
+         "-p", "cairn-benches", "--bin", "cairn-bench", "--bin", "fsync-latency"], cwd=ROOT)
     return ROOT / "target/release/cairn", ROOT / "target/release/cairn-bench"
 
 

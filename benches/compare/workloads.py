@@ -174,6 +174,38 @@ def throughput(args, logged=False, bench_cpus=None):
     return run
 
 
+SERIAL = [Figure("ops", "throughput", "ops/s", True), Figure("p50", "p50 latency", "ms", False),
+          Figure("p99", "p99 latency", "ms", False), Figure("cpu_us", "server CPU per request", "µs", False),
+          Figure("fsync_p50", "raw pwrite+fdatasync p50 on the same disk, measured right after", "ms", False),
+          Figure("p50_over_fsync", "put p50 / raw fdatasync p50", "×", False),
+          Figure("rtt_p50", "serializable get p50, 1 client, right after (the round trip without a disk)", "ms",
+                 False)]
+
+
+def serial_put(args):
+    """The throughput workload with one client, then the two floors a put's latency sits on:
+    the disk's (`fsync-latency`'s raw pwrite+fdatasync loop in the target's data directory's
+    parent, the same disk) and the round trip's (a serializable get, one client), each measured
+    right after the run."""
+    timed = throughput(args)
+
+    def run(ctx, t, endpoints, name):
+        out = timed(ctx, t, endpoints, name)
+        out["p50"] = ms(out["raw"].get("p50_us"))
+        fsync_bin = ctx.bench_bin.parent / "fsync-latency"
+        p = subprocess.run([str(fsync_bin), "--dir", str(t.data_dir.parent), "--seconds", "2", "--appenders", "1",
+                            "--json"], capture_output=True, text=True, timeout=120)
+        raw = bench_output([str(fsync_bin)], p.returncode, p.stdout, p.stderr).get("raw_p50_us")
+        out["fsync_p50"] = ms(raw)
+        out["p50_over_fsync"] = out["p50"] / out["fsync_p50"] if raw and out["p50"] else None
+        get = bench(ctx, endpoints, ["--conns", "1", "--clients", "1", "range", "--load", "100", "--consistency", "s"],
+                    seconds=2)
+        out["rtt_p50"] = ms(get.get("p50_us"))
+        return out
+
+    return run
+
+
 def watch_fanout(bench_cpus=None):
     """1,000 watchers of a prefix while 10 writers put as fast as they are answered: events
     delivered per second, put-to-event latency (which grows when delivery falls behind), and
@@ -382,8 +414,8 @@ def workloads(keys, expiry_leases):
     """Every workload, in the order they run."""
     kk = f"{keys:,}"
     return [
-        Workload("put-serial", "serial put (1 client)", THROUGHPUT,
-                 throughput(["--conns", "1", "--clients", "1", "put", "--key-space-size", "100000"])),
+        Workload("put-serial", "serial put (1 client)", SERIAL,
+                 serial_put(["--conns", "1", "--clients", "1", "put", "--key-space-size", "100000"])),
         Workload("put-100", "put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"], logged=True)),
         Workload("range-l-100", "linearizable range, 100 clients", THROUGHPUT,
