@@ -110,10 +110,16 @@ pub(crate) struct Active {
     buf: Vec<u8>,
     /// `flushed + buf.len()`.
     len: u64,
+    /// Bytes whose writeback has been started ([`MappedFile::start_writeback`]).
+    written_back: u64,
 }
 
 /// Records buffered before a write.
 const WRITE_BUFFER: usize = 256 << 10;
+
+/// Writeback of what is written starts every this many bytes, so that a checkpoint's sync
+/// finds little to write (RocksDB's `bytes_per_sync`).
+const WRITEBACK_STEP: u64 = 1 << 20;
 
 impl Active {
     fn new(id: u32, map: MappedFile, len: u64) -> Active {
@@ -123,6 +129,7 @@ impl Active {
             flushed: len,
             buf: Vec::new(),
             len,
+            written_back: len,
         }
     }
 
@@ -177,6 +184,11 @@ impl Active {
             .map_err(io_error(format!("write data file {}", file_name(self.id))))?;
         self.flushed = self.len;
         self.buf.clear();
+        if self.flushed - self.written_back >= WRITEBACK_STEP {
+            self.map
+                .start_writeback(self.written_back, self.flushed - self.written_back);
+            self.written_back = self.flushed;
+        }
         Ok(())
     }
 
@@ -205,6 +217,7 @@ impl Active {
             }
         }
         self.len = len;
+        self.written_back = self.written_back.min(len);
     }
 
     /// Writes what is buffered and makes it durable.
