@@ -7,7 +7,8 @@
 //! never writable, so no stray store through a pointer can reach the file, and the file's
 //! pages count towards the process's memory only while reads use them.
 //!
-//! Syncing is by path, with `fsync` on the file (see `FileMaker::sync_files`).
+//! Syncing is by path, with `fsync` on the file (see `FileMaker::sync_files`). The one other
+//! unsafe call here starts a written range's writeback early (`sync_file_range`), to pace it.
 //!
 //! # Safety argument
 //!
