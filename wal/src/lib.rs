@@ -4,7 +4,9 @@
 //! The log is a sequence of [`Record`]s: entries with contiguous indexes, opaque state, and
 //! truncation markers. [`Wal::open`] returns a [`Replay`] that yields every record in order;
 //! [`Replay::finish`] then gives the [`Wal`] to append to. Appends from many threads are
-//! queued to one writer that writes each group with one call and one fdatasync.
+//! queued to one writer that writes each group with one call and one fdatasync; a caller
+//! with nothing better to do while the disk syncs can write on its own thread when the writer
+//! is idle ([`Wal::append_here`]), in the same order.
 //!
 //! On disk: files `{seq:016x}-{first_index:016x}.wal`, each a 40-byte header followed by
 //! 8-aligned frames (docs/wal-format.md has every byte). A crash at any point leaves a log that
