@@ -62,7 +62,7 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     keys: usize,
     /// Seconds after which the clients move to new keys (each key's history stays short).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 10)]
     epoch_seconds: u64,
     /// Seed of the fault schedule and the clients' choices.
     #[arg(long, default_value_t = 1)]
