@@ -153,7 +153,8 @@ impl Wal {
 
     /// As [`Wal::append`], but when the writer's thread is idle (nothing queued, nothing in
     /// hand) the calling thread writes the records, and syncs them if asked, itself: the
-    /// returned ticket is then complete, and the append cost no thread hand-off. Otherwise the
+    /// returned ticket is then complete (unless the notifier is still answering an earlier
+    /// large group, which answers it in turn), and the append cost no thread hand-off. Otherwise the
     /// request is queued as `append` queues it, after everything queued before.
     ///
     /// For a caller with nothing better to do while the disk syncs, such as the node thread of
