@@ -184,8 +184,8 @@ pub struct Flags {
     /// The logger: zap, etcd's only one since 3.5 (accepted for etcd's command lines).
     #[arg(long, env = "ETCD_LOGGER", default_value = "zap", value_parser = parse_logger)]
     pub logger: String,
-    /// Where logs go, comma-separated: stderr, stdout, default (stderr), or file paths
-    /// (appended to).
+    /// Where logs go, comma-separated: stderr, stdout, default (stderr), systemd/journal
+    /// (journald), or file paths (appended to).
     #[arg(long, env = "ETCD_LOG_OUTPUTS", default_value = "default", value_delimiter = ',')]
     pub log_outputs: Vec<String>,
     /// The log format: json (etcd's lines) or console (for people).

@@ -23,5 +23,6 @@ pub mod peer;
 pub mod promoter;
 pub mod server;
 pub mod snapshot_tool;
+pub mod systemd;
 pub mod tls;
 pub mod validate;

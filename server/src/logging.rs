@@ -35,10 +35,14 @@ pub enum LogFormat {
     Console,
 }
 
-/// Logs at `level` in `format` into every one of `outputs` (stderr, stdout, default for
-/// stderr, or files appended to). `RUST_LOG`, when set, refines the level per module.
+/// Logs at `level` in `format` into every one of `outputs`: stderr, stdout, default (stderr),
+/// `systemd/journal` (journald's native protocol, on its socket), or files appended to.
+/// `RUST_LOG`, when set, refines the level per module.
 pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<(), String> {
     use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let default = match level {
         LogLevel::Debug => "debug",
         LogLevel::Info => "info",
@@ -51,11 +55,27 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<()
     outputs.sort_unstable();
     outputs.dedup();
     let mut files = false;
+    let mut journal = None;
     let mut writer: Option<BoxMakeWriter> = None;
     for output in outputs {
         let next = match output {
             "default" | "stderr" => BoxMakeWriter::new(std::io::stderr),
             "stdout" => BoxMakeWriter::new(std::io::stdout),
+            JOURNAL => {
+                // etcd refuses to start when journald cannot be reached, rather than log
+                // nowhere.
+                let layer = tracing_journald::layer()
+                    .map_err(|e| format!("--log-outputs: cannot reach journald ({JOURNAL_SOCKET}): {e}"))?
+                    .with_syslog_identifier("cairn".into())
+                    // syslog's levels as zap's journal writer gives them (info is 6, not 5).
+                    .with_priority_mappings(tracing_journald::PriorityMappings {
+                        info: tracing_journald::Priority::Informational,
+                        debug: tracing_journald::Priority::Debug,
+                        ..tracing_journald::PriorityMappings::new()
+                    });
+                journal = Some(layer);
+                continue;
+            }
             path => {
                 let file = std::fs::OpenOptions::new()
                     .create(true)
@@ -71,21 +91,31 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<()
             Some(before) => BoxMakeWriter::new(before.and(next)),
         });
     }
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr)));
-    match format {
-        LogFormat::Json => subscriber.with_ansi(false).event_format(ZapJson).init(),
-        // Colours only on a terminal (not in a file, nor in stderr redirected to one), and not
-        // with NO_COLOR set.
-        LogFormat::Console => {
-            use std::io::IsTerminal;
-            let colours = !files && std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            subscriber.with_ansi(colours).init()
+    let lines = writer.map(|writer| {
+        let layer = tracing_subscriber::fmt::layer().with_writer(writer);
+        match format {
+            LogFormat::Json => layer.with_ansi(false).event_format(ZapJson).boxed(),
+            // Colours only on a terminal (not in a file, nor in stderr redirected to one),
+            // and not with NO_COLOR set.
+            LogFormat::Console => {
+                use std::io::IsTerminal;
+                let colours = !files && std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+                layer.with_ansi(colours).boxed()
+            }
         }
-    }
-    Ok(())
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(journal)
+        .try_init()
+        .map_err(|e| format!("cannot set up logging: {e}"))
 }
+
+/// The `--log-outputs` value that sends logs to journald, as etcd names it.
+pub const JOURNAL: &str = "systemd/journal";
+/// Where journald listens for its native protocol.
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 
 /// One JSON object per line, keyed as zap keys etcd's lines: `level` (lower case), `ts`
 /// (RFC 3339, UTC), `caller` (source file and line), `msg`, then the fields of the event

@@ -702,7 +702,13 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             stop(stop_rx.clone()),
         )?);
     }
+    crate::systemd::ready();
+    let watchdog = crate::systemd::watchdog_period().map(|period| tokio::spawn(crate::systemd::keep_alive(period)));
     stop_signal().await;
+    crate::systemd::stopping();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     tracing::info!("stopping: finishing requests in flight");
     let _ = stop_tx.send(true);
     // Requests in flight finish; streams that would outlive the grace period (a watch never
