@@ -29,6 +29,14 @@ pub struct Config {
     pub election_ticks: usize,
     /// Ticks between a leader's heartbeats. Default 1.
     pub heartbeat_ticks: usize,
+    /// Raft's pre-vote: a member campaigns only once a quorum would vote for it, so one
+    /// coming back from a partition does not depose a healthy leader (etcd's `--pre-vote`).
+    /// Default true.
+    pub pre_vote: bool,
+    /// A member of a group of several starts with its election clock advanced to one tick
+    /// short of a timeout, so a new cluster elects sooner (etcd's
+    /// `--initial-election-tick-advance`). Default true.
+    pub advance_election_ticks: bool,
     /// How long a linearizable read waits for its ReadIndex round and for this member to
     /// apply up to it, and how long opening waits to catch up with the log (etcd's request
     /// timeout). Default 7 s.
@@ -88,6 +96,8 @@ impl Default for Config {
             raft_tick: Duration::from_millis(100),
             election_ticks: 10,
             heartbeat_ticks: 1,
+            pre_vote: true,
+            advance_election_ticks: true,
             request_timeout: Duration::from_secs(7),
             data_file_size: 64 << 20,
             compaction_batch: 250,

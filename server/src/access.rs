@@ -258,17 +258,15 @@ pub fn txn_needs<'a>(t: &'a cairn_engine::TxnRequest, out: &mut Needs<'a>) {
     }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::server::Plain>> for ClientCert {
+impl ClientCert {
     /// A plaintext connection has no certificate.
-    fn connect_info(_stream: axum::serve::IncomingStream<'_, crate::server::Plain>) -> ClientCert {
+    pub fn plain(_: &tokio::net::TcpStream) -> ClientCert {
         ClientCert(None)
     }
-}
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>> for ClientCert {
     /// The common name of the certificate the client presented, verified in the handshake.
-    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> ClientCert {
-        let (_, connection) = stream.io().get_ref();
+    pub fn of_tls(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> ClientCert {
+        let (_, connection) = stream.get_ref();
         let cn = connection
             .peer_certificates()
             .and_then(|chain| chain.first())

@@ -11,10 +11,22 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::ids;
 pub use crate::logging::{LogFormat, LogLevel};
 
+mod cluster;
 mod compat;
+pub mod config_file;
+pub mod env;
+mod observability;
+mod removed;
 mod security;
+mod storage;
+mod transport;
+pub use cluster::{Cluster, Discovery};
 pub use compat::{go_duration, Compat, FEATURE_GATES};
+pub use observability::{MetricsLevel, Observability, Rotation};
+pub use removed::{Removed, REMOVED};
 pub use security::Security;
+pub use storage::Storage;
+pub use transport::{HttpAccess, KeepAlive, Transport};
 
 /// An etcd-compatible key-value store: one member of a Raft group, serving etcd's v3 gRPC API.
 #[derive(Debug, Parser)]
@@ -35,6 +47,18 @@ pub enum Command {
     /// Restore a snapshot into a new data directory, or describe one.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Check this machine for a member: `cairn check disk`.
+    #[command(subcommand)]
+    Check(CheckCommand),
+}
+
+/// `cairn check`'s checks.
+#[derive(Debug, Subcommand)]
+pub enum CheckCommand {
+    /// Whether a disk is fit for a member's WAL: etcd's fio recipe (2,300-byte writes, each
+    /// followed by an fdatasync), a verdict against etcd's guidance (p99 under 10 ms), and
+    /// cairn's WAL on the same disk. Exits 1 when the disk is not fit.
+    Disk(crate::disk_check::DiskArgs),
 }
 
 /// `cairn snapshot`'s tools.
@@ -54,7 +78,7 @@ pub struct RestoreArgs {
     /// The data directory to create (default: ./<name>.cairn).
     // `<name>` is help text (clap turns doc comments into help), not an HTML tag.
     #[allow(rustdoc::invalid_html_tags)]
-    #[arg(long)]
+    #[arg(long, value_parser = crate::flags::path)]
     pub data_dir: Option<PathBuf>,
     /// The restored member's name.
     #[arg(long, default_value = "default")]
@@ -113,16 +137,20 @@ fn parse_logger(s: &str) -> Result<String, String> {
 /// etcd's server flags.
 #[derive(Debug, Args)]
 pub struct Flags {
+    /// A YAML file with etcd's configuration keys; when given, every other flag and `ETCD_*`
+    /// variable is ignored, as etcd ignores them.
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
     /// Human-readable name for this member.
     #[arg(long, env = "ETCD_NAME", default_value = "default")]
     pub name: String,
     /// Path to the data directory (default: ./<name>.cairn).
     // `<name>` is help text (clap turns doc comments into help), not an HTML tag.
     #[allow(rustdoc::invalid_html_tags)]
-    #[arg(long, env = "ETCD_DATA_DIR")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Path to a dedicated WAL directory.
-    #[arg(long, env = "ETCD_WAL_DIR")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_WAL_DIR")]
     pub wal_dir: Option<PathBuf>,
     /// URLs to listen on for client traffic (gRPC and HTTP), comma-separated.
     #[arg(long, env = "ETCD_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
@@ -198,6 +226,21 @@ pub struct Flags {
     /// cairn accepts without effect.
     #[command(flatten)]
     pub compat: Compat,
+    /// Serving clients and peers: streams, keep-alives, listeners, CORS.
+    #[command(flatten)]
+    pub transport: Transport,
+    /// Taking part in the cluster: pre-vote, membership checks, recovery, discovery.
+    #[command(flatten)]
+    pub cluster: Cluster,
+    /// Metrics detail, profiles, log rotation, tracing.
+    #[command(flatten)]
+    pub observability: Observability,
+    /// Durability, and etcd's storage tunables cairn has no counterpart for.
+    #[command(flatten)]
+    pub storage: Storage,
+    /// etcd 3.5's v2 flags, refused.
+    #[command(flatten)]
+    pub removed: Removed,
 }
 
 /// A flag value that does not make sense, with the flag's name.
@@ -215,6 +258,12 @@ fn bad(flag: &'static str, reason: impl Into<String>) -> BadFlag {
         flag,
         reason: reason.into(),
     }
+}
+
+/// A path flag's value. Unlike clap's own path parser it takes an empty value, which etcd's
+/// help shows as the default of its file flags and which means no file.
+pub fn path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
 }
 
 /// A comma-separated URL list.
@@ -324,7 +373,13 @@ impl Flags {
     pub fn data_dir(&self) -> PathBuf {
         self.data_dir
             .clone()
+            .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or_else(|| PathBuf::from(format!("{}.cairn", self.name)))
+    }
+
+    /// The dedicated WAL directory, if one is given (an empty value is none, as in etcd).
+    pub fn wal_dir(&self) -> Option<PathBuf> {
+        self.wal_dir.clone().filter(|d| !d.as_os_str().is_empty())
     }
 
     /// Checks the timing flags as etcd does.

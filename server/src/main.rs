@@ -1,16 +1,108 @@
-//! The `cairn` binary: an etcd-compatible member (`cairn [flags]`), and the offline snapshot
-//! tools (`cairn snapshot restore|status`). See `cairn --help`.
+//! The `cairn` binary: an etcd-compatible member (`cairn [flags]`, or `cairn --config-file`),
+//! and the offline snapshot tools (`cairn snapshot restore|status`). See `cairn --help`.
 
 use std::process::ExitCode;
 
-use cairn_server::flags::{Cli, Command, SnapshotCommand};
-use clap::Parser;
+use cairn_server::flags::{config_file, env, CheckCommand, Cli, Command, SnapshotCommand};
+use clap::{CommandFactory, FromArgMatches};
+
+/// What was learned while reading the configuration, logged once logging is set up.
+#[derive(Default)]
+struct Notes {
+    config_file: Option<std::path::PathBuf>,
+    ignored_keys: Vec<String>,
+    env: env::EnvReport,
+}
+
+/// The flags from the command line and the environment, or from `--config-file`.
+fn configuration() -> Result<(Cli, Notes), String> {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let file = cli.flags.config_file.clone().filter(|p| !p.as_os_str().is_empty());
+    let (None, Some(path)) = (&cli.command, file) else {
+        let env = match cli.command {
+            None => env::check(&Cli::command(), &matches, std::env::vars_os()),
+            Some(_) => env::EnvReport::default(),
+        };
+        return Ok((
+            cli,
+            Notes {
+                env,
+                ..Notes::default()
+            },
+        ));
+    };
+    // The file alone decides, as in etcd: no flag and no variable is read with it.
+    let command = Cli::command().mut_args(|a| a.env(None));
+    let known = |flag: &str| command.get_arguments().any(|a| a.get_long() == Some(flag));
+    let file = config_file::read(&path, known).map_err(|e| e.to_string())?;
+    let from_file = command
+        .clone()
+        .try_get_matches_from(std::iter::once("cairn".to_string()).chain(file.args))
+        .map_err(|e| format!("{}: {}", path.display(), e.render()))?;
+    let mut from_file = Cli::from_arg_matches(&from_file).map_err(|e| e.to_string())?;
+    // etcd's peer connection timeouts are globals its file does not reach: the command
+    // line's still apply.
+    from_file.flags.transport.raft_read_timeout = cli.flags.transport.raft_read_timeout;
+    from_file.flags.transport.raft_write_timeout = cli.flags.transport.raft_write_timeout;
+    let notes = Notes {
+        config_file: Some(path),
+        ignored_keys: file.ignored,
+        env: env::EnvReport::default(),
+    };
+    Ok((from_file, notes))
+}
+
+/// `cairn check disk`: the report, and exit 0 only for a fit disk (2 when the check could not
+/// run).
+fn check_disk(args: &cairn_server::disk_check::DiskArgs) -> ExitCode {
+    match cairn_server::disk_check::run(args) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.text());
+            }
+            match report.fit() {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::from(1),
+            }
+        }
+        Err(e) => {
+            eprintln!("cairn: check disk: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, notes) = match configuration() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let f = &cli.flags;
     if let Err(e) = cairn_server::logging::init(f.log_level, f.log_format, &f.log_outputs) {
         eprintln!("cairn: {e}");
+        return ExitCode::from(1);
+    }
+    if let Some(path) = &notes.config_file {
+        tracing::info!(
+            path = %path.display(),
+            "loaded server configuration, other configuration command line flags and environment variables will be ignored if provided"
+        );
+    }
+    for key in &notes.ignored_keys {
+        tracing::warn!(key = %key, "configuration file key ignored");
+    }
+    for variable in &notes.env.unrecognized {
+        tracing::warn!(environment_variable = %variable, "unrecognized environment variable");
+    }
+    if let Some(variable) = notes.env.conflicting.first() {
+        tracing::error!(environment_variable = %variable, "{}", env::CONFLICT);
+        eprintln!("cairn: {variable}: {}", env::CONFLICT);
         return ExitCode::from(1);
     }
     let outcome = match &cli.command {
@@ -20,6 +112,7 @@ fn main() -> ExitCode {
         Some(Command::Snapshot(SnapshotCommand::Status(args))) => {
             cairn_server::snapshot_tool::status(args).map_err(|e| e.to_string())
         }
+        Some(Command::Check(CheckCommand::Disk(args))) => return check_disk(args),
         None => match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
             Ok(runtime) => runtime
                 .block_on(cairn_server::server::serve(cli.flags))

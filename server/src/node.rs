@@ -26,6 +26,8 @@ pub struct Limits {
     pub quota_backend_bytes: u64,
     /// `--warning-apply-duration`: a KV request that takes longer is logged.
     pub slow_request: std::time::Duration,
+    /// `--max-learners` and `--strict-reconfig-check`.
+    pub reconfig: crate::api::cluster::reconfig::Reconfig,
 }
 
 /// A running member, as the services see it.

@@ -84,11 +84,27 @@ struct Plan {
     peer_tls: Option<Tls>,
     /// The corruption checks asked for.
     checks: crate::corruption::Checks,
+    /// `--listen-client-http-urls`: when any, the client URLs serve gRPC alone.
+    client_http_urls: Vec<String>,
+    /// `--enable-grpc-gateway`.
+    gateway: bool,
+    /// `--cors` and `--host-whitelist`.
+    http_access: flags::HttpAccess,
+    /// `--socket-reuse-port` and `--socket-reuse-address`.
+    sockets: crate::listen::SocketOptions,
+    /// `--max-concurrent-streams` and the gRPC keep-alive flags.
+    http2: crate::listen::Http2,
 }
 
 fn plan(f: &Flags) -> Result<Plan, ServeError> {
+    f.removed.check()?;
     f.check_timing()?;
     f.compat.check()?;
+    f.transport.check()?;
+    f.cluster.check()?;
+    f.observability.check(&f.log_outputs)?;
+    f.storage.check()?;
+    not_yet(f)?;
     let client_urls = flags::url_list("listen-client-urls", &f.listen_client_urls)?;
     let advertise_client_urls = flags::url_list("advertise-client-urls", &f.advertise_client_urls)?;
     let peer_urls = flags::url_list("listen-peer-urls", &f.listen_peer_urls)?;
@@ -133,12 +149,18 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         "" => Vec::new(),
         urls => flags::url_list("listen-metrics-urls", urls)?,
     };
+    let client_http_urls = match f.transport.listen_client_http_urls.trim() {
+        "" => Vec::new(),
+        urls => flags::url_list("listen-client-http-urls", urls)?,
+    };
     let max_request_bytes = usize::try_from(f.max_request_bytes).map_err(|_| BadFlag {
         flag: "max-request-bytes",
         reason: "too large".into(),
     })?;
     let quota = match f.quota_backend_bytes {
-        q if q <= 0 => 2u64 << 30,
+        // etcd: a negative quota turns it off, 0 is the default of 2 GiB.
+        q if q < 0 => 0,
+        0 => 2u64 << 30,
         q => q.unsigned_abs(),
     };
     let tick = Duration::from_millis(f.heartbeat_interval);
@@ -160,7 +182,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             fixtures: dir.join("fixtures").join("client"),
             validity: sec.self_signed_cert_validity,
         },
-        &[&client_urls, &advertise_client_urls, &metrics_urls],
+        &[&client_urls, &advertise_client_urls, &metrics_urls, &client_http_urls],
         &protocols,
     )?;
     let peer_tls = port_tls(
@@ -186,7 +208,13 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         })
         .collect();
     let config = Config {
-        wal_dir: f.wal_dir.clone(),
+        wal: cairn_engine::wal::Config {
+            unsafe_no_fsync: f.storage.unsafe_no_fsync,
+            ..cairn_engine::wal::Config::default()
+        },
+        pre_vote: f.cluster.pre_vote,
+        advance_election_ticks: f.cluster.initial_election_tick_advance,
+        wal_dir: f.wal_dir(),
         checkpoint_entries: f.snapshot_count,
         snapshot_catch_up_entries: f.compat.snapshot_catchup_entries(),
         watch_progress_interval: f.compat.watch_progress_interval()?,
@@ -221,13 +249,58 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             },
             quota_backend_bytes: quota,
             slow_request: f.compat.warning_apply_duration()?,
+            reconfig: api::cluster::reconfig::Reconfig {
+                strict: f.cluster.strict_reconfig_check,
+                max_learners: f.cluster.max_learners()?,
+            },
         },
         metrics_urls,
         access: access_settings(&f.security)?,
         client_tls,
         peer_tls,
         checks: f.compat.corruption_checks()?,
+        client_http_urls,
+        gateway: f.transport.enable_grpc_gateway,
+        http_access: f.transport.http_access()?,
+        sockets: crate::listen::SocketOptions {
+            reuse_port: f.transport.socket_reuse_port,
+            reuse_address: f.transport.socket_reuse_address,
+        },
+        http2: crate::listen::Http2 {
+            max_concurrent_streams: f.transport.max_concurrent_streams,
+            keep_alive: f.transport.keep_alive()?,
+        },
     })
+}
+
+/// The flags cairn takes and does not act on yet: refused when they ask for something, so
+/// that nobody believes they got it.
+fn not_yet(f: &Flags) -> Result<(), BadFlag> {
+    let refuse = |flag: &'static str, what: &str| BadFlag {
+        flag,
+        reason: format!("{what} is not implemented in cairn yet"),
+    };
+    if f.cluster.force_new_cluster {
+        return Err(refuse("force-new-cluster", "forcing a new cluster"));
+    }
+    match f.cluster.discovery()? {
+        flags::Discovery::None => {}
+        flags::Discovery::Srv { .. } => return Err(refuse("discovery-srv", "DNS SRV discovery")),
+        flags::Discovery::V3 { .. } => return Err(refuse("discovery-endpoints", "v3 discovery")),
+    }
+    let o = &f.observability;
+    if o.enable_pprof {
+        return Err(refuse("enable-pprof", "profiling"));
+    }
+    if f.compat.enable_distributed_tracing == Some(true)
+        || f.compat.experimental_enable_distributed_tracing == Some(true)
+    {
+        return Err(refuse("enable-distributed-tracing", "distributed tracing"));
+    }
+    if o.enable_log_rotation {
+        return Err(refuse("enable-log-rotation", "log rotation"));
+    }
+    Ok(())
 }
 
 /// The settings in effect, logged once at startup as etcd logs them.
@@ -412,9 +485,9 @@ struct Bound {
     tcp: tokio::net::TcpListener,
 }
 
-async fn bind(url: &str) -> Result<Bound, ServeError> {
+async fn bind(url: &str, options: crate::listen::SocketOptions) -> Result<Bound, ServeError> {
     let (host, port) = socket_of(url)?;
-    let tcp = tokio::net::TcpListener::bind((host.as_str(), port))
+    let tcp = crate::listen::bind(&host, port, options)
         .await
         .map_err(|source| ServeError::Listen {
             url: url.to_string(),
@@ -426,29 +499,30 @@ async fn bind(url: &str) -> Result<Bound, ServeError> {
     })
 }
 
-async fn bind_all(urls: &[String]) -> Result<Vec<Bound>, ServeError> {
+async fn bind_all(urls: &[String], options: crate::listen::SocketOptions) -> Result<Vec<Bound>, ServeError> {
     let mut bound = Vec::new();
     for url in urls {
-        bound.push(bind(url).await?);
+        bound.push(bind(url, options).await?);
     }
     Ok(bound)
 }
 
 type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
 
-/// Serves `router` on a bound listener, through `tls` if its URL is https, until `stop`.
+/// Serves `router` on a bound listener, through `tls` if its URL is https, with `http2`'s
+/// settings, until `stop`.
 fn serve_on(
     bound: Bound,
     tls: Option<&Tls>,
     port: &'static str,
     router: axum::Router,
+    http2: crate::listen::Http2,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Serving, ServeError> {
     use crate::access::ClientCert;
     if !bound.url.starts_with("https://") {
-        let service = router.into_make_service_with_connect_info::<ClientCert>();
-        let serving = axum::serve(Plain(bound.tcp), service).with_graceful_shutdown(stop);
-        return Ok(tokio::spawn(async move { serving.await }));
+        let serving = crate::listen::serve(Plain(bound.tcp), router, http2, ClientCert::plain, stop);
+        return Ok(tokio::spawn(serving));
     }
     let tls = tls.ok_or_else(|| {
         TlsError::Config(format!(
@@ -460,13 +534,51 @@ fn serve_on(
         url: bound.url.clone(),
         source,
     })?;
-    let service = router.into_make_service_with_connect_info::<ClientCert>();
-    let serving = axum::serve(listener, service).with_graceful_shutdown(stop);
-    Ok(tokio::spawn(async move { serving.await }))
+    Ok(tokio::spawn(crate::listen::serve(
+        listener,
+        router,
+        http2,
+        ClientCert::of_tls,
+        stop,
+    )))
 }
 
-/// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints, as one router.
-fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum::Router {
+/// What a client listener serves: the gRPC services, the HTTP endpoints (with the JSON
+/// gateway unless `--enable-grpc-gateway=false`), or both.
+#[derive(Clone)]
+struct ClientRoutes {
+    grpc: axum::Router,
+    http: axum::Router,
+    access: flags::HttpAccess,
+}
+
+impl ClientRoutes {
+    /// A listener's router: gRPC if `grpc`, HTTP if `http` (behind the access checks, the
+    /// Host check only where `secure` is false), and `unknown_path` for the rest.
+    fn router(&self, grpc: bool, http: bool, secure: bool) -> axum::Router {
+        let mut router = axum::Router::new();
+        if grpc {
+            router = router.merge(self.grpc.clone());
+        }
+        if http {
+            router = router.merge(crate::http_access::layer(
+                self.http.clone(),
+                self.access.clone(),
+                secure,
+            ));
+        }
+        router.fallback(unknown_path)
+    }
+}
+
+/// The gRPC services (with etcd's `hasleader` check) and the HTTP endpoints.
+fn client_routes(
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    token: String,
+    gateway: bool,
+    access: flags::HttpAccess,
+) -> ClientRoutes {
     use crate::pb::v3electionpb::election_server::ElectionServer;
     use crate::pb::v3lockpb::lock_server::LockServer;
     use crate::pb::watch_wire::watch_server::WatchServer;
@@ -532,11 +644,12 @@ fn client_router(node: Arc<Node>, metrics: Arc<Metrics>, token: String) -> axum:
             }
         },
     ));
-    // The HTTP/JSON gateway calls the gRPC services as a gRPC client would.
-    let gateway = crate::gateway::router(grpc.clone(), limit);
-    grpc.merge(gateway)
-        .merge(crate::http::router(node, metrics))
-        .fallback(unknown_path)
+    let mut http = crate::http::router(node, metrics);
+    if gateway {
+        // The HTTP/JSON gateway calls the gRPC services as a gRPC client would.
+        http = http.merge(crate::gateway::router(grpc.clone(), limit));
+    }
+    ClientRoutes { grpc, http, access }
 }
 
 /// The gRPC methods a learner serves, as etcd's learners do (a Range only if serializable,
@@ -595,16 +708,24 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         Connector::new(plan.peer_tls.clone()),
     );
     // Bind first: a port in use is reported before anything is opened.
-    let client_listeners = bind_all(&plan.client_urls).await?;
-    let peer_listeners = bind_all(&plan.peer_urls).await?;
-    let metrics_listeners = bind_all(&plan.metrics_urls).await?;
+    let client_listeners = bind_all(&plan.client_urls, plan.sockets).await?;
+    let client_http_listeners = bind_all(&plan.client_http_urls, plan.sockets).await?;
+    let peer_listeners = bind_all(&plan.peer_urls, plan.sockets).await?;
+    let metrics_listeners = bind_all(&plan.metrics_urls, plan.sockets).await?;
     // A new member of an existing cluster starts hearing from the leader only once its peer
     // listener is up: serve peers before opening the engine, which waits to catch up.
     let inbox = peers.inbox_slot();
     let kept = Arc::new(crate::corruption::Kept::default());
     for bound in peer_listeners {
         let router = crate::peer::router(inbox.clone(), cluster.clone(), kept.clone());
-        let serving = serve_on(bound, plan.peer_tls.as_ref(), "peer", router, std::future::pending())?;
+        let serving = serve_on(
+            bound,
+            plan.peer_tls.as_ref(),
+            "peer",
+            router,
+            crate::listen::Http2::default(),
+            std::future::pending(),
+        )?;
         tokio::spawn(async move {
             if let Ok(Err(e)) = serving.await {
                 tracing::error!(error = %e, "the peer listener failed");
@@ -674,7 +795,13 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         tokio::spawn(crate::corruption::run(node.clone(), peer_connector, plan.checks, kept)),
     ];
     let http_only = crate::http::router(node.clone(), metrics.clone());
-    let router = client_router(node.clone(), metrics, f.initial_cluster_token.clone());
+    let routes = client_routes(
+        node.clone(),
+        metrics,
+        f.initial_cluster_token.clone(),
+        plan.gateway,
+        plan.http_access.clone(),
+    );
     tracing::info!(
         name = %f.name,
         member = format_args!("{member_id:x}"),
@@ -688,9 +815,23 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    for bound in client_listeners {
+    // With --listen-client-http-urls, HTTP moves off the client URLs onto those.
+    let http_apart = !plan.client_http_urls.is_empty();
+    let listeners = client_listeners
+        .into_iter()
+        .map(|b| (b, true, !http_apart))
+        .chain(client_http_listeners.into_iter().map(|b| (b, false, true)));
+    for (bound, grpc, http) in listeners {
         let tls = plan.client_tls.as_ref();
-        servers.push(serve_on(bound, tls, "client", router.clone(), stop(stop_rx.clone()))?);
+        let router = routes.router(grpc, http, bound.url.starts_with("https://"));
+        servers.push(serve_on(
+            bound,
+            tls,
+            "client",
+            router,
+            plan.http2,
+            stop(stop_rx.clone()),
+        )?);
     }
     for bound in metrics_listeners {
         let tls = plan.client_tls.as_ref();
@@ -699,6 +840,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             tls,
             "metrics",
             http_only.clone(),
+            plan.http2,
             stop(stop_rx.clone()),
         )?);
     }
@@ -728,7 +870,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         task.abort();
         let _ = task.await;
     }
-    drop(router);
+    drop(routes);
     peers.detach();
     drop(node);
     let closed = tokio::task::spawn_blocking(move || match Arc::try_unwrap(engine) {

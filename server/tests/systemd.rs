@@ -40,6 +40,29 @@ fn next(socket: &UnixDatagram) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
+/// A member killed if the test fails before it stops it.
+struct Running(Option<Child>);
+
+impl Running {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+
+    /// The process, no longer killed on drop.
+    fn take(mut self) -> Child {
+        self.0.take().expect("running")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 fn terminate(child: &Child) {
     let sent = Command::new("kill")
         .arg("-TERM")
@@ -56,42 +79,46 @@ fn ready_is_sent_once_clients_are_served_then_watchdog_keep_alives_then_stopping
     let socket = UnixDatagram::bind(&path).unwrap();
     socket.set_read_timeout(Some(PATIENCE)).unwrap();
     let (client, peer) = free_ports();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(cairn_args(dir.path(), client, peer))
-        .env("NOTIFY_SOCKET", &path)
-        // 400 ms: keep-alives every 200 ms. No WATCHDOG_PID: the watchdog is this process's.
-        .env("WATCHDOG_USEC", "400000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(cairn_args(dir.path(), client, peer))
+            .env("NOTIFY_SOCKET", &path)
+            // 400 ms: keep-alives every 200 ms. No WATCHDOG_PID: the watchdog is this process's.
+            .env("WATCHDOG_USEC", "400000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
     assert_eq!(next(&socket).trim(), "READY=1");
     // Ready means served: the client port answers at once, with a leader.
     let (status, body) = http_get(client, "/health").unwrap();
     assert_eq!((status, body.contains(r#""health":"true""#)), (200, true), "{body}");
     assert_eq!(next(&socket).trim(), "WATCHDOG=1");
     assert_eq!(next(&socket).trim(), "WATCHDOG=1");
-    terminate(&child);
+    terminate(child.child());
     let mut after: Vec<String> = Vec::new();
     while after.last().map(|s| s.trim()) != Some("STOPPING=1") {
         after.push(next(&socket));
         assert!(after.len() < 100, "no STOPPING=1 after SIGTERM: {after:?}");
     }
-    assert!(child.wait().unwrap().success());
+    assert!(child.take().wait().unwrap().success());
 }
 
 #[test]
 fn without_a_notify_socket_nothing_is_sent_and_the_member_serves() {
     let dir = tempfile::tempdir().unwrap();
     let (client, peer) = free_ports();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(cairn_args(dir.path(), client, peer))
-        .env_remove("NOTIFY_SOCKET")
-        .env("WATCHDOG_USEC", "400000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(cairn_args(dir.path(), client, peer))
+            .env_remove("NOTIFY_SOCKET")
+            .env("WATCHDOG_USEC", "400000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
     let healthy = (0..1200).any(|_| {
         let ok = matches!(http_get(client, "/health"), Ok((200, _)));
         if !ok {
@@ -100,28 +127,37 @@ fn without_a_notify_socket_nothing_is_sent_and_the_member_serves() {
         ok
     });
     assert!(healthy, "the member did not serve");
-    terminate(&child);
-    assert!(child.wait().unwrap().success());
+    terminate(child.child());
+    assert!(child.take().wait().unwrap().success());
 }
 
 /// The fields of one entry in journald's native protocol: `KEY=value\n`, or `KEY\n`, a
-/// little-endian u64 length, the value's bytes and `\n`.
-fn journal_fields(mut raw: &[u8]) -> Vec<(String, String)> {
+/// little-endian u64 length, the value's bytes and `\n`. A malformed entry fails the test
+/// with its bytes.
+fn journal_fields(raw: &[u8]) -> Vec<(String, String)> {
+    let malformed = || panic!("a malformed journal entry: {:?}", String::from_utf8_lossy(raw));
+    let mut rest = raw;
     let mut fields = Vec::new();
-    while let Some(end) = raw.iter().position(|b| *b == b'=' || *b == b'\n') {
-        let key = String::from_utf8_lossy(&raw[..end]).into_owned();
+    while let Some(end) = rest.iter().position(|b| *b == b'=' || *b == b'\n') {
+        let key = String::from_utf8_lossy(&rest[..end]).into_owned();
         let value;
-        if raw[end] == b'=' {
-            let stop = raw[end..]
+        if rest[end] == b'=' {
+            let stop = rest[end..]
                 .iter()
                 .position(|b| *b == b'\n')
-                .map_or(raw.len(), |p| end + p);
-            value = raw[end + 1..stop].to_vec();
-            raw = raw.get(stop + 1..).unwrap_or_default();
+                .map_or(rest.len(), |p| end + p);
+            value = rest[end + 1..stop].to_vec();
+            rest = rest.get(stop + 1..).unwrap_or_default();
         } else {
-            let len = u64::from_le_bytes(raw[end + 1..end + 9].try_into().unwrap()) as usize;
-            value = raw[end + 9..end + 9 + len].to_vec();
-            raw = raw.get(end + 10 + len..).unwrap_or_default();
+            let Some(len) = rest.get(end + 1..end + 9) else {
+                malformed()
+            };
+            let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
+            let Some(v) = rest.get(end + 9..end + 9 + len) else {
+                malformed()
+            };
+            value = v.to_vec();
+            rest = rest.get(end + 10 + len..).unwrap_or_default();
         }
         fields.push((key, String::from_utf8_lossy(&value).into_owned()));
     }
@@ -151,15 +187,17 @@ fn log_outputs_systemd_journal_writes_journalds_native_protocol() {
          mount --bind {} /run/systemd/journal && exec \"$@\"",
         journal.display()
     );
-    let child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
-        .arg(env!("CARGO_BIN_EXE_cairn"))
-        .args(cairn_args(dir.path(), client, peer))
-        .args(["--log-outputs", "systemd/journal", "--log-level", "info"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare (util-linux) runs the member in its own mount namespace; the test needs root");
+    let mut child = Running(Some(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+            .arg(env!("CARGO_BIN_EXE_cairn"))
+            .args(cairn_args(dir.path(), client, peer))
+            .args(["--log-outputs", "systemd/journal", "--log-level", "info"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux) runs the member in its own mount namespace; the test needs root"),
+    ));
     let mut entries = Vec::new();
     loop {
         let fields = journal_fields(&next_raw(&socket));
@@ -178,8 +216,8 @@ fn log_outputs_systemd_journal_writes_journalds_native_protocol() {
         field("F_CLIENTS").is_some_and(|c| c.contains(&client.to_string())),
         "{serving:?}"
     );
-    terminate(&child);
-    let out = child.wait_with_output().unwrap();
+    terminate(child.child());
+    let out = child.take().wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

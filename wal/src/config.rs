@@ -26,6 +26,11 @@ pub struct Config {
     pub max_record_bytes: u64,
     /// Requests that may wait for the writer before `append` blocks (back-pressure). Default 4096.
     pub queue_depth: usize,
+    /// Skip the fdatasync after each group of records: appends are acknowledged once written
+    /// to the page cache, so a crash of the machine (not of the process) loses them. For
+    /// tests and throwaway clusters only (etcd's `--unsafe-no-fsync`). Segment headers are
+    /// still synced. Default false.
+    pub unsafe_no_fsync: bool,
 }
 
 impl Default for Config {
@@ -35,6 +40,7 @@ impl Default for Config {
             recovery: RecoveryMode::default(),
             max_record_bytes: 64 << 20,
             queue_depth: 4096,
+            unsafe_no_fsync: false,
         }
     }
 }

@@ -511,3 +511,32 @@ fn an_append_here_while_the_writer_is_busy_queues_behind_it() {
     drop(wal);
     assert_eq!(open(&fs, small()).0, vec![entry(1, "first"), entry(2, "second")]);
 }
+
+#[test]
+fn unsafe_no_fsync_acknowledges_appends_unsynced_so_a_machine_crash_loses_them() {
+    let fs = SimFs::new();
+    let config = Config {
+        segment_size: 1 << 20,
+        unsafe_no_fsync: true,
+        ..Config::default()
+    };
+    let (_, wal) = open(&fs, config.clone());
+    on_thread("appender", || {
+        wal.append_here(vec![entry(1, "here")], Durability::Durable)
+            .unwrap()
+            .wait()
+            .unwrap()
+    });
+    append(&wal, vec![entry(2, "queued")]);
+    assert_eq!(fs.syncs_by("appender"), 0, "nothing synced on the caller's thread");
+    // The process goes on: a clean reopen reads both back from the page cache.
+    drop(wal);
+    let (records, wal) = open(&fs, config.clone());
+    assert_eq!(records, vec![entry(1, "here"), entry(2, "queued")]);
+    append(&wal, vec![entry(3, "lost")]);
+    // The machine crashes: what was never synced is gone, which is what the flag risks.
+    fs.crash_tearing(|_, _| 0);
+    drop(wal);
+    let (records, _) = open(&fs, config);
+    assert!(!records.contains(&entry(3, "lost")), "{records:?}");
+}

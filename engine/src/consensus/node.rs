@@ -252,6 +252,11 @@ pub(crate) struct NodeConfig {
     pub(crate) applied: u64,
     /// A ReadIndex round not answered in this long fails.
     pub(crate) read_timeout: Duration,
+    /// Raft's pre-vote (etcd's `--pre-vote`).
+    pub(crate) pre_vote: bool,
+    /// A member of several starts with its election clock nearly run out (etcd's
+    /// `--initial-election-tick-advance`).
+    pub(crate) advance_election_ticks: bool,
 }
 
 /// A running node thread.
@@ -281,7 +286,7 @@ impl NodeHandle {
             heartbeat_tick: config.heartbeat_ticks,
             applied: config.applied,
             check_quorum: true,
-            pre_vote: true,
+            pre_vote: config.pre_vote,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             ..raft::Config::default()
@@ -297,6 +302,15 @@ impl NodeHandle {
             // A group of one elects itself at once.
             raw.campaign()
                 .map_err(|e| Error::Internal(Failure::caused_by("campaign", e)))?;
+        } else if config.advance_election_ticks {
+            // etcd's tick advance: a first election comes after one tick to one election
+            // timeout, not one to two. raft-rs draws its timeout from [election, 2 × election),
+            // so election - 1 ticks never start a campaign by themselves; a member that hears
+            // from a leader meanwhile resets its clock, and with check-quorum its peers refuse a
+            // vote while their leader is alive.
+            for _ in 1..config.election_ticks {
+                raw.tick();
+            }
         }
         let (nudge_tx, nudges) = bounded(1);
         let node = NodeThread {

@@ -229,6 +229,8 @@ impl Engine {
             heartbeat_ticks: config.heartbeat_ticks,
             applied: state.applied_index,
             read_timeout: config.request_timeout,
+            pre_vote: config.pre_vote,
+            advance_election_ticks: config.advance_election_ticks,
         };
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

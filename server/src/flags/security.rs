@@ -11,56 +11,56 @@ use crate::tls::Files;
 #[derive(Debug, Args)]
 pub struct Security {
     /// The client port's certificate (PEM, the chain after it).
-    #[arg(long, env = "ETCD_CERT_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CERT_FILE")]
     pub cert_file: Option<PathBuf>,
     /// The client port's private key (PEM).
-    #[arg(long, env = "ETCD_KEY_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_KEY_FILE")]
     pub key_file: Option<PathBuf>,
     /// The certificate this member presents when it dials a client URL (default: --cert-file).
-    #[arg(long, env = "ETCD_CLIENT_CERT_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_CERT_FILE")]
     pub client_cert_file: Option<PathBuf>,
     /// The key for --client-cert-file.
-    #[arg(long, env = "ETCD_CLIENT_KEY_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_KEY_FILE")]
     pub client_key_file: Option<PathBuf>,
     /// Clients must present a certificate signed by --trusted-ca-file.
     #[arg(long, env = "ETCD_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub client_cert_auth: bool,
     /// Revoked client certificates (a CRL, PEM or DER).
-    #[arg(long, env = "ETCD_CLIENT_CRL_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_CRL_FILE")]
     pub client_crl_file: Option<PathBuf>,
     /// Client certificates must be valid for one of these hostnames or addresses (comma-separated).
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", default_value = "")]
     pub client_cert_allowed_hostname: String,
     /// The CAs that sign client certificates (PEM).
-    #[arg(long, env = "ETCD_TRUSTED_CA_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_TRUSTED_CA_FILE")]
     pub trusted_ca_file: Option<PathBuf>,
     /// Serve clients with a generated self-signed certificate.
     #[arg(long, env = "ETCD_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub auto_tls: bool,
 
     /// The peer port's certificate (PEM), also presented when dialing peers.
-    #[arg(long, env = "ETCD_PEER_CERT_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<PathBuf>,
     /// The peer port's private key (PEM).
-    #[arg(long, env = "ETCD_PEER_KEY_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_KEY_FILE")]
     pub peer_key_file: Option<PathBuf>,
     /// The certificate presented when dialing peers (default: --peer-cert-file).
-    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CLIENT_CERT_FILE")]
     pub peer_client_cert_file: Option<PathBuf>,
     /// The key for --peer-client-cert-file.
-    #[arg(long, env = "ETCD_PEER_CLIENT_KEY_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CLIENT_KEY_FILE")]
     pub peer_client_key_file: Option<PathBuf>,
     /// Peers must present a certificate signed by --peer-trusted-ca-file.
     #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub peer_client_cert_auth: bool,
     /// The CAs that sign peer certificates (PEM).
-    #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
     /// Talk to peers with a generated self-signed certificate.
     #[arg(long, env = "ETCD_PEER_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub peer_auto_tls: bool,
     /// Revoked peer certificates (a CRL, PEM or DER).
-    #[arg(long, env = "ETCD_PEER_CRL_FILE")]
+    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CRL_FILE")]
     pub peer_crl_file: Option<PathBuf>,
     /// Peer certificates must have one of these common names (comma-separated).
     #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", default_value = "")]
@@ -101,6 +101,11 @@ pub struct Security {
     pub listen_metrics_urls: String,
 }
 
+/// A file flag: an empty value, as etcd's help shows its default, is no file.
+fn file(path: &Option<PathBuf>) -> Option<PathBuf> {
+    path.clone().filter(|p| !p.as_os_str().is_empty())
+}
+
 fn list(value: &str) -> Vec<String> {
     value
         .split(',')
@@ -114,13 +119,13 @@ impl Security {
     /// The client port's files and rules, as flags give them (before `--auto-tls`).
     pub fn client_files(&self) -> Files {
         Files {
-            cert: self.cert_file.clone(),
-            key: self.key_file.clone(),
-            client_cert: self.client_cert_file.clone(),
-            client_key: self.client_key_file.clone(),
-            trusted_ca: self.trusted_ca_file.clone(),
+            cert: file(&self.cert_file),
+            key: file(&self.key_file),
+            client_cert: file(&self.client_cert_file),
+            client_key: file(&self.client_key_file),
+            trusted_ca: file(&self.trusted_ca_file),
             client_cert_auth: self.client_cert_auth,
-            crl: self.client_crl_file.clone(),
+            crl: file(&self.client_crl_file),
             allowed_cns: Vec::new(),
             allowed_hostnames: list(&self.client_cert_allowed_hostname),
             self_signed: false,
@@ -131,13 +136,13 @@ impl Security {
     /// The peer port's files and rules, as flags give them (before `--peer-auto-tls`).
     pub fn peer_files(&self) -> Files {
         Files {
-            cert: self.peer_cert_file.clone(),
-            key: self.peer_key_file.clone(),
-            client_cert: self.peer_client_cert_file.clone(),
-            client_key: self.peer_client_key_file.clone(),
-            trusted_ca: self.peer_trusted_ca_file.clone(),
+            cert: file(&self.peer_cert_file),
+            key: file(&self.peer_key_file),
+            client_cert: file(&self.peer_client_cert_file),
+            client_key: file(&self.peer_client_key_file),
+            trusted_ca: file(&self.peer_trusted_ca_file),
             client_cert_auth: self.peer_client_cert_auth,
-            crl: self.peer_crl_file.clone(),
+            crl: file(&self.peer_crl_file),
             allowed_cns: list(&self.peer_cert_allowed_cn),
             allowed_hostnames: list(&self.peer_cert_allowed_hostname),
             self_signed: false,

@@ -1,4 +1,8 @@
-//! The Cluster service: MemberAdd, MemberRemove, MemberUpdate, MemberList and MemberPromote.
+//! The Cluster service: MemberAdd, MemberRemove, MemberUpdate, MemberList and MemberPromote,
+//! each change first checked against `--max-learners` and `--strict-reconfig-check`
+//! ([`reconfig`]).
+
+pub mod reconfig;
 
 use std::sync::Arc;
 
@@ -50,6 +54,14 @@ impl ClusterService {
             return Err(Refusal::PeerUrlsExist.into());
         }
         Ok(())
+    }
+
+    /// Refuses `change` if the cluster's members, as this member (the leader) knows them,
+    /// cannot take it.
+    fn may(&self, change: reconfig::Change) -> Result<(), Status> {
+        let members: Vec<reconfig::Seat> = self.node.engine.member_list().iter().map(Into::into).collect();
+        reconfig::check(&members, change, self.node.limits.reconfig)
+            .map_err(|refused| Status::failed_precondition(refused.to_string()))
     }
 
     /// Applies a membership change here; the header and members every answer carries.
@@ -104,6 +116,10 @@ impl Cluster for ClusterService {
         }
         check_urls(&r.peer_ur_ls)?;
         self.urls_taken(&r.peer_ur_ls, None)?;
+        self.may(match r.is_learner {
+            true => reconfig::Change::AddLearner,
+            false => reconfig::Change::AddVoter,
+        })?;
         let id = ids::member_id(&r.peer_ur_ls, &self.token, Some(now_secs()));
         let (urls, learner) = (r.peer_ur_ls.clone(), r.is_learner);
         self.node
@@ -142,6 +158,7 @@ impl Cluster for ClusterService {
                 .forwarded(ClusterClient::new(channel).member_remove(onward))
                 .await;
         }
+        self.may(reconfig::Change::Remove(r.id))?;
         let (header, members) = self.apply_change(move |e| e.member_remove(r.id)).await?;
         Ok(Response::new(pb::MemberRemoveResponse { header, members }))
     }
@@ -188,6 +205,7 @@ impl Cluster for ClusterService {
                 .forwarded(ClusterClient::new(channel).member_promote(onward))
                 .await;
         }
+        self.may(reconfig::Change::Promote(r.id))?;
         let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse { header, members }))
     }
