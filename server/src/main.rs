@@ -84,7 +84,12 @@ fn main() -> ExitCode {
         }
     };
     let f = &cli.flags;
-    if let Err(e) = cairn_server::logging::init(f.log_level, f.log_format, &f.log_outputs) {
+    let logged = f
+        .observability
+        .rotation(&f.log_outputs)
+        .map_err(|e| e.to_string())
+        .and_then(|rotation| cairn_server::logging::init(f.log_level, f.log_format, &f.log_outputs, rotation.as_ref()));
+    if let Err(e) = logged {
         eprintln!("cairn: {e}");
         return ExitCode::from(1);
     }

@@ -4,6 +4,7 @@
 use clap::{ArgAction, Args, ValueEnum};
 
 use super::{bad, BadFlag};
+pub use crate::logging::Rotation;
 
 /// `--metrics`: how much detail `/metrics` gives.
 #[allow(missing_docs)] // clap turns variant docs into help text
@@ -45,33 +46,6 @@ pub struct Observability {
     pub distributed_tracing_instance_id: String,
     #[arg(long, env = "ETCD_DISTRIBUTED_TRACING_SAMPLING_RATE", default_value_t = 0)]
     pub distributed_tracing_sampling_rate: i64,
-}
-
-/// `--log-rotation-config-json`, as lumberjack (etcd's rotating writer) takes it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rotation {
-    /// Megabytes a file may reach before it is rotated.
-    #[serde(default = "Rotation::default_max_size")]
-    pub maxsize: u64,
-    /// Days a rotated file is kept; 0 keeps them all.
-    #[serde(default)]
-    pub maxage: u64,
-    /// Rotated files kept; 0 keeps them all.
-    #[serde(default)]
-    pub maxbackups: u64,
-    /// Rotated files are named by local time, not UTC.
-    #[serde(default)]
-    pub localtime: bool,
-    /// Rotated files are gzipped.
-    #[serde(default)]
-    pub compress: bool,
-}
-
-impl Rotation {
-    fn default_max_size() -> u64 {
-        100
-    }
 }
 
 impl Observability {

@@ -1,7 +1,7 @@
-//! Logging as etcd logs: `--log-level`, `--log-outputs` and `--log-format`. The default
-//! format is etcd's (zap's) JSON lines — `level`, `ts`, `caller`, `msg`, then the event's
-//! fields — so that whatever reads etcd's logs reads cairn's. `console` is the
-//! human-readable format.
+//! Logging as etcd logs: `--log-level`, `--log-outputs`, `--log-format`, and the rotation
+//! of a log file (`--enable-log-rotation`, in [`rotation`]). The default format is etcd's
+//! (zap's) JSON lines — `level`, `ts`, `caller`, `msg`, then the event's fields — so that
+//! whatever reads etcd's logs reads cairn's. `console` is the human-readable format.
 
 use std::fmt;
 
@@ -12,6 +12,10 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
+
+mod rotation;
+
+pub use rotation::Rotation;
 
 /// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
 // No variant docs: clap turns doc comments into help text, which would describe each value
@@ -36,9 +40,10 @@ pub enum LogFormat {
 }
 
 /// Logs at `level` in `format` into every one of `outputs`: stderr, stdout, default (stderr),
-/// `systemd/journal` (journald's native protocol, on its socket), or files appended to.
+/// `systemd/journal` (journald's native protocol, on its socket), or files appended to, each
+/// rotated as `rotation` says when given (the flags allow it with one file alone).
 /// `RUST_LOG`, when set, refines the level per module.
-pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<(), String> {
+pub fn init(level: LogLevel, format: LogFormat, outputs: &[String], rotation: Option<&Rotation>) -> Result<(), String> {
     use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -77,13 +82,17 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String]) -> Result<()
                 continue;
             }
             path => {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| format!("--log-outputs: cannot open {path}: {e}"))?;
+                let opened = match rotation {
+                    Some(rotation) => rotation::RotatingFile::open(std::path::Path::new(path), rotation.clone())
+                        .map(|file| BoxMakeWriter::new(std::sync::Arc::new(file))),
+                    None => std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .map(|file| BoxMakeWriter::new(std::sync::Arc::new(file))),
+                };
                 files = true;
-                BoxMakeWriter::new(std::sync::Arc::new(file))
+                opened.map_err(|e| format!("--log-outputs: cannot open {path}: {e}"))?
             }
         };
         writer = Some(match writer {
@@ -277,7 +286,7 @@ mod tests {
         assert_eq!(line["key"], "a\"b");
         assert_eq!(line["member"], "id=\"8e9e05c52164694d\"");
         let caller = line["caller"].as_str().unwrap();
-        assert!(caller.starts_with("server/src/logging.rs:"), "{caller}");
+        assert!(caller.starts_with("server/src/logging/mod.rs:"), "{caller}");
         let ts = line["ts"].as_str().unwrap();
         assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
         // The keys come in zap's order.
