@@ -673,3 +673,85 @@ fn every_request_in_flight_when_the_leader_is_cut_off_is_answered() {
     put_through(c.member(others[0]), "healed", "yes");
     assert_same_everywhere(&c);
 }
+
+#[test]
+fn a_survivor_forced_into_a_new_cluster_keeps_every_committed_write_and_takes_new_members() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("debug")
+        .with_test_writer()
+        .try_init();
+    let mut c = Cluster::new(7);
+    let leader = c.leader(&MEMBERS);
+    for i in 0..20 {
+        put_through(c.member(leader), &format!("k{i}"), "v");
+    }
+    // The quorum is lost for good: two members' machines are gone.
+    let survivor = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
+    for id in MEMBERS {
+        c.stop(id);
+    }
+    let config = Config {
+        clock: Arc::new(c.clock.clone()),
+        ..config(survivor)
+    };
+    let engine = Engine::builder(c.dir(survivor))
+        .member(survivor)
+        .peers(peers())
+        .config(config.clone())
+        .transport(c.net.transport(survivor))
+        .force_new_cluster()
+        .open()
+        .unwrap();
+    c.net.attach(survivor, engine.inbox().unwrap());
+    // It is its own leader, alone, with everything it knew committed.
+    let deadline = Instant::now() + PATIENCE;
+    while engine.leader() != Some(survivor) {
+        assert!(Instant::now() < deadline, "the survivor did not lead");
+        std::thread::yield_now();
+    }
+    let ids: Vec<u64> = engine.member_list().iter().map(|m| m.id).collect();
+    assert_eq!(ids, [survivor]);
+    assert_eq!(everything(&engine).len(), 20);
+    put_through(&engine, "after", "forced");
+    // A new member joins it as any member joins a running cluster.
+    let newcomer = 9;
+    engine.member_add(newcomer, vec![peer_url(newcomer)]).unwrap();
+    let joined = Engine::builder(c._root.path().join("m9"))
+        .member(newcomer)
+        .join_existing()
+        .config(config.clone())
+        .transport(c.net.transport(newcomer))
+        .open()
+        .unwrap();
+    c.net.attach(newcomer, joined.inbox().unwrap());
+    put_through(&engine, "with-two", "members");
+    let target = engine.current_revision();
+    let deadline = Instant::now() + PATIENCE;
+    while joined.current_revision() < target {
+        assert!(Instant::now() < deadline, "the newcomer did not catch up");
+        std::thread::yield_now();
+    }
+    assert_eq!(everything(&joined).len(), 22);
+    // Both restarted plainly, they are the new cluster of two, with everything.
+    c.net.detach(newcomer);
+    joined.close().unwrap();
+    c.net.detach(survivor);
+    engine.close().unwrap();
+    let reopen = |id: u64, dir: &Path| {
+        let engine = Engine::builder(dir)
+            .member(id)
+            .config(config.clone())
+            .transport(c.net.transport(id))
+            .open()
+            .unwrap();
+        c.net.attach(id, engine.inbox().unwrap());
+        engine
+    };
+    let again = reopen(survivor, c.dir(survivor));
+    let newcomer_again = reopen(newcomer, &c._root.path().join("m9"));
+    let mut ids: Vec<u64> = again.member_list().iter().map(|m| m.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [survivor, newcomer]);
+    assert_eq!(everything(&again).len(), 22);
+    assert_eq!(everything(&newcomer_again).len(), 22);
+}

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::metrics::{PeerMetrics, PROBE_EVERY};
 use crate::pb::peer as pb;
 use crate::pb::peer::peer_client::PeerClient;
 use crate::pb::peer::peer_server::{Peer, PeerServer};
@@ -104,6 +105,8 @@ struct Shared {
     inbox: InboxSlot,
     /// Dials peers (with the peer port's TLS, for https peer URLs).
     connector: Connector,
+    /// Bytes, failures and round trips per peer.
+    metrics: PeerMetrics,
 }
 
 impl Shared {
@@ -128,7 +131,8 @@ impl Shared {
         let (tx, rx) = mpsc::channel(QUEUE);
         links.insert(to, tx.clone());
         let shared = Arc::downgrade(self);
-        self.runtime.spawn(send_loop(shared, to, rx));
+        self.runtime.spawn(send_loop(shared.clone(), to, rx));
+        self.runtime.spawn(probe_loop(shared, to));
         tx
     }
 }
@@ -150,7 +154,13 @@ impl std::fmt::Debug for PeerNetwork {
 impl PeerNetwork {
     /// The transport of member `me` of the cluster `cluster`, dialing peers with `connector`;
     /// call within a tokio runtime.
-    pub fn new(me: u64, cluster: Arc<ClusterId>, initial: &[(u64, Vec<String>)], connector: Connector) -> PeerNetwork {
+    pub fn new(
+        me: u64,
+        cluster: Arc<ClusterId>,
+        initial: &[(u64, Vec<String>)],
+        connector: Connector,
+        metrics: PeerMetrics,
+    ) -> PeerNetwork {
         PeerNetwork {
             shared: Arc::new(Shared {
                 me,
@@ -161,6 +171,7 @@ impl PeerNetwork {
                 links: Mutex::new(HashMap::new()),
                 inbox: Arc::new(RwLock::new(None)),
                 connector,
+                metrics,
             }),
         }
     }
@@ -201,6 +212,7 @@ struct GrpcTransport {
 impl Transport for GrpcTransport {
     fn send(&self, to: u64, message: Bytes) {
         if let Err(mpsc::error::TrySendError::Full(_)) = self.shared.link(to).try_send(message) {
+            self.shared.metrics.send_failed(to, 1);
             tracing::debug!(to = format_args!("{to:x}"), "peer queue full: dropping a raft message");
         }
     }
@@ -265,16 +277,30 @@ fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Drains member `to`'s queue into a stream to it, reconnecting after failures, until the
 /// network is gone or the queue is dropped.
 async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>) {
+    // Drops what queued while the peer could not be reached (Raft sends again), counting
+    // each as a failed send.
+    let drop_queued = |rx: &mut mpsc::Receiver<Bytes>, metrics: &PeerMetrics| {
+        let mut dropped = 0;
+        while rx.try_recv().is_ok() {
+            dropped += 1;
+        }
+        metrics.send_failed(to, dropped);
+    };
     loop {
-        let (url, cluster_id, connector) = match shared.upgrade() {
-            Some(s) => (s.peer_urls(to).first().cloned(), s.cluster.get(), s.connector.clone()),
+        let (url, cluster_id, connector, metrics, me) = match shared.upgrade() {
+            Some(s) => (
+                s.peer_urls(to).first().cloned(),
+                s.cluster.get(),
+                s.connector.clone(),
+                s.metrics.clone(),
+                s.me,
+            ),
             None => return,
         };
         let Some(url) = url else {
             tracing::debug!(to = format_args!("{to:x}"), "no peer URL yet");
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            // Drop what queued meanwhile: Raft sends again.
-            while rx.try_recv().is_ok() {}
+            drop_queued(&mut rx, &metrics);
             continue;
         };
         let client = match connector.channel(&url).await {
@@ -282,7 +308,7 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
             Err(e) => {
                 tracing::debug!(to = format_args!("{to:x}"), %url, error = %e, "cannot reach peer");
                 tokio::time::sleep(RECONNECT_PAUSE).await;
-                while rx.try_recv().is_ok() {}
+                drop_queued(&mut rx, &metrics);
                 continue;
             }
         };
@@ -298,14 +324,55 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
             } else {
                 cluster_id
             };
-            if call_tx.send(pb::RaftMessage { cluster_id, message }).await.is_err() {
+            let bytes = message.len();
+            if call_tx
+                .send(pb::RaftMessage {
+                    cluster_id,
+                    message,
+                    from: me,
+                })
+                .await
+                .is_err()
+            {
+                metrics.send_failed(to, 1);
                 break;
             }
+            metrics.sent(to, bytes);
         }
         if let Ok(Err(status)) = call.await {
             tracing::debug!(to = format_args!("{to:x}"), error = %status.message(), "peer stream ended");
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
+    }
+}
+
+/// Probes member `to` every [`PROBE_EVERY`] for the round trip of a call (its member list:
+/// small, and answered by every version), over one connection kept open, as etcd's prober
+/// does; ends with the network.
+async fn probe_loop(shared: Weak<Shared>, to: u64) {
+    let mut client: Option<(String, PeerClient<tonic::transport::Channel>)> = None;
+    let mut every = tokio::time::interval(PROBE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        let Some(url) = s.peer_urls(to).first().cloned() else {
+            continue;
+        };
+        let (connector, metrics) = (s.connector.clone(), s.metrics.clone());
+        drop(s);
+        if client.as_ref().is_none_or(|(u, _)| *u != url) {
+            match connector.lazy_channel(&url) {
+                Ok(channel) => client = Some((url, PeerClient::new(channel))),
+                Err(_) => continue,
+            }
+        }
+        let Some((_, peer)) = client.as_mut() else { continue };
+        let started = std::time::Instant::now();
+        let answered = tokio::time::timeout(PROBE_EVERY, peer.members(pb::MembersRequest {})).await;
+        if let Ok(Ok(_)) = answered {
+            metrics.round_trip(to, started.elapsed());
+        }
     }
 }
 
@@ -315,6 +382,8 @@ struct PeerService {
     cluster: Arc<ClusterId>,
     /// This member's compaction hashes, for the leader's check.
     kept: Arc<crate::corruption::Kept>,
+    /// Bytes and failures per peer.
+    metrics: PeerMetrics,
 }
 
 impl PeerService {
@@ -358,11 +427,20 @@ impl Read for ChunkReader {
 impl Peer for PeerService {
     async fn send(&self, request: Request<Streaming<pb::RaftMessage>>) -> Result<Response<pb::Done>, Status> {
         let mut stream = request.into_inner();
+        let mut from = 0;
         while let Some(m) = stream.next().await {
-            let m = m?;
+            let m = match m {
+                Ok(m) => m,
+                Err(status) => {
+                    self.metrics.receive_failed(from);
+                    return Err(status);
+                }
+            };
             if !self.cluster.admit(m.cluster_id) {
                 return Err(foreign());
             }
+            from = m.from;
+            self.metrics.received(from, m.message.len());
             // Not open yet (or closing): dropped, as a crashed member would.
             let attached = self.inbox.read().clone();
             if let Some(a) = attached {
@@ -523,9 +601,19 @@ pub fn store_member_id(dir: &Path, id: u64) -> std::io::Result<()> {
 }
 
 /// The peer listener's routes.
-pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>, kept: Arc<crate::corruption::Kept>) -> axum::Router {
-    let service = PeerServer::new(PeerService { inbox, cluster, kept })
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
+pub fn router(
+    inbox: InboxSlot,
+    cluster: Arc<ClusterId>,
+    kept: Arc<crate::corruption::Kept>,
+    metrics: PeerMetrics,
+) -> axum::Router {
+    let service = PeerServer::new(PeerService {
+        inbox,
+        cluster,
+        kept,
+        metrics,
+    })
+    .max_decoding_message_size(usize::MAX)
+    .max_encoding_message_size(usize::MAX);
     tonic::service::Routes::new(service).into_axum_router()
 }

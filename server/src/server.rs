@@ -68,6 +68,8 @@ struct Plan {
     initial_members: Vec<cairn_engine::Peer>,
     /// `--initial-cluster-state existing`: the member joins a running cluster.
     join_existing: bool,
+    /// `--force-new-cluster`: a member with data becomes a cluster of one.
+    force_new_cluster: bool,
     cluster_id: u64,
     client_urls: Vec<String>,
     advertise_client_urls: Vec<String>,
@@ -237,6 +239,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         member_id: me.id,
         initial_members,
         join_existing: f.initial_cluster_state == ClusterState::Existing,
+        force_new_cluster: f.cluster.force_new_cluster,
         cluster_id: crate::ids::cluster_id(&ids),
         client_urls,
         advertise_client_urls,
@@ -280,9 +283,6 @@ fn not_yet(f: &Flags) -> Result<(), BadFlag> {
         flag,
         reason: format!("{what} is not implemented in cairn yet"),
     };
-    if f.cluster.force_new_cluster {
-        return Err(refuse("force-new-cluster", "forcing a new cluster"));
-    }
     match f.cluster.discovery()? {
         flags::Discovery::None => {}
         flags::Discovery::Srv { .. } => return Err(refuse("discovery-srv", "DNS SRV discovery")),
@@ -296,9 +296,6 @@ fn not_yet(f: &Flags) -> Result<(), BadFlag> {
         || f.compat.experimental_enable_distributed_tracing == Some(true)
     {
         return Err(refuse("enable-distributed-tracing", "distributed tracing"));
-    }
-    if o.enable_log_rotation {
-        return Err(refuse("enable-log-rotation", "log rotation"));
     }
     Ok(())
 }
@@ -630,11 +627,9 @@ fn client_routes(
             LockServer,
             api::concurrency::lock::LockService::new(node.clone())
         ));
-    let counted = metrics.clone();
     let member = node.clone();
     let grpc = routes.into_axum_router().layer(axum::middleware::from_fn(
         move |request: axum::extract::Request, next: axum::middleware::Next| {
-            counted.grpc_call(request.uri().path());
             let refused = member.engine.is_learner() && !LEARNER_METHODS.contains(&request.uri().path());
             async move {
                 if refused {
@@ -644,6 +639,9 @@ fn client_routes(
             }
         },
     ));
+    // Counted outermost, so that a learner's refusal is counted too, as etcd's interceptors
+    // count it.
+    let grpc = crate::metrics::grpc_layer(grpc, metrics.grpc.clone());
     let mut http = crate::http::router(node, metrics);
     if gateway {
         // The HTTP/JSON gateway calls the gRPC services as a gRPC client would.
@@ -701,11 +699,14 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let (member_id, cluster_id) = identity(&plan, &member_dir).await?;
     plan.member_id = member_id;
     let cluster = Arc::new(crate::peer::ClusterId::new(cluster_id));
+    let extensive = f.observability.metrics == flags::MetricsLevel::Extensive;
+    let metrics = Arc::new(Metrics::new(extensive).map_err(|e| ServeError::Other(e.to_string()))?);
     let peers = PeerNetwork::new(
         member_id,
         cluster.clone(),
         &plan.initial_peers,
         Connector::new(plan.peer_tls.clone()),
+        metrics.peers.clone(),
     );
     // Bind first: a port in use is reported before anything is opened.
     let client_listeners = bind_all(&plan.client_urls, plan.sockets).await?;
@@ -717,7 +718,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let inbox = peers.inbox_slot();
     let kept = Arc::new(crate::corruption::Kept::default());
     for bound in peer_listeners {
-        let router = crate::peer::router(inbox.clone(), cluster.clone(), kept.clone());
+        let router = crate::peer::router(inbox.clone(), cluster.clone(), kept.clone(), metrics.peers.clone());
         let serving = serve_on(
             bound,
             plan.peer_tls.as_ref(),
@@ -737,6 +738,9 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             .config(plan.config.clone())
             .member(member_id)
             .transport(peers.transport());
+        if plan.force_new_cluster {
+            builder = builder.force_new_cluster();
+        }
         builder = if plan.join_existing {
             // It learns the members, and everything else, from the cluster's log.
             builder.join_existing()
@@ -769,7 +773,6 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
             .await
             .map_err(ServeError::Other)?;
     }
-    let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Other(e.to_string()))?);
     let (auto_promote, promoting) = (f.auto_promote_learners, node.clone());
     let every = Duration::from_millis(f.heartbeat_interval.saturating_mul(5));
     let background = [

@@ -543,6 +543,75 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     assert!(!list.contains("true"), "nobody is a learner any more: {list}");
 }
 
+/// etcd's recovery from the loss of a quorum: two of three members destroyed for good, the
+/// survivor restarted with `--force-new-cluster` keeps every acknowledged write and becomes a
+/// cluster of one, which two new members then join (docs/operations.md, "Recover from quorum
+/// loss").
+#[test]
+fn a_quorum_lost_for_good_is_recovered_with_force_new_cluster() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut members, initial) = start_cluster(root.path(), &["m1", "m2", "m3"]);
+    let mut acknowledged = Vec::new();
+    for i in 0..30 {
+        let m = &members[i % 3];
+        let key = format!("k{i}");
+        if etcdctl(&[m], &["put", &key, &format!("v{i}")]).status.success() {
+            acknowledged.push((key, format!("v{i}")));
+        }
+    }
+    assert_eq!(acknowledged.len(), 30);
+    // Two machines are gone with their disks; the survivor alone cannot commit.
+    for m in &mut members[1..] {
+        m.kill();
+        std::fs::remove_dir_all(&m.dir).unwrap();
+    }
+    let survivor = &mut members[0];
+    survivor.kill();
+    survivor.extra = vec!["--force-new-cluster".into()];
+    survivor.start(&initial, "new");
+    survivor.wait_healthy();
+    let list = ok(etcdctl(&[&*survivor], &["member", "list"]));
+    assert_eq!(list.lines().count(), 1, "a cluster of one: {list}");
+    eventually(&[&*survivor], &["put", "after-recovery", "x"]);
+    acknowledged.push(("after-recovery".into(), "x".into()));
+    // Restarted as any member (without the flag again, as etcd's guide says), it stays so.
+    survivor.kill();
+    survivor.extra.clear();
+    survivor.start(&initial, "new");
+    survivor.wait_healthy();
+    // Two new members join it, one at a time, each as any member joins a running cluster.
+    let mut cluster = format!("m1={}", members[0].peer_url());
+    let mut grown = vec![members.remove(0)];
+    for name in ["m4", "m5"] {
+        let mut m = Member::new(root.path(), name);
+        let peer_urls = format!("--peer-urls={}", m.peer_url());
+        retry_unproposed(&[&grown[0]], &["member", "add", name, &peer_urls]);
+        cluster = format!("{cluster},{name}={}", m.peer_url());
+        m.start(&cluster, "existing");
+        m.wait_healthy();
+        // Started once it has published its name: only then may the next voter come
+        // (--strict-reconfig-check, as in etcd).
+        let deadline = Instant::now() + PATIENCE;
+        while !ok(etcdctl(&[&grown[0]], &["member", "list"])).contains(&format!(", started, {name},")) {
+            assert!(Instant::now() < deadline, "{name} never published its name");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        grown.push(m);
+    }
+    let list = ok(etcdctl(&[&grown[2]], &["member", "list"]));
+    assert_eq!(list.lines().count(), 3, "{list}");
+    eventually(&[&grown[1]], &["put", "with-three", "y"]);
+    acknowledged.push(("with-three".into(), "y".into()));
+    // Every acknowledged write is on every member, and they agree.
+    for m in &grown {
+        for (key, value) in &acknowledged {
+            wait_value(m, key, value);
+        }
+    }
+    let leader = leader_of(&grown[2]);
+    assert!(grown.iter().any(|m| member_id(m) == leader));
+}
+
 /// Builds tests/goclients' round against the etcd Go client `version` ("v3.6" is its go.mod,
 /// the others its `<version>.mod`), with the module sums committed there.
 fn build_round(version: &str, out: &Path) -> PathBuf {

@@ -158,6 +158,74 @@ pub(crate) fn bootstrap(
     Ok(())
 }
 
+/// etcd's `--force-new-cluster`: this member alone becomes the group, keeping its data, to
+/// recover from the loss of a quorum. Entries past the commit index are dropped (no quorum is
+/// left to have committed them); then one conf change per other member removes it, written
+/// in the current term and committed at once, durably. Applied like any committed conf
+/// change, they leave this member the sole voter, and it elects itself. `known` are the
+/// members it knows of besides what the log holds (the checkpoint's); removing one already
+/// gone changes nothing.
+pub(crate) fn force_new_cluster(log: &RaftLog, wal: &cairn_wal::Wal, me: u64, known: &[u64]) -> Result<()> {
+    use raft::eraftpb::{ConfChange, ConfChangeType, EntryType};
+    let hs = log.hard_state();
+    let mut others: std::collections::BTreeSet<u64> = known.iter().copied().collect();
+    let cs = log.conf_state();
+    others.extend(cs.voters.iter().chain(&cs.learners).chain(&cs.voters_outgoing));
+    {
+        let st = log.state.read();
+        for e in st.entries.iter().filter(|e| e.index <= hs.commit) {
+            if e.get_entry_type() == EntryType::EntryConfChange {
+                if let Ok(cc) = ConfChange::parse_from_bytes(&e.data) {
+                    others.insert(cc.node_id);
+                }
+            }
+        }
+    }
+    others.remove(&me);
+    others.remove(&0);
+    let dropped = (log.last_index() > hs.commit).then_some(hs.commit + 1);
+    let mut entries = Vec::with_capacity(others.len());
+    for (i, id) in others.iter().enumerate() {
+        let cc = ConfChange {
+            change_type: ConfChangeType::RemoveNode,
+            node_id: *id,
+            ..ConfChange::default()
+        };
+        let data = cc
+            .write_to_bytes()
+            .map_err(|e| Error::Internal(Failure::caused_by("encode a conf change", e)))?;
+        entries.push(Entry {
+            entry_type: EntryType::EntryConfChange,
+            term: hs.term,
+            index: hs.commit + 1 + i as u64,
+            data: data.into(),
+            ..Entry::default()
+        });
+    }
+    let mut records = Vec::with_capacity(entries.len() + 2);
+    if let Some(from) = dropped {
+        log.state.write().truncate(from);
+        records.push(Record::Truncate { from: LogIndex(from) });
+    }
+    log.append(&entries)?;
+    let hs = HardState {
+        commit: hs.commit + entries.len() as u64,
+        ..hs
+    };
+    log.set_hard_state(hs.clone());
+    for e in &entries {
+        records.push(entry_record(e)?);
+    }
+    records.push(Record::State(encode_state(&hs, &log.conf_state())?));
+    wal.append(records, cairn_wal::Durability::Durable)?.wait()?;
+    tracing::warn!(
+        removed = ?others.iter().map(|id| format!("{id:x}")).collect::<Vec<_>>(),
+        dropped_from = dropped,
+        "forcing a new cluster: this member alone, with its data; the others are removed"
+    );
+    Ok(())
+}
+
 impl RaftLog {
     /// A log whose entries up to `index` (of `term`) are in the checkpoint, with membership
     /// `conf_state` then.

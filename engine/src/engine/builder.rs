@@ -35,6 +35,8 @@ pub(super) struct Identity {
     pub(super) attributes: BTreeMap<u64, MemberAttributes>,
     /// Joins a group that exists already: no membership of its own, learned from the leader.
     pub(super) join_existing: bool,
+    /// Makes this member, with its data, a group of one (etcd's `--force-new-cluster`).
+    pub(super) force_new_cluster: bool,
 }
 
 /// A member of a new group, for [`EngineBuilder::peers`]: an ID alone, or with the name and
@@ -81,6 +83,7 @@ impl EngineBuilder {
                 peers: Vec::new(),
                 attributes: BTreeMap::new(),
                 join_existing: false,
+                force_new_cluster: false,
             },
             transport: Arc::new(NoPeers),
         }
@@ -117,6 +120,15 @@ impl EngineBuilder {
     /// group has added it ([`Engine::member_add`]).
     pub fn join_existing(mut self) -> EngineBuilder {
         self.identity.join_existing = true;
+        self
+    }
+
+    /// Recovers from the loss of a quorum, as etcd's `--force-new-cluster`: the member keeps
+    /// its data and becomes a group of one (every other member removed through its log, what
+    /// was not committed dropped), which new members may then join. Open it this way once:
+    /// a member opened so again removes every member added since.
+    pub fn force_new_cluster(mut self) -> EngineBuilder {
+        self.identity.force_new_cluster = true;
         self
     }
 

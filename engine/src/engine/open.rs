@@ -81,6 +81,17 @@ pub(super) fn bootstrap(state: &State, log: &RaftLog, wal: &Wal, identity: &Iden
     Ok(())
 }
 
+/// `EngineBuilder::force_new_cluster`: a member with data made a group of one (see
+/// [`crate::consensus::log::force_new_cluster`]); a member without data starts as any new one.
+pub(super) fn force_new_cluster(state: &State, log: &RaftLog, wal: &Wal, identity: &Identity) -> Result<()> {
+    if !identity.force_new_cluster || (state.applied_index == 0 && log.last_index() == 0) {
+        return Ok(());
+    }
+    let m = &state.membership;
+    let known: Vec<u64> = m.voters.iter().chain(&m.learners).copied().collect();
+    crate::consensus::log::force_new_cluster(log, wal, identity.member_id, &known)
+}
+
 /// The log index opening must apply before it returns.
 pub(super) fn catch_up_target(state: &State, log: &RaftLog, identity: &Identity) -> u64 {
     let member_id = identity.member_id;

@@ -1,8 +1,19 @@
-//! Prometheus metrics with etcd's names where etcd has them. Most are read from the engine
-//! when scraped; the request counters are kept as requests happen.
+//! Prometheus metrics with etcd's names, types, labels and buckets, so that etcd's
+//! monitoring mixin (its alerts and dashboard), its runbooks and `etcdctl check` read cairn
+//! as they read etcd. Most are read from the engine when scraped; the gRPC calls
+//! ([`grpc`]) and the peer transport ([`peer`]) are counted as they happen; `process_*` is
+//! the process collector's, as Go's client exports it.
 
-use prometheus::proto::{Bucket, Histogram, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+mod grpc;
+mod peer;
+
+use std::sync::Arc;
+
+use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder, IntCounter, IntGauge, Opts, Registry, TextEncoder};
+
+pub use grpc::{layer as grpc_layer, GrpcMetrics, METHODS};
+pub use peer::{PeerMetrics, PROBE_EVERY};
 
 use crate::node::Node;
 
@@ -12,13 +23,12 @@ pub struct Metrics {
     registry: Registry,
     has_leader: IntGauge,
     is_leader: IntGauge,
-    leader_changes: IntGauge,
     proposals_committed: IntGauge,
     proposals_applied: IntGauge,
     proposals_pending: IntGauge,
-    proposals_failed: IntGauge,
     db_total_size: IntGauge,
     db_in_use_size: IntGauge,
+    quota_backend_bytes: IntGauge,
     keys_total: IntGauge,
     watchers: IntGauge,
     leases: IntGauge,
@@ -27,8 +37,10 @@ pub struct Metrics {
     snapshots_installed: IntGauge,
     /// gRPC requests refused before reaching the engine (too large, too many).
     pub refused: IntCounter,
-    /// gRPC calls started, by type, service and method (etcd's go-grpc-prometheus name).
-    grpc_started: IntCounterVec,
+    /// gRPC calls, as go-grpc-prometheus counts them.
+    pub grpc: Arc<GrpcMetrics>,
+    /// The peer transport's traffic.
+    pub peers: PeerMetrics,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
@@ -38,82 +50,81 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, promet
 }
 
 impl Metrics {
-    /// Every metric, registered in a registry of their own. An error means a metric's name or
+    /// Every metric, registered in a registry of their own; `extensive` (`--metrics
+    /// extensive`) adds the gRPC handling-time histograms. An error means a metric's name or
     /// help is invalid, or two share a name: a bug, not a condition to handle.
-    pub fn new() -> Result<Metrics, prometheus::Error> {
+    pub fn new(extensive: bool) -> Result<Metrics, prometheus::Error> {
         let r = Registry::new();
         let refused = IntCounter::with_opts(Opts::new(
             "cairn_grpc_requests_refused_total",
             "Requests refused before reaching the engine.",
         ))?;
         r.register(Box::new(refused.clone()))?;
-        let grpc_started = IntCounterVec::new(
-            Opts::new(
-                "grpc_server_started_total",
-                "Total number of RPCs started on the server.",
-            ),
-            &["grpc_type", "grpc_service", "grpc_method"],
-        )?;
-        r.register(Box::new(grpc_started.clone()))?;
+        r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(Metrics {
-            has_leader: gauge(&r, "etcd_server_has_leader", "Whether a leader exists: 1 is yes, 0 no.")?,
-            is_leader: gauge(&r, "etcd_server_is_leader", "Whether this member is the leader.")?,
-            leader_changes: gauge(
+            has_leader: gauge(
                 &r,
-                "etcd_server_leader_changes_seen_total",
-                "Leader changes seen by this member.",
+                "etcd_server_has_leader",
+                "Whether or not a leader exists. 1 is existence, 0 is not.",
+            )?,
+            is_leader: gauge(
+                &r,
+                "etcd_server_is_leader",
+                "Whether or not this member is a leader. 1 if is, 0 otherwise.",
             )?,
             proposals_committed: gauge(
                 &r,
                 "etcd_server_proposals_committed_total",
-                "The last committed log index.",
+                "The total number of consensus proposals committed.",
             )?,
-            proposals_applied: gauge(&r, "etcd_server_proposals_applied_total", "The last applied log index.")?,
+            proposals_applied: gauge(
+                &r,
+                "etcd_server_proposals_applied_total",
+                "The total number of consensus proposals applied.",
+            )?,
             proposals_pending: gauge(
                 &r,
                 "etcd_server_proposals_pending",
-                "Proposals waiting for their answer.",
-            )?,
-            proposals_failed: gauge(
-                &r,
-                "etcd_server_proposals_failed_total",
-                "Proposals dropped uncommitted.",
+                "The current number of pending proposals to commit.",
             )?,
             db_total_size: gauge(
                 &r,
                 "etcd_mvcc_db_total_size_in_bytes",
-                "Bytes the data files take on disk.",
+                "Total size of the underlying database physically allocated in bytes.",
             )?,
             db_in_use_size: gauge(
                 &r,
                 "etcd_mvcc_db_total_size_in_use_in_bytes",
-                "Bytes of history kept in the data files.",
+                "Total size of the underlying database logically in use in bytes.",
             )?,
-            keys_total: gauge(&r, "etcd_debugging_mvcc_keys_total", "Keys that exist now.")?,
-            watchers: gauge(&r, "etcd_debugging_mvcc_watcher_total", "Watchers open now.")?,
-            leases: gauge(&r, "etcd_debugging_lease_total", "Leases that exist now.")?,
-            current_revision: gauge(&r, "etcd_debugging_mvcc_current_revision", "The current revision.")?,
-            compact_revision: gauge(&r, "etcd_debugging_mvcc_compact_revision", "The compacted revision.")?,
+            quota_backend_bytes: gauge(
+                &r,
+                "etcd_server_quota_backend_bytes",
+                "Current backend storage quota size in bytes.",
+            )?,
+            keys_total: gauge(&r, "etcd_debugging_mvcc_keys_total", "Total number of keys.")?,
+            watchers: gauge(&r, "etcd_debugging_mvcc_watcher_total", "Total number of watchers.")?,
+            leases: gauge(&r, "etcd_debugging_lease_total", "The number of current lease.")?,
+            current_revision: gauge(
+                &r,
+                "etcd_debugging_mvcc_current_revision",
+                "The current revision of store.",
+            )?,
+            compact_revision: gauge(
+                &r,
+                "etcd_debugging_mvcc_compact_revision",
+                "The revision of the last compaction in store.",
+            )?,
             snapshots_installed: gauge(
                 &r,
                 "etcd_network_snapshot_receive_success",
                 "Snapshots received from the leader and installed since this member started.",
             )?,
             refused,
-            grpc_started,
+            grpc: Arc::new(GrpcMetrics::new(&r, extensive)?),
+            peers: PeerMetrics::new(&r)?,
             registry: r,
         })
-    }
-
-    /// Counts a gRPC call to `path` (`/<service>/<method>`) as started, if it names one of
-    /// etcd's methods (a client's made-up path must not grow the label set).
-    pub fn grpc_call(&self, path: &str) {
-        let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
-            return;
-        };
-        if let Some((service, method, kind)) = GRPC_METHODS.iter().find(|(s, m, _)| *s == service && *m == method) {
-            self.grpc_started.with_label_values(&[kind, service, method]).inc();
-        }
     }
 
     fn set(g: &IntGauge, v: u64) {
@@ -126,13 +137,12 @@ impl Metrics {
         let raft = e.raft_status();
         Self::set(&self.has_leader, u64::from(raft.leader.is_some()));
         Self::set(&self.is_leader, u64::from(raft.leader == Some(node.member_id)));
-        Self::set(&self.leader_changes, raft.leader_changes);
         Self::set(&self.proposals_committed, raft.commit_index);
         Self::set(&self.proposals_applied, raft.applied_index);
         Self::set(&self.proposals_pending, raft.proposals_pending);
-        Self::set(&self.proposals_failed, raft.proposals_failed);
         Self::set(&self.db_total_size, e.size());
         Self::set(&self.db_in_use_size, e.size_in_use());
+        Self::set(&self.quota_backend_bytes, node.limits.quota_backend_bytes);
         Self::set(&self.keys_total, e.key_count() as u64);
         Self::set(&self.watchers, e.watcher_count() as u64);
         Self::set(&self.leases, e.leases().len() as u64);
@@ -140,18 +150,46 @@ impl Metrics {
         self.compact_revision.set(e.compacted_revision());
         Self::set(&self.snapshots_installed, e.snapshots_installed());
         let mut families = self.registry.gather();
+        families.push(counter_family(
+            "etcd_server_leader_changes_seen_total",
+            "The number of leader changes seen.",
+            raft.leader_changes,
+        ));
+        families.push(counter_family(
+            "etcd_server_proposals_failed_total",
+            "The total number of failed proposals seen.",
+            raft.proposals_failed,
+        ));
+        families.push(info_family(
+            "etcd_server_id",
+            "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+            "server_id",
+            &format!("{:x}", node.member_id),
+        ));
+        families.push(info_family(
+            "etcd_server_version",
+            "Which version is running. 1 for 'server_version' label with current version.",
+            "server_version",
+            crate::node::API_VERSION,
+        ));
         if let Ok(wal) = e.wal_stats() {
             families.push(histogram_family(
                 "etcd_disk_wal_fsync_duration_seconds",
-                "The latency of the WAL's fdatasync calls.",
+                "The latency distributions of fsync called by WAL.",
                 &wal.fsync_latency_us,
             ));
         }
         families.push(histogram_family(
             "etcd_disk_backend_commit_duration_seconds",
-            "The latency of checkpoints (data files synced, checkpoint written): cairn's backend commit.",
+            "The latency distributions of commit called by backend: each batch of committed entries applied to the data files.",
+            &e.apply_latency_us(),
+        ));
+        families.push(histogram_family(
+            "cairn_checkpoint_duration_seconds",
+            "The latency distributions of checkpoints: data files synced, then the checkpoint written and synced.",
             &e.checkpoint_latency_us(),
         ));
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&families, &mut out)
@@ -160,53 +198,36 @@ impl Metrics {
     }
 }
 
-/// etcd's client methods, with their kinds as go-grpc-prometheus labels them.
-const GRPC_METHODS: &[(&str, &str, &str)] = &[
-    ("etcdserverpb.KV", "Range", "unary"),
-    ("etcdserverpb.KV", "RangeStream", "server_stream"),
-    ("etcdserverpb.KV", "Put", "unary"),
-    ("etcdserverpb.KV", "DeleteRange", "unary"),
-    ("etcdserverpb.KV", "Txn", "unary"),
-    ("etcdserverpb.KV", "Compact", "unary"),
-    ("etcdserverpb.Watch", "Watch", "bidi_stream"),
-    ("etcdserverpb.Lease", "LeaseGrant", "unary"),
-    ("etcdserverpb.Lease", "LeaseRevoke", "unary"),
-    ("etcdserverpb.Lease", "LeaseKeepAlive", "bidi_stream"),
-    ("etcdserverpb.Lease", "LeaseTimeToLive", "unary"),
-    ("etcdserverpb.Lease", "LeaseLeases", "unary"),
-    ("etcdserverpb.Cluster", "MemberAdd", "unary"),
-    ("etcdserverpb.Cluster", "MemberRemove", "unary"),
-    ("etcdserverpb.Cluster", "MemberUpdate", "unary"),
-    ("etcdserverpb.Cluster", "MemberList", "unary"),
-    ("etcdserverpb.Cluster", "MemberPromote", "unary"),
-    ("etcdserverpb.Maintenance", "Alarm", "unary"),
-    ("etcdserverpb.Maintenance", "Status", "unary"),
-    ("etcdserverpb.Maintenance", "Defragment", "unary"),
-    ("etcdserverpb.Maintenance", "Hash", "unary"),
-    ("etcdserverpb.Maintenance", "HashKV", "unary"),
-    ("etcdserverpb.Maintenance", "Snapshot", "server_stream"),
-    ("etcdserverpb.Maintenance", "MoveLeader", "unary"),
-    ("etcdserverpb.Maintenance", "Downgrade", "unary"),
-    ("etcdserverpb.Auth", "AuthEnable", "unary"),
-    ("etcdserverpb.Auth", "AuthDisable", "unary"),
-    ("etcdserverpb.Auth", "AuthStatus", "unary"),
-    ("etcdserverpb.Auth", "Authenticate", "unary"),
-    ("etcdserverpb.Auth", "UserAdd", "unary"),
-    ("etcdserverpb.Auth", "UserGet", "unary"),
-    ("etcdserverpb.Auth", "UserList", "unary"),
-    ("etcdserverpb.Auth", "UserDelete", "unary"),
-    ("etcdserverpb.Auth", "UserChangePassword", "unary"),
-    ("etcdserverpb.Auth", "UserGrantRole", "unary"),
-    ("etcdserverpb.Auth", "UserRevokeRole", "unary"),
-    ("etcdserverpb.Auth", "RoleAdd", "unary"),
-    ("etcdserverpb.Auth", "RoleGet", "unary"),
-    ("etcdserverpb.Auth", "RoleList", "unary"),
-    ("etcdserverpb.Auth", "RoleDelete", "unary"),
-    ("etcdserverpb.Auth", "RoleGrantPermission", "unary"),
-    ("etcdserverpb.Auth", "RoleRevokePermission", "unary"),
-    ("grpc.health.v1.Health", "Check", "unary"),
-    ("grpc.health.v1.Health", "Watch", "server_stream"),
-];
+/// A counter read from the engine when scraped (it counts since the engine opened).
+fn counter_family(name: &str, help: &str, value: u64) -> MetricFamily {
+    let mut c = Counter::default();
+    c.set_value(value as f64);
+    let mut m = Metric::default();
+    m.set_counter(c);
+    family(name, help, MetricType::COUNTER, vec![m])
+}
+
+/// A gauge of 1 whose one label names something (a version, an ID), as etcd's are.
+fn info_family(name: &str, help: &str, label: &str, value: &str) -> MetricFamily {
+    let mut g = Gauge::default();
+    g.set_value(1.0);
+    let mut pair = LabelPair::default();
+    pair.set_name(label.to_string());
+    pair.set_value(value.to_string());
+    let mut m = Metric::default();
+    m.set_gauge(g);
+    m.set_label(vec![pair]);
+    family(name, help, MetricType::GAUGE, vec![m])
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_string());
+    f.set_help(help.to_string());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
 
 /// A Prometheus histogram, in seconds with etcd's buckets (1 ms doubling to 8.192 s), from a
 /// histogram of microseconds.
@@ -228,10 +249,5 @@ fn histogram_family(name: &str, help: &str, us: &cairn_engine::wal::Distribution
     h.set_bucket(buckets);
     let mut m = Metric::default();
     m.set_histogram(h);
-    let mut f = MetricFamily::default();
-    f.set_name(name.to_string());
-    f.set_help(help.to_string());
-    f.set_field_type(MetricType::HISTOGRAM);
-    f.set_metric(vec![m]);
-    f
+    family(name, help, MetricType::HISTOGRAM, vec![m])
 }
