@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-controller-manager and kube-scheduler for each
-# Kubernetes release under test, builds cairn if needed, and runs the
+# Kubernetes release under test (and kubeadm for the releases in
+# KUBEADM_VERSIONS), builds cairn if needed, and runs the
 # kube-apiserver-on-cairn scenario (./scenario) once per release: TestScenario
-# (plaintext cairn) and, for the releases in MTLS_VERSIONS, TestScenarioMTLS
-# (kubeadm's etcd certificates and flags).
+# (plaintext cairn), TestMoveFromEtcd, for the releases in MTLS_VERSIONS
+# TestScenarioMTLS (kubeadm's etcd certificates and flags), and for the
+# releases in KUBEADM_VERSIONS TestKubeadmManifest (cairn run from kubeadm's
+# own etcd static-pod manifest).
 #
 #   tests/kubernetes/run.sh               # 1.37 and 1.34
 #   VERSIONS=1.37 tests/kubernetes/run.sh # one release
@@ -13,6 +16,8 @@
 #
 # Environment: VERSIONS (default "1.37 1.34"), MTLS_VERSIONS (releases that also
 # run TestScenarioMTLS, default "1.37"; the others pass -skip to go test),
+# KUBEADM_VERSIONS (releases whose kubeadm is built and that run
+# TestKubeadmManifest, default "1.37"; only 1.37's module has kubeadm),
 # BUILD_ONLY, CAIRN_BIN (default <repo>/target/debug/cairn, built with cargo if
 # missing), ETCD_BIN (default <repo>/target/etcd-3.7/etcd, the etcd that
 # TestMoveFromEtcd moves kube-apiserver from), NICE (default "nice -n 19"),
@@ -23,6 +28,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 versions="${VERSIONS:-1.37 1.34}"
 mtls_versions="${MTLS_VERSIONS-1.37}"
+kubeadm_versions="${KUBEADM_VERSIONS-1.37}"
 nice_cmd="${NICE:-nice -n 19}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
@@ -35,27 +41,34 @@ module_dir() {
   esac
 }
 
+# in_list WORD LIST: whether WORD is one of LIST's space-separated words.
+in_list() {
+  local w
+  for w in $2; do
+    if [ "$w" = "$1" ]; then return 0; fi
+  done
+  return 1
+}
+
 build_kube() {
   local v="$1" mod out
   mod="$(module_dir "$v")" || return 1
   out="$root/target/kubernetes/$v"
   mkdir -p "$out"
-  local fresh=1
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler) stale=()
+  if in_list "$v" "$kubeadm_versions"; then bins+=(kubeadm); fi
+  for b in "${bins[@]}"; do
     if [ ! -x "$out/$b" ] || [ "$mod/go.mod" -nt "$out/$b" ] || [ "$mod/go.sum" -nt "$out/$b" ]; then
-      fresh=0
+      stale+=("k8s.io/kubernetes/cmd/$b")
     fi
   done
-  if [ "$fresh" = 1 ]; then
-    echo "== Kubernetes $v binaries in $out are newer than $mod/go.mod: not rebuilding"
+  if [ "${#stale[@]}" = 0 ]; then
+    echo "== Kubernetes $v binaries (${bins[*]}) in $out are newer than $mod/go.mod: not rebuilding"
     return 0
   fi
-  echo "== building Kubernetes $v binaries into $out (first build ~10 min on 2 cores)"
+  echo "== building ${stale[*]##*/} ($v) into $out (first build ~10 min on 2 cores; kubeadm adds ~1 min)"
   local start=$SECONDS
-  (cd "$mod" && GOFLAGS=-mod=readonly $nice_cmd go build -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler) || return 1
+  (cd "$mod" && GOFLAGS=-mod=readonly $nice_cmd go build -o "$out/" "${stale[@]}") || return 1
   echo "== built Kubernetes $v in $((SECONDS - start))s"
 }
 
@@ -86,21 +99,21 @@ for v in $versions; do
   fi
   log="$root/target/kubernetes/scenario-$v.log"
   skip_flags=()
-  mtls=0
-  for m in $mtls_versions; do
-    if [ "$m" = "$v" ]; then mtls=1; fi
-  done
-  if [ "$mtls" = 0 ]; then
-    skip_flags=(-skip '^TestScenarioMTLS$')
+  skipped_tests=()
+  mtls=no kubeadm=no
+  if in_list "$v" "$mtls_versions"; then mtls=yes; else skipped_tests+=(TestScenarioMTLS); fi
+  if in_list "$v" "$kubeadm_versions"; then kubeadm=yes; else skipped_tests+=(TestKubeadmManifest); fi
+  if [ "${#skipped_tests[@]}" != 0 ]; then
+    skip_flags=(-skip "^($(IFS='|'; echo "${skipped_tests[*]}"))\$")
   fi
-  echo "== running the scenario against Kubernetes $v (mTLS mode too: $([ $mtls = 1 ] && echo yes || echo no); log: $log)"
+  echo "== running the scenario against Kubernetes $v (mTLS mode: $mtls; kubeadm's manifest: $kubeadm; log: $log)"
   start=$SECONDS
   (cd "$here" && CAIRN_BIN="$cairn_bin" ETCD_BIN="$etcd_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
     GOFLAGS=-mod=readonly $nice_cmd go test -count=1 -timeout 20m -v ${skip_flags[@]+"${skip_flags[@]}"} ${GO_TEST_FLAGS:-} ./scenario/) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; overall=1; fi
   result[$v]="$status in $((SECONDS - start))s"
-  for test in TestScenario TestScenarioMTLS; do
+  for test in TestScenario TestScenarioMTLS TestKubeadmManifest; do
     grep -qE "^=== RUN +$test\$" "$log" || continue
     passed=$(grep -cE "^    --- PASS: $test/" "$log")
     failed=$(grep -E "^    --- FAIL: $test/" "$log" | sed -E "s/^    --- FAIL: $test\/([^ ]+).*/\1/" | tr '\n' ' ')

@@ -56,7 +56,8 @@ var allNamespaces = []string{nsBasic, nsPaging, nsConflict, nsCRD, nsLease, nsEv
 type harness struct {
 	version string
 	dir     string
-	etcdPKI *controlplane.EtcdPKI // kubeadm's etcd certificates (TestScenarioMTLS only)
+	etcdPKI *controlplane.EtcdPKI // kubeadm's etcd certificates (TestScenarioMTLS, TestKubeadmManifest)
+	kubeadm *kubeadmNode          // the node kubeadm set up (TestKubeadmManifest only)
 	cairn   *cairnCluster
 	cp      *controlPlane
 	kube    kubernetes.Interface
@@ -128,23 +129,59 @@ func TestScenario(t *testing.T) {
 // Cleanup (stopping everything, keeping or removing the logs) is registered
 // on t.
 func setupHarness(t *testing.T, mtls bool) *harness {
-	cairnBin := os.Getenv("CAIRN_BIN")
-	binDir := os.Getenv("KUBE_BIN_DIR")
+	cairnBin, binDir := requireBinaries(t)
+	prefix := "cairn-k8s-scenario-"
+	if mtls {
+		prefix += "mtls-"
+	}
+	h := newHarness(t, prefix)
+
+	var etcdTLS *controlplane.EtcdMemberPKI
+	var err error
+	if mtls {
+		start := time.Now()
+		if h.etcdPKI, err = controlplane.GenerateEtcdPKI(filepath.Join(h.dir, "pki"), memberNames); err != nil {
+			t.Fatalf("generating kubeadm's etcd certificates: %v", err)
+		}
+		// kube-apiserver runs on the first node and uses its certificates.
+		etcdTLS = h.etcdPKI.Members[0]
+		t.Logf("kubeadm etcd PKI for %v generated in %v under %s", memberNames, time.Since(start).Round(time.Millisecond), filepath.Join(h.dir, "pki"))
+	}
+	start := time.Now()
+	h.cairn, err = startCairnCluster(cairnBin, h.dir, h.etcdPKI)
+	if err != nil {
+		t.Fatalf("starting the cairn cluster: %v%s", err, h.logTails(40))
+	}
+	t.Logf("cairn cluster healthy after %v: %v", time.Since(start).Round(time.Millisecond), h.cairn.clientURLs())
+	h.startKube(t, binDir, etcdTLS, !mtls)
+	return h
+}
+
+// requireBinaries returns CAIRN_BIN and KUBE_BIN_DIR. It skips t if either is
+// unset and fails it if cairn or one of the three Kubernetes binaries is
+// missing.
+func requireBinaries(t *testing.T) (cairnBin, binDir string) {
+	cairnBin = os.Getenv("CAIRN_BIN")
+	binDir = os.Getenv("KUBE_BIN_DIR")
 	if cairnBin == "" || binDir == "" {
 		t.Skip("CAIRN_BIN and KUBE_BIN_DIR must both be set (cairn binary; directory with kube-apiserver, kube-controller-manager, kube-scheduler); see tests/kubernetes/README.md")
-	}
-	version := os.Getenv("KUBE_VERSION")
-	if version == "" {
-		version = "unknown"
 	}
 	for _, b := range []string{cairnBin, filepath.Join(binDir, "kube-apiserver"), filepath.Join(binDir, "kube-controller-manager"), filepath.Join(binDir, "kube-scheduler")} {
 		if _, err := os.Stat(b); err != nil {
 			t.Fatalf("binary %s: %v", b, err)
 		}
 	}
-	prefix := "cairn-k8s-scenario-"
-	if mtls {
-		prefix += "mtls-"
+	return cairnBin, binDir
+}
+
+// newHarness makes the harness's log dir, named prefix+KUBE_VERSION+random,
+// and registers on t the cleanup that stops whatever the harness holds by
+// then (clients, control plane, cairn members) and removes the dir, or keeps
+// it after a failure or with SCENARIO_KEEP_LOGS.
+func newHarness(t *testing.T, prefix string) *harness {
+	version := os.Getenv("KUBE_VERSION")
+	if version == "" {
+		version = "unknown"
 	}
 	dir, err := os.MkdirTemp("", prefix+version+"-")
 	if err != nil {
@@ -179,33 +216,25 @@ func setupHarness(t *testing.T, mtls bool) *harness {
 			t.Logf("logs in %s", dir)
 		}
 	})
+	return h
+}
 
-	var etcdTLS *controlplane.EtcdMemberPKI
-	if mtls {
-		start := time.Now()
-		if h.etcdPKI, err = controlplane.GenerateEtcdPKI(filepath.Join(dir, "pki"), memberNames); err != nil {
-			t.Fatalf("generating kubeadm's etcd certificates: %v", err)
-		}
-		// kube-apiserver runs on the first node and uses its certificates.
-		etcdTLS = h.etcdPKI.Members[0]
-		t.Logf("kubeadm etcd PKI for %v generated in %v under %s", memberNames, time.Since(start).Round(time.Millisecond), filepath.Join(dir, "pki"))
-	}
-	start := time.Now()
-	h.cairn, err = startCairnCluster(cairnBin, dir, h.etcdPKI)
-	if err != nil {
-		t.Fatalf("starting the cairn cluster: %v%s", err, h.logTails(40))
-	}
-	t.Logf("cairn cluster healthy after %v: %v", time.Since(start).Round(time.Millisecond), h.cairn.clientURLs())
+// startKube opens the test's clientv3 client on h.cairn, generates the
+// control plane's PKI, starts the control plane on h.cairn's client URLs
+// (see startControlPlane for etcdTLS and controllers) and makes the
+// client-go clients. It fails t if anything does not start.
+func (h *harness) startKube(t *testing.T, binDir string, etcdTLS *controlplane.EtcdMemberPKI, controllers bool) {
+	var err error
 	h.etcd, err = h.cairn.etcdClient(h.cairn.clientURLs()...)
 	if err != nil {
 		t.Fatalf("clientv3 to cairn: %v", err)
 	}
-	p, err := controlplane.GeneratePKI(dir)
+	p, err := controlplane.GeneratePKI(h.dir)
 	if err != nil {
 		t.Fatalf("generating PKI: %v", err)
 	}
-	start = time.Now()
-	cp, err := startControlPlane(binDir, dir, h.cairn.clientURLs(), p, etcdTLS, !mtls)
+	start := time.Now()
+	cp, err := startControlPlane(binDir, h.dir, h.cairn.clientURLs(), p, etcdTLS, controllers)
 	h.cp = cp
 	if err != nil {
 		t.Fatalf("starting the control plane: %v%s", err, h.logTails(40))
@@ -220,7 +249,6 @@ func setupHarness(t *testing.T, mtls bool) *harness {
 	if h.ext, err = apiextclient.NewForConfig(cp.restConfig); err != nil {
 		t.Fatal(err)
 	}
-	return h
 }
 
 // runSteps runs steps as subtests in order. After each it checks that every

@@ -138,6 +138,26 @@ type EtcdMemberPKI struct {
 	APIServerEtcdClientCertFile, APIServerEtcdClientKeyFile string // apiserver-etcd-client.crt, .key
 }
 
+// KubeadmEtcdMemberPKI names the files of member name's etcd certificates
+// under certDir, a node's /etc/kubernetes/pki (kubeadm's certificatesDir),
+// with kubeadm's file names (cmd/kubeadm/app/constants).
+func KubeadmEtcdMemberPKI(name, certDir string) *EtcdMemberPKI {
+	return &EtcdMemberPKI{
+		Name:                        name,
+		Dir:                         certDir,
+		CAFile:                      filepath.Join(certDir, "etcd", "ca.crt"),
+		CAKeyFile:                   filepath.Join(certDir, "etcd", "ca.key"),
+		ServerCertFile:              filepath.Join(certDir, "etcd", "server.crt"),
+		ServerKeyFile:               filepath.Join(certDir, "etcd", "server.key"),
+		PeerCertFile:                filepath.Join(certDir, "etcd", "peer.crt"),
+		PeerKeyFile:                 filepath.Join(certDir, "etcd", "peer.key"),
+		HealthcheckClientCertFile:   filepath.Join(certDir, "etcd", "healthcheck-client.crt"),
+		HealthcheckClientKeyFile:    filepath.Join(certDir, "etcd", "healthcheck-client.key"),
+		APIServerEtcdClientCertFile: filepath.Join(certDir, "apiserver-etcd-client.crt"),
+		APIServerEtcdClientKeyFile:  filepath.Join(certDir, "apiserver-etcd-client.key"),
+	}
+}
+
 // EtcdPKI is kubeadm's etcd certificate layout for a stacked etcd whose
 // members all run on this machine's loopback interface: one etcd CA, and per
 // member a node directory with the CA, a server and a peer certificate, the
@@ -187,21 +207,7 @@ func GenerateEtcdPKI(dir string, members []string) (*EtcdPKI, error) {
 		errs  []error
 	)
 	for _, name := range members {
-		nd := filepath.Join(dir, name)
-		m := &EtcdMemberPKI{
-			Name:                        name,
-			Dir:                         nd,
-			CAFile:                      filepath.Join(nd, "etcd", "ca.crt"),
-			CAKeyFile:                   filepath.Join(nd, "etcd", "ca.key"),
-			ServerCertFile:              filepath.Join(nd, "etcd", "server.crt"),
-			ServerKeyFile:               filepath.Join(nd, "etcd", "server.key"),
-			PeerCertFile:                filepath.Join(nd, "etcd", "peer.crt"),
-			PeerKeyFile:                 filepath.Join(nd, "etcd", "peer.key"),
-			HealthcheckClientCertFile:   filepath.Join(nd, "etcd", "healthcheck-client.crt"),
-			HealthcheckClientKeyFile:    filepath.Join(nd, "etcd", "healthcheck-client.key"),
-			APIServerEtcdClientCertFile: filepath.Join(nd, "apiserver-etcd-client.crt"),
-			APIServerEtcdClientKeyFile:  filepath.Join(nd, "apiserver-etcd-client.key"),
-		}
+		m := KubeadmEtcdMemberPKI(name, filepath.Join(dir, name))
 		// kubeadm copies the CA to every control-plane node.
 		if err := ca.Write(m.CAFile, m.CAKeyFile); err != nil {
 			return nil, err

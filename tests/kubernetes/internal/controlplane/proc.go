@@ -18,6 +18,12 @@ type Proc struct {
 	Bin     string   // path of the executable
 	Args    []string // arguments, without the program name
 	LogPath string   // stdout and stderr are appended here
+	// Argv0, if set, is the program name the process is given (argv[0])
+	// instead of Bin, as a container runtime passes a container's command[0].
+	Argv0 string
+	// Env, if not nil, is the process's whole environment; nil means this
+	// process's environment.
+	Env []string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -34,6 +40,10 @@ func (p *Proc) Start() error {
 	}
 	fmt.Fprintf(logFile, "=== %s start %s: %s %s\n", p.Name, time.Now().Format(time.RFC3339Nano), p.Bin, strings.Join(p.Args, " "))
 	cmd := exec.Command(p.Bin, p.Args...)
+	if p.Argv0 != "" {
+		cmd.Args[0] = p.Argv0
+	}
+	cmd.Env = p.Env
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	// Kill the child if the parent dies without cleaning up.
