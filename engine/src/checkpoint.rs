@@ -171,7 +171,7 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
 /// Writes checkpoint bytes into `dir` atomically and durably.
 pub(crate) fn write_bytes(dir: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(TMP_NAME);
-    let mut file = OpenOptions::new()
+    let mut file = std::os::unix::fs::OpenOptionsExt::mode(&mut OpenOptions::new(), 0o600)
         .write(true)
         .create(true)
         .truncate(true)

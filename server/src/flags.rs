@@ -15,13 +15,15 @@ mod cluster;
 mod compat;
 pub mod config_file;
 pub mod env;
+mod invocation;
 mod observability;
 mod removed;
 mod security;
 mod storage;
 mod transport;
-pub use cluster::{Cluster, Discovery};
+pub use cluster::{Cluster, Discovery, DiscoveryClient};
 pub use compat::{go_duration, Compat, FEATURE_GATES};
+pub use invocation::Invocation;
 pub use observability::{MetricsLevel, Observability, Rotation};
 pub use removed::{Removed, REMOVED};
 pub use security::Security;
@@ -144,7 +146,8 @@ pub struct Flags {
     /// Human-readable name for this member.
     #[arg(long, env = "ETCD_NAME", default_value = "default")]
     pub name: String,
-    /// Path to the data directory (default: ./<name>.cairn).
+    /// Path to the data directory (default: ./<name>.cairn, or ./<name>.etcd when started as
+    /// `etcd`).
     // `<name>` is help text (clap turns doc comments into help), not an HTML tag.
     #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_parser = crate::flags::path, env = "ETCD_DATA_DIR")]
@@ -241,6 +244,10 @@ pub struct Flags {
     /// etcd 3.5's v2 flags, refused.
     #[command(flatten)]
     pub removed: Removed,
+    /// The name the binary was started as (not a flag: `main` sets it from argv\[0\]); it
+    /// decides the data directory's default.
+    #[arg(skip)]
+    pub invocation: Invocation,
 }
 
 /// A flag value that does not make sense, with the flag's name.
@@ -266,14 +273,15 @@ pub fn path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(PathBuf::from(value))
 }
 
-/// A comma-separated URL list.
+/// A comma-separated URL list, each URL once (etcd's unique URLs: kubeadm lists the same
+/// URL twice when its advertise address is loopback).
 pub fn url_list(flag: &'static str, value: &str) -> Result<Vec<String>, BadFlag> {
-    let urls: Vec<String> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_string)
-        .collect();
+    let mut urls: Vec<String> = Vec::new();
+    for u in value.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        if !urls.iter().any(|seen| seen == u) {
+            urls.push(u.to_string());
+        }
+    }
     if urls.is_empty() {
         return Err(bad(flag, "no URL given"));
     }
@@ -369,12 +377,13 @@ pub fn retention_period(value: &str) -> Result<Option<Duration>, BadFlag> {
 }
 
 impl Flags {
-    /// The data directory.
+    /// The data directory: `--data-dir`, or `<name>.cairn` (`<name>.etcd` when started as
+    /// `etcd`, as etcd's default).
     pub fn data_dir(&self) -> PathBuf {
         self.data_dir
             .clone()
             .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or_else(|| PathBuf::from(format!("{}.cairn", self.name)))
+            .unwrap_or_else(|| PathBuf::from(format!("{}.{}", self.name, self.invocation.data_dir_extension())))
     }
 
     /// The dedicated WAL directory, if one is given (an empty value is none, as in etcd).
@@ -416,6 +425,15 @@ mod tests {
         assert!(initial_cluster("a", "t").is_err());
         assert!(initial_cluster("a=http://x:1,b=http://x:1", "t").is_err());
         assert!(initial_cluster("a=notaurl", "t").is_err());
+    }
+
+    #[test]
+    fn a_url_given_twice_is_listened_on_once_as_etcd_does() {
+        let urls = url_list(
+            "listen-client-urls",
+            "http://127.0.0.1:2379, http://127.0.0.1:2379,http://10.0.0.1:2379",
+        );
+        assert_eq!(urls.unwrap(), ["http://127.0.0.1:2379", "http://10.0.0.1:2379"]);
     }
 
     #[test]

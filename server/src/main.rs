@@ -1,9 +1,11 @@
 //! The `cairn` binary: an etcd-compatible member (`cairn [flags]`, or `cairn --config-file`),
 //! and the offline snapshot tools (`cairn snapshot restore|status`). See `cairn --help`.
+//! Started under the name `etcd` (a symlink or a copy), it keeps etcd's defaults where they
+//! differ from cairn's ([`Invocation`]).
 
 use std::process::ExitCode;
 
-use cairn_server::flags::{config_file, env, CheckCommand, Cli, Command, SnapshotCommand};
+use cairn_server::flags::{config_file, env, CheckCommand, Cli, Command, Invocation, SnapshotCommand};
 use clap::{CommandFactory, FromArgMatches};
 
 /// What was learned while reading the configuration, logged once logging is set up.
@@ -16,8 +18,15 @@ struct Notes {
 
 /// The flags from the command line and the environment, or from `--config-file`.
 fn configuration() -> Result<(Cli, Notes), String> {
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let invocation = Invocation::current();
+    let matches = invocation.command(Cli::command()).get_matches();
+    if let Some(version) = invocation.version_asked(&matches) {
+        print!("{version}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        std::process::exit(0);
+    }
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.flags.invocation = invocation;
     let file = cli.flags.config_file.clone().filter(|p| !p.as_os_str().is_empty());
     let (None, Some(path)) = (&cli.command, file) else {
         let env = match cli.command {
@@ -41,6 +50,7 @@ fn configuration() -> Result<(Cli, Notes), String> {
         .try_get_matches_from(std::iter::once("cairn".to_string()).chain(file.args))
         .map_err(|e| format!("{}: {}", path.display(), e.render()))?;
     let mut from_file = Cli::from_arg_matches(&from_file).map_err(|e| e.to_string())?;
+    from_file.flags.invocation = invocation;
     // etcd's peer connection timeouts are globals its file does not reach: the command
     // line's still apply.
     from_file.flags.transport.raft_read_timeout = cli.flags.transport.raft_read_timeout;
@@ -84,14 +94,50 @@ fn main() -> ExitCode {
         }
     };
     let f = &cli.flags;
-    let logged = f
-        .observability
-        .rotation(&f.log_outputs)
-        .map_err(|e| e.to_string())
-        .and_then(|rotation| cairn_server::logging::init(f.log_level, f.log_format, &f.log_outputs, rotation.as_ref()));
-    if let Err(e) = logged {
-        eprintln!("cairn: {e}");
-        return ExitCode::from(1);
+    // A serving member's spans (not the offline tools'), sent until the end of main, where
+    // dropping the exporter sends what is still queued.
+    let export = match cli.command {
+        None => f
+            .observability
+            .tracing(&f.compat)
+            .map_err(|e| e.to_string())
+            .and_then(|settings| {
+                settings
+                    .map(|s| cairn_server::tracing_export::Exporter::start(s).map_err(|e| e.to_string()))
+                    .transpose()
+            }),
+        Some(_) => Ok(None),
+    };
+    let logged = export.and_then(|export| {
+        f.observability
+            .rotation(&f.log_outputs)
+            .map_err(|e| e.to_string())
+            .and_then(|rotation| {
+                cairn_server::logging::init(
+                    f.log_level,
+                    f.log_format,
+                    &f.log_outputs,
+                    rotation.as_ref(),
+                    export.as_ref(),
+                )
+            })
+            .map(|()| export)
+    });
+    let export = match logged {
+        Ok(export) => export,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(s) = export.as_ref().map(|e| e.settings()) {
+        tracing::info!(
+            address = %s.address,
+            service_name = %s.service_name,
+            service_instance_id = %s.instance_id,
+            sampling_rate = s.sampling_rate,
+            "distributed tracing setup enabled"
+        );
     }
     if let Some(path) = &notes.config_file {
         tracing::info!(

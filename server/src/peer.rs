@@ -75,9 +75,19 @@ pub fn store_cluster_id(dir: &Path, id: u64) -> std::io::Result<()> {
 
 /// Writes `name` in `dir` whole or not at all, and durably.
 fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    // The data directory and what is in it are the member's user's alone, as etcd's (0700,
+    // 0600).
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, text)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?
+        .write_all(text.as_bytes())?;
     std::fs::File::open(&tmp)?.sync_all()?;
     std::fs::rename(&tmp, dir.join(name))?;
     std::fs::File::open(dir)?.sync_all()
@@ -195,6 +205,9 @@ impl PeerNetwork {
             inbox,
             engine: Arc::downgrade(engine),
         });
+        self.shared
+            .runtime
+            .spawn(reach_every_member(Arc::downgrade(&self.shared)));
     }
 
     /// Disconnects the engine (it is closing): messages to it are dropped, and the senders
@@ -343,6 +356,25 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
             tracing::debug!(to = format_args!("{to:x}"), error = %status.message(), "peer stream ended");
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
+    }
+}
+
+/// Opens a link (and its prober) to every member the log lists, as etcd's transport keeps one
+/// to each peer whether or not Raft has a message for it: a follower's round trip to the other
+/// followers is measured too. Checks the list every [`PROBE_EVERY`]; ends with the network.
+async fn reach_every_member(shared: Weak<Shared>) {
+    let mut every = tokio::time::interval(PROBE_EVERY);
+    loop {
+        every.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        let Some(engine) = s.engine.read().upgrade() else {
+            return;
+        };
+        for m in engine.member_list() {
+            if m.id != s.me {
+                s.link(m.id);
+            }
+        }
     }
 }
 

@@ -42,6 +42,9 @@ pub enum ServeError {
         /// Why the engine failed to open.
         source: cairn_engine::Error,
     },
+    /// Discovery (DNS SRV or v3) did not give this member its initial cluster.
+    #[error(transparent)]
+    Discovery(#[from] crate::discovery::DiscoveryError),
     /// A client, peer or metrics URL could not be bound, or its TLS listener set up.
     #[error("cannot listen on {url}: {source}")]
     Listen {
@@ -90,6 +93,8 @@ struct Plan {
     client_http_urls: Vec<String>,
     /// `--enable-grpc-gateway`.
     gateway: bool,
+    /// `--enable-pprof`.
+    pprof: bool,
     /// `--cors` and `--host-whitelist`.
     http_access: flags::HttpAccess,
     /// `--socket-reuse-port` and `--socket-reuse-address`.
@@ -98,24 +103,31 @@ struct Plan {
     http2: crate::listen::Http2,
 }
 
-fn plan(f: &Flags) -> Result<Plan, ServeError> {
+/// The plan for a member, with the initial cluster `found` by discovery if any (else the
+/// flags', or etcd's temporary cluster of this member alone when discovery is still to run).
+fn plan(f: &Flags, found: Option<&crate::discovery::Found>) -> Result<Plan, ServeError> {
     f.removed.check()?;
     f.check_timing()?;
     f.compat.check()?;
     f.transport.check()?;
     f.cluster.check()?;
+    crate::discovery::check(f)?;
     f.observability.check(&f.log_outputs)?;
     f.storage.check()?;
-    not_yet(f)?;
     let client_urls = flags::url_list("listen-client-urls", &f.listen_client_urls)?;
     let advertise_client_urls = flags::url_list("advertise-client-urls", &f.advertise_client_urls)?;
     let peer_urls = flags::url_list("listen-peer-urls", &f.listen_peer_urls)?;
     let advertise_peer_urls = flags::url_list("initial-advertise-peer-urls", &f.initial_advertise_peer_urls)?;
-    let cluster = match &f.initial_cluster {
-        Some(c) => c.clone(),
-        None => format!("{}={}", f.name, advertise_peer_urls.join(&format!(",{}=", f.name))),
+    let cluster = match (found, &f.initial_cluster) {
+        (Some(d), _) => d.initial_cluster.clone(),
+        (None, Some(c)) => c.clone(),
+        (None, None) => format!("{}={}", f.name, advertise_peer_urls.join(&format!(",{}=", f.name))),
     };
-    let members = flags::initial_cluster(&cluster, &f.initial_cluster_token)?;
+    let token = match found {
+        Some(d) => d.token.clone(),
+        None => crate::discovery::cluster_token(f)?,
+    };
+    let members = flags::initial_cluster(&cluster, &token)?;
     let me = members.iter().find(|m| m.name == f.name).ok_or_else(|| BadFlag {
         flag: "initial-cluster",
         reason: format!("has no member named {:?} (--name)", f.name),
@@ -124,7 +136,8 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
     let mut advertised = advertise_peer_urls.clone();
     mine.sort();
     advertised.sort();
-    if mine != advertised {
+    // DNS SRV discovery recognised this member by address already.
+    if mine != advertised && !found.is_some_and(|d| d.by_address) {
         return Err(BadFlag {
             flag: "initial-advertise-peer-urls",
             reason: format!(
@@ -264,6 +277,7 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
         checks: f.compat.corruption_checks()?,
         client_http_urls,
         gateway: f.transport.enable_grpc_gateway,
+        pprof: f.observability.enable_pprof,
         http_access: f.transport.http_access()?,
         sockets: crate::listen::SocketOptions {
             reuse_port: f.transport.socket_reuse_port,
@@ -274,30 +288,6 @@ fn plan(f: &Flags) -> Result<Plan, ServeError> {
             keep_alive: f.transport.keep_alive()?,
         },
     })
-}
-
-/// The flags cairn takes and does not act on yet: refused when they ask for something, so
-/// that nobody believes they got it.
-fn not_yet(f: &Flags) -> Result<(), BadFlag> {
-    let refuse = |flag: &'static str, what: &str| BadFlag {
-        flag,
-        reason: format!("{what} is not implemented in cairn yet"),
-    };
-    match f.cluster.discovery()? {
-        flags::Discovery::None => {}
-        flags::Discovery::Srv { .. } => return Err(refuse("discovery-srv", "DNS SRV discovery")),
-        flags::Discovery::V3 { .. } => return Err(refuse("discovery-endpoints", "v3 discovery")),
-    }
-    let o = &f.observability;
-    if o.enable_pprof {
-        return Err(refuse("enable-pprof", "profiling"));
-    }
-    if f.compat.enable_distributed_tracing == Some(true)
-        || f.compat.experimental_enable_distributed_tracing == Some(true)
-    {
-        return Err(refuse("enable-distributed-tracing", "distributed tracing"));
-    }
-    Ok(())
 }
 
 /// The settings in effect, logged once at startup as etcd logs them.
@@ -574,6 +564,7 @@ fn client_routes(
     metrics: Arc<Metrics>,
     token: String,
     gateway: bool,
+    pprof: bool,
     access: flags::HttpAccess,
 ) -> ClientRoutes {
     use crate::pb::v3electionpb::election_server::ElectionServer;
@@ -642,10 +633,15 @@ fn client_routes(
     // Counted outermost, so that a learner's refusal is counted too, as etcd's interceptors
     // count it.
     let grpc = crate::metrics::grpc_layer(grpc, metrics.grpc.clone());
+    // A span per call, around everything else, as otelgrpc's stats handler sees each call.
+    let grpc = crate::tracing_export::grpc_layer(grpc);
     let mut http = crate::http::router(node, metrics);
     if gateway {
         // The HTTP/JSON gateway calls the gRPC services as a gRPC client would.
         http = http.merge(crate::gateway::router(grpc.clone(), limit));
+    }
+    if pprof {
+        http = http.merge(crate::pprof::router());
     }
     ClientRoutes { grpc, http, access }
 }
@@ -693,8 +689,11 @@ async fn stop_signal() {
 
 /// Runs a member until SIGTERM or SIGINT.
 pub async fn serve(f: Flags) -> Result<(), ServeError> {
-    let mut plan = plan(&f)?;
+    let mut plan = plan(&f, None)?;
     log_settings(&f, &plan);
+    if let Some(found) = crate::discovery::run(&f, plan.member_id, &plan.dir.join("member")).await? {
+        plan = self::plan(&f, Some(&found))?;
+    }
     let member_dir = plan.dir.join("member");
     let (member_id, cluster_id) = identity(&plan, &member_dir).await?;
     plan.member_id = member_id;
@@ -803,6 +802,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         metrics,
         f.initial_cluster_token.clone(),
         plan.gateway,
+        plan.pprof,
         plan.http_access.clone(),
     );
     tracing::info!(

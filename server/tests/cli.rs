@@ -222,3 +222,31 @@ fn slow_requests_are_logged_with_their_duration() {
     quiet.etcdctl(&["get", "k"]);
     assert!(!quiet.log_text().contains("took too long"), "{}", quiet.log_text());
 }
+
+/// Every directory and file below `dir`, with its permission bits.
+fn modes(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, u32)>) {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        out.push((entry.path(), meta.permissions().mode() & 0o777));
+        if meta.is_dir() {
+            modes(&entry.path(), out);
+        }
+    }
+}
+
+#[test]
+fn the_data_directory_is_the_members_user_alone_as_etcds_is() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut m = common::Member::start("private", &[]);
+    m.ok(&["put", "k", "v"]);
+    m.stop();
+    let top = std::fs::metadata(&m.data_dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(top, 0o700, "{}", m.data_dir.display());
+    let mut found = Vec::new();
+    modes(&m.data_dir, &mut found);
+    assert!(found.len() > 3, "{found:?}");
+    let readable: Vec<_> = found.iter().filter(|(_, mode)| mode & 0o077 != 0).collect();
+    assert!(readable.is_empty(), "readable by others: {readable:?}");
+}

@@ -287,3 +287,43 @@ fn unsafe_no_fsync_answers_writes_without_a_wal_fsync() {
     m.ok(&["put", "k", "v"]);
     assert!(wal_fsyncs(&m) > before, "a put is fsynced by default");
 }
+
+/// The body of `GET path`, as bytes (a profile is binary).
+fn get_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let status = String::from_utf8_lossy(&raw[..split])
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    (status, raw[split + 4..].to_vec())
+}
+
+#[test]
+fn enable_pprof_serves_a_cpu_profile_go_tool_pprof_reads() {
+    let m = Member::start("pprof", &["--enable-pprof"]);
+    let (status, profile) = get_bytes(m.client_port, "/debug/pprof/profile?seconds=1");
+    assert_eq!(status, 200);
+    assert_eq!(profile.get(..2), Some(&[0x1f, 0x8b][..]), "gzipped, as Go's are");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cpu.pb.gz");
+    std::fs::write(&file, &profile).unwrap();
+    let read = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(&file)
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("go (tests/run-all.sh needs it) reads the profile");
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    assert!(text.contains("PeriodType: cpu nanoseconds"), "{text}");
+    assert_eq!(get_bytes(m.client_port, "/debug/pprof/heap").0, 501);
+    let m = Member::start("nopprof", &[]);
+    assert_eq!(get_bytes(m.client_port, "/debug/pprof/profile?seconds=1").0, 404);
+}

@@ -100,7 +100,8 @@ impl DirLock for StdLock {}
 
 impl FileSystem for StdFs {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+        // Private to the member's user, as etcd makes its data directories (0700).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -114,7 +115,8 @@ impl FileSystem for StdFs {
     }
 
     fn create(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
-        let f = OpenOptions::new()
+        // Private to the member's user, as etcd's files are (0600).
+        let f = std::os::unix::fs::OpenOptionsExt::mode(&mut OpenOptions::new(), 0o600)
             .read(true)
             .write(true)
             .create(true)
@@ -141,7 +143,7 @@ impl FileSystem for StdFs {
     }
 
     fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn DirLock>> {
-        let f = OpenOptions::new()
+        let f = std::os::unix::fs::OpenOptionsExt::mode(&mut OpenOptions::new(), 0o600)
             .read(true)
             .write(true)
             .create(true)

@@ -93,6 +93,15 @@ impl Distribution {
         self.0.count_between(0, bound)
     }
 
+    /// The values of both distributions, as if recorded in one.
+    pub fn merged(&self, other: &Distribution) -> Distribution {
+        let mut both = self.clone();
+        // Both have the same range and precision (`Default`): adding cannot fail; if it did,
+        // `self`'s values alone are the answer.
+        let _ = both.0.add(&other.0);
+        both
+    }
+
     /// The values recorded since `earlier`, a copy taken before of the same distribution.
     pub fn since(&self, earlier: &Distribution) -> Distribution {
         let mut newer = self.clone();

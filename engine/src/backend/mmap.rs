@@ -64,7 +64,12 @@ fn preallocate(file: &File, len: u64) -> io::Result<()> {
 impl MappedFile {
     /// Creates `path` (which must not exist) with `capacity` bytes allocated, and maps it.
     pub(crate) fn create(path: &Path, capacity: u64) -> io::Result<MappedFile> {
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        // Private to the member's user, as etcd's database is (0600).
+        let file = std::os::unix::fs::OpenOptionsExt::mode(&mut OpenOptions::new(), 0o600)
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
         if let Err(e) = preallocate(&file, capacity) {
             // No room (a full disk): leave no empty file behind to trip over later.
             drop(file);

@@ -361,7 +361,9 @@ impl Backend {
     /// Opens the data files of `data_dir` in `layout` (none: a new, empty backend); files it
     /// does not name are deleted.
     pub(crate) fn open(data_dir: &Path, file_size: u64, layout: &[FileLen]) -> Result<Backend> {
-        std::fs::create_dir_all(data_dir).map_err(io_error(format!("create {}", data_dir.display())))?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(data_dir)
+            .map_err(io_error(format!("create {}", data_dir.display())))?;
         let listed: std::collections::BTreeSet<u32> = layout.iter().map(|f| f.id).collect();
         // Ids of removed files are free again: only the layout's count.
         let max_id = layout.iter().map(|f| f.id).max();

@@ -183,9 +183,6 @@ struct Core {
     defragmenting: Arc<Mutex<()>>,
     /// The next server-chosen lease ID candidate.
     next_lease_id: AtomicI64,
-    /// How long applying each batch of committed entries to the store took, in
-    /// microseconds (a leaf lock: nothing is taken while it is held).
-    apply_latency_us: Mutex<cairn_wal::Distribution>,
 }
 
 /// An open engine. `Engine` is `Send + Sync`: share it between threads.
@@ -248,7 +245,6 @@ impl Engine {
         // Everything the threads share exists before any of them starts: the core, and the
         // channels between them.
         let core = Arc::new(Core {
-            apply_latency_us: Mutex::new(cairn_wal::Distribution::default()),
             checkpointing: Arc::new(Checkpointing {
                 newest: Mutex::new((state.applied_index, state.epoch)),
                 catch_up: config.snapshot_catch_up_entries,

@@ -110,13 +110,6 @@ impl Engine {
         self.core.checkpointing.latency_us.lock().clone()
     }
 
-    /// How long applying each batch of committed entries to the store (its memory-mapped
-    /// data files) took, in microseconds, since the engine opened: what etcd's backend
-    /// commit measures on each batch, for metrics.
-    pub fn apply_latency_us(&self) -> cairn_wal::Distribution {
-        self.core.apply_latency_us.lock().clone()
-    }
-
     /// Watchers open now.
     pub fn watcher_count(&self) -> usize {
         self.core.hub.lock().len()

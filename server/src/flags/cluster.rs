@@ -3,6 +3,9 @@
 //! and discovery (etcd 3.6's v3 discovery, DNS SRV, and the v2 discovery flags etcd 3.7 still
 //! lists). Each is etcd's flag with etcd's default.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use clap::{ArgAction, Args};
 
 use super::{bad, go_duration, BadFlag};
@@ -97,6 +100,33 @@ pub enum Discovery {
     },
 }
 
+/// How v3 discovery's client reaches the discovery service (etcd's `clientv3.ConfigSpec`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoveryClient {
+    /// `--discovery-dial-timeout`: connecting to one endpoint.
+    pub dial_timeout: Duration,
+    /// `--discovery-request-timeout`: one request, once connected.
+    pub request_timeout: Duration,
+    /// `--discovery-keepalive-time`: HTTP/2 pings on an idle connection, this often.
+    pub keepalive_time: Duration,
+    /// `--discovery-keepalive-timeout`: a ping unanswered this long drops the connection.
+    pub keepalive_timeout: Duration,
+    /// Dial with TLS (`--discovery-insecure-transport=false`, or a certificate or CA file
+    /// given): an endpoint without a scheme is then `https://`.
+    pub secure: bool,
+    /// `--discovery-insecure-skip-tls-verify`: trust any server certificate.
+    pub skip_verify: bool,
+    /// `--discovery-cert` and `--discovery-key`: the pair presented to the service.
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// `--discovery-cacert`: the CAs a server certificate must chain to.
+    pub cacert: Option<PathBuf>,
+    /// `--discovery-user` and `--discovery-password` (or `user:password` in the first, as
+    /// etcd's help describes it): authenticate before every request.
+    pub credentials: Option<(String, String)>,
+}
+
 impl Cluster {
     /// The discovery asked for, checked as etcd checks it: one way at most.
     pub fn discovery(&self) -> Result<Discovery, BadFlag> {
@@ -115,19 +145,34 @@ impl Cluster {
                 "v2 discovery is deprecated in etcd 3.7 and cairn has none: use --discovery-endpoints with --discovery-token (v3 discovery), or --discovery-srv",
             ));
         }
+        // etcd's checks, with etcd's words.
+        let token = self.discovery_token.trim();
+        if v3 && token.is_empty() {
+            return Err(bad(
+                "discovery-endpoints",
+                "both --discovery-token and --discovery-endpoints must be set",
+            ));
+        }
+        if !v3 && !token.is_empty() {
+            return Err(bad(
+                "discovery-token",
+                "both --discovery-token and --discovery-endpoints must be set",
+            ));
+        }
         if v3 {
-            if self.discovery_token.trim().is_empty() {
-                return Err(bad("discovery-token", "is required with --discovery-endpoints"));
+            let mut endpoints = Vec::new();
+            for endpoint in self.discovery_endpoints.split(',').map(str::trim) {
+                if endpoint.is_empty() {
+                    return Err(bad("discovery-endpoints", "must not contain empty endpoints"));
+                }
+                endpoints.push(endpoint.to_string());
             }
+            // etcd keeps them as a set of strings: sorted, each once.
+            endpoints.sort();
+            endpoints.dedup();
             return Ok(Discovery::V3 {
-                endpoints: self
-                    .discovery_endpoints
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|e| !e.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-                token: self.discovery_token.trim().to_string(),
+                endpoints,
+                token: token.to_string(),
             });
         }
         if srv {
@@ -137,6 +182,43 @@ impl Cluster {
             });
         }
         Ok(Discovery::None)
+    }
+
+    /// The v3 discovery client's settings, checked.
+    pub fn discovery_client(&self) -> Result<DiscoveryClient, BadFlag> {
+        let file = |value: &str| Some(PathBuf::from(value.trim())).filter(|p| !p.as_os_str().is_empty());
+        let (cert, key, cacert) = (
+            file(&self.discovery_cert),
+            file(&self.discovery_key),
+            file(&self.discovery_cacert),
+        );
+        if cert.is_some() != key.is_some() {
+            return Err(bad(
+                "discovery-cert",
+                "--discovery-cert and --discovery-key must be given together",
+            ));
+        }
+        let credentials = match (self.discovery_user.as_str(), self.discovery_password.as_str()) {
+            ("", "") => None,
+            ("", _) => return Err(bad("discovery-password", "is given without --discovery-user")),
+            (user, "") => Some(match user.split_once(':') {
+                Some((user, password)) => (user.to_string(), password.to_string()),
+                None => (user.to_string(), String::new()),
+            }),
+            (user, password) => Some((user.to_string(), password.to_string())),
+        };
+        Ok(DiscoveryClient {
+            dial_timeout: go_duration("discovery-dial-timeout", &self.discovery_dial_timeout)?,
+            request_timeout: go_duration("discovery-request-timeout", &self.discovery_request_timeout)?,
+            keepalive_time: go_duration("discovery-keepalive-time", &self.discovery_keepalive_time)?,
+            keepalive_timeout: go_duration("discovery-keepalive-timeout", &self.discovery_keepalive_timeout)?,
+            secure: !self.discovery_insecure_transport || cert.is_some() || cacert.is_some(),
+            skip_verify: self.discovery_insecure_skip_tls_verify,
+            cert,
+            key,
+            cacert,
+            credentials,
+        })
     }
 
     /// `--max-learners`, checked.
@@ -151,14 +233,7 @@ impl Cluster {
     pub fn check(&self) -> Result<(), BadFlag> {
         self.discovery()?;
         self.max_learners()?;
-        for (flag, value) in [
-            ("discovery-dial-timeout", &self.discovery_dial_timeout),
-            ("discovery-request-timeout", &self.discovery_request_timeout),
-            ("discovery-keepalive-time", &self.discovery_keepalive_time),
-            ("discovery-keepalive-timeout", &self.discovery_keepalive_timeout),
-        ] {
-            go_duration(flag, value)?;
-        }
+        self.discovery_client()?;
         if self.discovery_fallback != "exit" {
             return Err(bad(
                 "discovery-fallback",
@@ -242,5 +317,70 @@ mod tests {
         );
         assert!(parse(&["--discovery=https://discovery.etcd.io/x"]).discovery().is_err());
         assert!(parse(&["--max-learners=0"]).check().is_err());
+    }
+
+    #[test]
+    fn v3_discovery_flags_are_checked_with_etcds_words() {
+        // etcd's Config.Validate: the token and the endpoints go together, no endpoint is
+        // empty; the endpoints are a set.
+        let both = "both --discovery-token and --discovery-endpoints must be set";
+        for args in [&["--discovery-token=t"][..], &["--discovery-endpoints=http://a:1"]] {
+            let e = parse(args).discovery().unwrap_err();
+            assert!(e.reason.contains(both), "{args:?}: {e}");
+        }
+        let e = parse(&["--discovery-endpoints=http://a:1,,http://b:1", "--discovery-token=t"])
+            .discovery()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "--discovery-endpoints: must not contain empty endpoints");
+        let set = parse(&[
+            "--discovery-endpoints=http://b:1,http://a:1,http://b:1",
+            "--discovery-token=t",
+        ]);
+        assert_eq!(
+            set.discovery().unwrap(),
+            Discovery::V3 {
+                endpoints: vec!["http://a:1".into(), "http://b:1".into()],
+                token: "t".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_discovery_client_takes_etcds_defaults_and_files() {
+        let c = parse(&[]).discovery_client().unwrap();
+        assert_eq!(
+            (c.dial_timeout, c.request_timeout, c.keepalive_time, c.keepalive_timeout),
+            (
+                Duration::from_secs(2),
+                Duration::from_secs(5),
+                Duration::from_secs(2),
+                Duration::from_secs(6)
+            )
+        );
+        assert!(!c.secure && !c.skip_verify && c.credentials.is_none() && c.cacert.is_none());
+        // A CA or a client certificate, or --discovery-insecure-transport=false, means TLS.
+        assert!(parse(&["--discovery-cacert=ca.pem"]).discovery_client().unwrap().secure);
+        assert!(
+            parse(&["--discovery-insecure-transport=false"])
+                .discovery_client()
+                .unwrap()
+                .secure
+        );
+        assert!(parse(&["--discovery-cert=c.pem"]).discovery_client().is_err());
+        type Case<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>);
+        let table: [Case<'_>; 3] = [
+            (
+                &["--discovery-user=root", "--discovery-password=pw"],
+                Some(("root", "pw")),
+            ),
+            (&["--discovery-user=root:pw"], Some(("root", "pw"))),
+            (&["--discovery-user=root"], Some(("root", ""))),
+        ];
+        for (args, want) in table {
+            let got = parse(args).discovery_client().unwrap().credentials;
+            assert_eq!(got, want.map(|(u, p)| (u.to_string(), p.to_string())), "{args:?}");
+        }
+        assert!(parse(&["--discovery-password=pw"]).discovery_client().is_err());
+        assert!(parse(&["--discovery-request-timeout=soon"]).check().is_err());
     }
 }

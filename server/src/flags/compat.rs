@@ -1,8 +1,9 @@
 //! etcd 3.6's and 3.7's newer flags: `--watch-progress-notify-interval` and
 //! `--snapshot-catchup-entries` with their 3.6 `--experimental-*` aliases, `--feature-gates`,
-//! the hash checks' flags, and the flags kubeadm and managed distributions pass that tune what
-//! cairn does not have (bbolt, tracing): accepted with their types checked, logged as without
-//! effect, so an etcd manifest starts cairn unchanged.
+//! the hash checks' flags, the distributed-tracing switches and etcd 3.5's names of the tracing
+//! flags (read by `Observability::tracing`), and the flags kubeadm and managed distributions
+//! pass that tune what cairn does not have (bbolt): accepted with their types checked, logged
+//! as without effect, so an etcd manifest starts cairn unchanged.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -62,8 +63,8 @@ pub struct Compat {
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACT_HASH_CHECK_ENABLED", num_args = 0..=1, default_missing_value = "true")]
     pub experimental_compact_hash_check_enabled: Option<bool>,
 
-    /// Bools as Go's flag package reads them (`--flag`, `--flag=true|false`), of what cairn
-    /// does not have or always does.
+    /// Bools as Go's flag package reads them (`--flag`, `--flag=true|false`): the two that turn
+    /// distributed tracing on, and those of what cairn does not have or always does.
     #[arg(long, env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub experimental_enable_lease_checkpoint: Option<bool>,
     #[arg(long, env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT_PERSIST", hide = true, num_args = 0..=1, default_missing_value = "true")]
@@ -114,7 +115,8 @@ pub struct Compat {
     #[arg(long, env = "ETCD_WARNING_UNARY_REQUEST_DURATION", hide = true)]
     pub warning_unary_request_duration: Option<String>,
 
-    /// Numbers and names of what cairn does not have.
+    /// Numbers and names of what cairn does not have, and etcd 3.5's names of the tracing
+    /// flags.
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACTION_BATCH_LIMIT", hide = true)]
     pub experimental_compaction_batch_limit: Option<i64>,
     #[arg(long, env = "ETCD_COMPACTION_BATCH_LIMIT", hide = true)]
@@ -298,11 +300,6 @@ impl Compat {
                 self.experimental_stop_grpc_service_on_defrag.is_some(),
             ),
             (
-                "experimental-enable-distributed-tracing",
-                self.experimental_enable_distributed_tracing.is_some(),
-            ),
-            ("enable-distributed-tracing", self.enable_distributed_tracing.is_some()),
-            (
                 "experimental-compaction-batch-limit",
                 self.experimental_compaction_batch_limit.is_some(),
             ),
@@ -314,22 +311,6 @@ impl Compat {
             (
                 "bootstrap-defrag-threshold-megabytes",
                 self.bootstrap_defrag_threshold_megabytes.is_some(),
-            ),
-            (
-                "experimental-distributed-tracing-sampling-rate",
-                self.experimental_distributed_tracing_sampling_rate.is_some(),
-            ),
-            (
-                "experimental-distributed-tracing-address",
-                self.experimental_distributed_tracing_address.is_some(),
-            ),
-            (
-                "experimental-distributed-tracing-service-name",
-                self.experimental_distributed_tracing_service_name.is_some(),
-            ),
-            (
-                "experimental-distributed-tracing-instance-id",
-                self.experimental_distributed_tracing_instance_id.is_some(),
             ),
         ];
         for (flag, _) in others.into_iter().filter(|(_, given)| *given) {

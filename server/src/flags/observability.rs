@@ -3,7 +3,7 @@
 
 use clap::{ArgAction, Args, ValueEnum};
 
-use super::{bad, BadFlag};
+use super::{bad, BadFlag, Compat};
 pub use crate::logging::Rotation;
 
 /// `--metrics`: how much detail `/metrics` gives.
@@ -76,13 +76,48 @@ impl Observability {
     /// Checks every value.
     pub fn check(&self, log_outputs: &[String]) -> Result<(), BadFlag> {
         self.rotation(log_outputs)?;
-        if !(0..=1_000_000).contains(&self.distributed_tracing_sampling_rate) {
-            return Err(bad(
-                "distributed-tracing-sampling-rate",
-                "must be between 0 and 1000000 samples per million",
-            ));
-        }
         Ok(())
+    }
+
+    /// The distributed tracing asked for: `None` unless `--enable-distributed-tracing` (or
+    /// etcd 3.5's `--experimental-enable-distributed-tracing`) turns it on. As in etcd 3.6, an
+    /// `--experimental-distributed-tracing-*` flag given wins over the newer name, and the
+    /// sampling rate is checked only when tracing is on.
+    pub fn tracing(&self, compat: &Compat) -> Result<Option<crate::tracing_export::Settings>, BadFlag> {
+        let on = compat
+            .experimental_enable_distributed_tracing
+            .or(compat.enable_distributed_tracing)
+            .unwrap_or(false);
+        if !on {
+            return Ok(None);
+        }
+        let (flag, rate) = match compat.experimental_distributed_tracing_sampling_rate {
+            Some(rate) => ("experimental-distributed-tracing-sampling-rate", rate),
+            None => (
+                "distributed-tracing-sampling-rate",
+                self.distributed_tracing_sampling_rate,
+            ),
+        };
+        let sampling_rate = u32::try_from(rate)
+            .ok()
+            .filter(|rate| *rate <= 1_000_000)
+            .ok_or_else(|| bad(flag, "must be between 0 and 1000000 samples per million"))?;
+        let pick = |old: &Option<String>, new: &String| old.clone().unwrap_or_else(|| new.clone());
+        Ok(Some(crate::tracing_export::Settings {
+            address: pick(
+                &compat.experimental_distributed_tracing_address,
+                &self.distributed_tracing_address,
+            ),
+            service_name: pick(
+                &compat.experimental_distributed_tracing_service_name,
+                &self.distributed_tracing_service_name,
+            ),
+            instance_id: pick(
+                &compat.experimental_distributed_tracing_instance_id,
+                &self.distributed_tracing_instance_id,
+            ),
+            sampling_rate,
+        }))
     }
 }
 
@@ -119,6 +154,56 @@ mod tests {
         assert!(on.rotation(&["stderr".to_string()]).is_err());
         assert!(on.rotation(&[file[0].clone(), "stderr".to_string()]).is_err());
         assert!(parse(&["--log-rotation-config-json=nope"]).rotation(&file).is_err());
+    }
+
+    #[test]
+    fn tracing_is_off_unless_enabled_and_etcd_3_5s_names_win_as_in_etcd_3_6() {
+        #[derive(Debug, Parser)]
+        struct Both {
+            #[command(flatten)]
+            o: Observability,
+            #[command(flatten)]
+            c: Compat,
+        }
+        let tracing = |args: &[&str]| {
+            let both = Both::try_parse_from(std::iter::once("cairn").chain(args.iter().copied())).unwrap();
+            both.o.tracing(&both.c)
+        };
+        assert_eq!(tracing(&[]).unwrap(), None);
+        assert_eq!(tracing(&["--enable-distributed-tracing=false"]).unwrap(), None);
+        // Not checked while off, as in etcd.
+        assert_eq!(tracing(&["--distributed-tracing-sampling-rate=-1"]).unwrap(), None);
+        let on = tracing(&["--enable-distributed-tracing"]).unwrap().unwrap();
+        assert_eq!(
+            on,
+            crate::tracing_export::Settings {
+                address: "localhost:4317".into(),
+                service_name: "etcd".into(),
+                instance_id: String::new(),
+                sampling_rate: 0,
+            }
+        );
+        let old = tracing(&[
+            "--experimental-enable-distributed-tracing",
+            "--distributed-tracing-address=a:1",
+            "--experimental-distributed-tracing-address=b:2",
+            "--distributed-tracing-instance-id=n1",
+            "--experimental-distributed-tracing-sampling-rate=1000000",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (old.address.as_str(), old.instance_id.as_str(), old.sampling_rate),
+            ("b:2", "n1", 1_000_000)
+        );
+        for rate in ["-1", "1000001"] {
+            let e = tracing(&[
+                "--enable-distributed-tracing",
+                &format!("--distributed-tracing-sampling-rate={rate}"),
+            ])
+            .unwrap_err();
+            assert_eq!(e.flag, "distributed-tracing-sampling-rate");
+        }
     }
 
     #[test]

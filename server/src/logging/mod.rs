@@ -42,8 +42,16 @@ pub enum LogFormat {
 /// Logs at `level` in `format` into every one of `outputs`: stderr, stdout, default (stderr),
 /// `systemd/journal` (journald's native protocol, on its socket), or files appended to, each
 /// rotated as `rotation` says when given (the flags allow it with one file alone).
-/// `RUST_LOG`, when set, refines the level per module.
-pub fn init(level: LogLevel, format: LogFormat, outputs: &[String], rotation: Option<&Rotation>) -> Result<(), String> {
+/// `RUST_LOG`, when set, refines the level per module. With `export`, spans also go to the
+/// distributed-tracing exporter, whatever the level (each output and the exporter filter
+/// what they take on their own).
+pub fn init(
+    level: LogLevel,
+    format: LogFormat,
+    outputs: &[String],
+    rotation: Option<&Rotation>,
+    export: Option<&crate::tracing_export::Exporter>,
+) -> Result<(), String> {
     use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -54,8 +62,6 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String], rotation: Op
         LogLevel::Warn => "warn",
         LogLevel::Error | LogLevel::Panic | LogLevel::Fatal => "error",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let mut outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     outputs.sort_unstable();
     outputs.dedup();
@@ -114,11 +120,23 @@ pub fn init(level: LogLevel, format: LogFormat, outputs: &[String], rotation: Op
         }
     });
     tracing_subscriber::registry()
-        .with(filter)
-        .with(lines)
-        .with(journal)
+        .with(lines.map(|lines| lines.with_filter(logged(default))))
+        .with(journal.map(|journal| journal.with_filter(logged(default))))
+        .with(export.map(|export| export.layer()))
         .try_init()
         .map_err(|e| format!("cannot set up logging: {e}"))
+}
+
+/// What an output logs: `default`'s level, or as `RUST_LOG` says; never a gRPC call's span,
+/// which is for the exporter alone (etcd's lines have no such field).
+fn logged<S>(default: &str) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+        .and(filter_fn(|meta| !crate::tracing_export::is_call_span(meta)))
 }
 
 /// The `--log-outputs` value that sends logs to journald, as etcd names it.

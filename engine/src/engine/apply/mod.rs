@@ -291,7 +291,6 @@ impl Applying {
     /// and the rest for [`Applying::retry_stalled`]. `since`: when applying first stalled.
     fn apply_in_order(&mut self, mut st: RwLockWriteGuard<'_, State>, batch: Entries, since: Option<Instant>) -> bool {
         self.schedule.may_encode = self.to_write.is_some() && !self.writing.load(Ordering::Acquire);
-        let started = Instant::now();
         let mut outcome = st.apply_batch(
             batch,
             Step {
@@ -301,11 +300,6 @@ impl Applying {
             },
         );
         drop(st);
-        self.publisher
-            .core
-            .apply_latency_us
-            .lock()
-            .record_duration(started.elapsed());
         if let Some(stalled) = outcome.stalled.take() {
             if since.is_none() {
                 tracing::error!(
