@@ -253,8 +253,10 @@ mkdir -p "$sysroot/etc"
 systemd-sysusers --root="$sysroot" "$root/contrib/systemd/cairn.sysusers.conf"
 entry="$(grep '^cairn:' "$sysroot/etc/passwd" || true)"
 IFS=: read -r name _ uid gid gecos home shell <<<"$entry"
-[ "$name" = cairn ] && [ "$home" = /var/lib/cairn ] && [ "$shell" = /usr/sbin/nologin ] && [ "$uid" -lt 1000 ] ||
+if ! { [ "$name" = cairn ] && [ "$gecos" = "cairn key-value store" ] && [ "$home" = /var/lib/cairn ] &&
+    [ "$shell" = /usr/sbin/nologin ] && [ "$uid" -lt 1000 ]; }; then
     fail "passwd entry: '$entry'"
+fi
 grep -q "^cairn:x:$gid:" "$sysroot/etc/group" || fail "no group cairn with gid $gid"
 ok "$entry (a system user, its own group)"
 
