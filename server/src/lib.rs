@@ -14,6 +14,7 @@ pub mod errors;
 pub mod flags;
 pub mod forward;
 pub mod gateway;
+pub mod grpc_body;
 pub mod http;
 pub mod http_access;
 pub mod ids;

@@ -17,16 +17,13 @@
 //! queued is sent when the member stops, for at most [`FLUSH_PATIENCE`]. Nothing is written
 //! to disk: a crash loses the spans not sent yet.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use crate::grpc_body::{trailers_only_status, Observed, Observer};
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider};
 use opentelemetry_otlp::WithExportConfig;
@@ -238,17 +235,11 @@ async fn trace_call(request: Request, next: Next) -> Response {
         return next.run(request).await;
     };
     let response = next.run(request).instrument(span.clone()).await;
-    // A trailers-only answer (an error before any message) has its status here.
-    if let Some(code) = response.headers().get("grpc-status") {
-        finish(&span, code.as_bytes(), response.headers());
+    if let Some(status) = trailers_only_status(response.headers()) {
+        finish(&span, status, response.headers());
         return response;
     }
-    response.map(|inner| {
-        Body::new(Traced {
-            inner,
-            span: Some(span),
-        })
-    })
+    response.map(|inner| Observed::response(inner, CallSpan(span)))
 }
 
 /// The span of a call to `path`, continuing the trace in the `traceparent` of `headers` if
@@ -317,58 +308,12 @@ fn server_failed(code: tonic::Code) -> bool {
     )
 }
 
-/// A call's response body, which holds its span until the call ends: with the status in
-/// the trailers, with an end and no status (Unknown, as a gRPC client reads it), or dropped
-/// before either (the caller went away: Canceled).
-struct Traced {
-    inner: Body,
-    /// Invariant: `None` once the call's status is recorded.
-    span: Option<Span>,
-}
+/// A call's span, held by its response's body until the call ends.
+struct CallSpan(Span);
 
-impl HttpBody for Traced {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    if let Some(span) = this.span.take() {
-                        let code = trailers.get("grpc-status").map_or(&b"2"[..], |c| c.as_bytes());
-                        finish(&span, code, trailers);
-                    }
-                }
-            }
-            Poll::Ready(None) => {
-                if let Some(span) = this.span.take() {
-                    finish(&span, b"2", &HeaderMap::new());
-                }
-            }
-            _ => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Traced {
-    fn drop(&mut self) {
-        if let Some(span) = self.span.take() {
-            finish(&span, b"1", &HeaderMap::new());
-        }
+impl Observer for CallSpan {
+    fn ended(&mut self, status: &[u8], headers: &HeaderMap) {
+        finish(&self.0, status, headers);
     }
 }
 

@@ -10,17 +10,14 @@
 //! headers (a trailers-only answer) or trailers; a call whose response is dropped before it
 //! ends (the client went away) is counted as `Canceled`, as grpc-go reports it.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::body::Body;
+use crate::grpc_body::{trailers_only_status, Observed, Observer};
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 /// etcd's client methods, with their kinds as go-grpc-prometheus labels them.
@@ -226,16 +223,6 @@ impl Call {
                 .observe(self.started.elapsed().as_secs_f64());
         }
     }
-
-    fn finish_from(&self, headers: &HeaderMap) -> bool {
-        match headers.get("grpc-status") {
-            Some(status) => {
-                self.finish(code_name(status.as_bytes()));
-                true
-            }
-            None => false,
-        }
-    }
 }
 
 impl Drop for Call {
@@ -294,59 +281,40 @@ enum Way {
     Sent,
 }
 
-/// A request or response body of a call, counting its messages and bytes as they pass.
+/// One way of a call: counts its messages and bytes as they pass, and the call handled when
+/// its response ends.
 struct Counted {
-    inner: Body,
     call: Arc<Call>,
     way: Way,
     framing: Framing,
 }
 
-impl HttpBody for Counted {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let messages = this.framing.take(data);
-                    let m = &this.call.metrics;
-                    let (counter, bytes) = match this.way {
-                        Way::Received => (&m.received, &m.received_bytes),
-                        Way::Sent => (&m.sent, &m.sent_bytes),
-                    };
-                    bytes.inc_by(data.len() as u64);
-                    if messages > 0 {
-                        counter.with_label_values(&this.call.labels).inc_by(messages);
-                    }
-                }
-                if let Some(trailers) = frame.trailers_ref() {
-                    if this.way == Way::Sent {
-                        this.call.finish_from(trailers);
-                    }
-                }
-            }
-            Poll::Ready(None) if this.way == Way::Sent => {
-                // An end without a status: grpc-go's client reads it as Unknown.
-                this.call.finish("Unknown");
-            }
-            _ => {}
+impl Counted {
+    fn new(call: Arc<Call>, way: Way) -> Counted {
+        Counted {
+            call,
+            way,
+            framing: Framing::default(),
         }
-        polled
+    }
+}
+
+impl Observer for Counted {
+    fn data(&mut self, chunk: &[u8]) {
+        let messages = self.framing.take(chunk);
+        let m = &self.call.metrics;
+        let (counter, bytes) = match self.way {
+            Way::Received => (&m.received, &m.received_bytes),
+            Way::Sent => (&m.sent, &m.sent_bytes),
+        };
+        bytes.inc_by(chunk.len() as u64);
+        if messages > 0 {
+            counter.with_label_values(&self.call.labels).inc_by(messages);
+        }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn ended(&mut self, status: &[u8], _: &HeaderMap) {
+        self.call.finish(code_name(status));
     }
 }
 
@@ -358,25 +326,12 @@ pub fn layer(router: axum::Router, metrics: Arc<GrpcMetrics>) -> axum::Router {
             let Some(call) = call else {
                 return next.run(request).await;
             };
-            let request = request.map(|inner| {
-                Body::new(Counted {
-                    inner,
-                    call: call.clone(),
-                    way: Way::Received,
-                    framing: Framing::default(),
-                })
-            });
+            let request = request.map(|inner| Observed::request(inner, Counted::new(call.clone(), Way::Received)));
             let response = next.run(request).await;
-            // A trailers-only answer (an error before any message) has its status here.
-            call.finish_from(response.headers());
-            response.map(|inner| {
-                Body::new(Counted {
-                    inner,
-                    call,
-                    way: Way::Sent,
-                    framing: Framing::default(),
-                })
-            })
+            if let Some(status) = trailers_only_status(response.headers()) {
+                call.finish(code_name(status));
+            }
+            response.map(|inner| Observed::response(inner, Counted::new(call, Way::Sent)))
         }
     }))
 }
