@@ -16,6 +16,7 @@ pub mod forward;
 pub mod gateway;
 pub mod grpc_body;
 pub mod http;
+pub mod http2;
 pub mod http_access;
 pub mod ids;
 pub mod jwt;

@@ -14,6 +14,8 @@ use tokio::net::{TcpListener, TcpSocket};
 
 use crate::access::ClientCert;
 use crate::flags::KeepAlive;
+use crate::http2::pings::PingPolicy;
+use crate::http2::Watched;
 
 /// Pending connections the kernel queues before `accept` (Go's default on Linux reads
 /// somaxconn; this is its usual value).
@@ -56,15 +58,17 @@ fn bind_addr(addr: SocketAddr, options: SocketOptions) -> std::io::Result<TcpLis
 }
 
 /// HTTP/2's settings for every connection: etcd's `--max-concurrent-streams` and
-/// `--grpc-keepalive-interval` / `--grpc-keepalive-timeout`.
+/// `--grpc-keepalive-interval` / `--grpc-keepalive-timeout` / `--grpc-keepalive-min-time`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Http2 {
     /// Streams one connection may have open at once.
     pub max_concurrent_streams: u32,
-    /// Pings to a quiet client, and how long their answer may take.
+    /// Pings to a quiet client, how long their answer may take, and how often a client may
+    /// ping (policed by `http2::Watched`).
     pub keep_alive: KeepAlive,
 }
 
+/// The peer listener's settings: no limit on streams, pings not policed.
 impl Default for Http2 {
     fn default() -> Self {
         Http2 {
@@ -72,7 +76,7 @@ impl Default for Http2 {
             keep_alive: KeepAlive {
                 interval: Some(Duration::from_secs(7200)),
                 timeout: Some(Duration::from_secs(20)),
-                min_time: Duration::from_secs(5),
+                min_time: None,
             },
         }
     }
@@ -113,6 +117,7 @@ where
             request.extensions_mut().insert(ConnectInfo(client.clone()));
             tower_service::Service::call(&mut router.clone(), request)
         });
+        let io = Watched::new(io, http2.keep_alive.min_time.map(PingPolicy::new));
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {

@@ -62,8 +62,9 @@ pub struct KeepAlive {
     pub interval: Option<Duration>,
     /// A ping unanswered this long closes the connection; `None` waits forever.
     pub timeout: Option<Duration>,
-    /// The shortest interval between a client's pings that is tolerated.
-    pub min_time: Duration,
+    /// The shortest interval between a client's pings that is tolerated (0: grpc-go's
+    /// default); `None` for connections whose pings are not policed (the peers').
+    pub min_time: Option<Duration>,
 }
 
 /// Who may call the HTTP endpoints: etcd's `--cors` and `--host-whitelist`, checked.
@@ -94,7 +95,7 @@ impl Transport {
         Ok(KeepAlive {
             interval: (!interval.is_zero()).then_some(interval),
             timeout: (!timeout.is_zero()).then_some(timeout),
-            min_time: go_duration("grpc-keepalive-min-time", &self.grpc_keepalive_min_time)?,
+            min_time: Some(go_duration("grpc-keepalive-min-time", &self.grpc_keepalive_min_time)?),
         })
     }
 
@@ -157,7 +158,7 @@ mod tests {
         let k = parse(&[]).keep_alive().unwrap();
         assert_eq!(k.interval, Some(Duration::from_secs(7200)));
         assert_eq!(k.timeout, Some(Duration::from_secs(20)));
-        assert_eq!(k.min_time, Duration::from_secs(5));
+        assert_eq!(k.min_time, Some(Duration::from_secs(5)));
         let k = parse(&["--grpc-keepalive-interval=0", "--grpc-keepalive-timeout=0s"])
             .keep_alive()
             .unwrap();
