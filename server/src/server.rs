@@ -691,6 +691,10 @@ async fn stop_signal() {
 pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let mut plan = plan(&f, None)?;
     log_settings(&f, &plan);
+    if plan.pprof {
+        // Before the data is loaded, so that the heap profile shows what holds it.
+        crate::pprof::start_heap_sampling();
+    }
     if let Some(found) = crate::discovery::run(&f, plan.member_id, &plan.dir.join("member")).await? {
         plan = self::plan(&f, Some(&found))?;
     }

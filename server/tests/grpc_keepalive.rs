@@ -3,6 +3,8 @@
 //! ends; one that keeps to the minimum while it has a stream open is left alone. Spoken in
 //! raw HTTP/2 frames, so that every byte the server sends is read as a frame.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 mod common;
 
 use std::io::{Read, Write};
