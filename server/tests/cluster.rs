@@ -9,6 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -861,28 +863,6 @@ fn a_quorum_lost_for_good_is_recovered_with_force_new_cluster() {
     assert!(grown.iter().any(|m| member_id(m) == leader));
 }
 
-/// Builds tests/goclients' round against the etcd Go client `version` ("v3.6" is its go.mod,
-/// the others its `<version>.mod`), with the module sums committed there.
-fn build_round(version: &str, out: &Path) -> PathBuf {
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/goclients");
-    let binary = out.join(format!("round-{version}"));
-    let mut go = Command::new("go");
-    go.current_dir(&module)
-        .env("GOTOOLCHAIN", "local")
-        .args(["build", "-mod=readonly"]);
-    if version != "v3.6" {
-        go.arg(format!("-modfile={version}.mod"));
-    }
-    let built = go.arg("-o").arg(&binary).arg(".").output();
-    let built = built.unwrap_or_else(|e| panic!("cannot run go ({e}): tests/run-all.sh needs Go 1.26"));
-    assert!(
-        built.status.success(),
-        "building the {version} round failed: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    binary
-}
-
 /// etcd's Go client 3.5.0 sends `#initially=[<url>]` as the `:authority` even for one
 /// endpoint, 3.5.1 to 3.5.9 for several (etcd #13192, #16324): a kube-apiserver 1.22 to 1.27
 /// with several `--etcd-servers` does; etcdctl 3.4 sends a whole URL. Every version must run
@@ -903,7 +883,7 @@ fn every_etcd_go_client_version_runs_a_round_against_a_cluster() {
     ];
     let rounds: std::collections::HashMap<&str, PathBuf> = ["v3.5.0", "v3.5.9", "v3.6"]
         .into_iter()
-        .map(|version| (version, build_round(version, root.path())))
+        .map(|version| (version, common::go_round(version, root.path())))
         .collect();
     for (i, (version, endpoints, authority)) in runs.into_iter().enumerate() {
         let mut command = Command::new(&rounds[version]);

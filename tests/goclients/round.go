@@ -7,6 +7,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"os"
@@ -21,16 +23,48 @@ func main() {
 	endpoints := flag.String("endpoints", "", "comma-separated client URLs")
 	authority := flag.String("authority", "", "send this :authority instead of the client's own")
 	prefix := flag.String("prefix", "round/", "keys are written under this prefix")
+	cacert := flag.String("cacert", "", "for https endpoints: the CA that signed the server's certificate")
+	cert := flag.String("cert", "", "for https endpoints: the client's certificate, for client certificate authentication")
+	key := flag.String("key", "", "the client certificate's key")
 	flag.Parse()
-	if err := run(strings.Split(*endpoints, ","), *authority, *prefix); err != nil {
+	tlsConfig, err := clientTLS(*cacert, *cert, *key)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "round failed:", err)
+		os.Exit(1)
+	}
+	if err := run(strings.Split(*endpoints, ","), *authority, *prefix, tlsConfig); err != nil {
 		fmt.Fprintln(os.Stderr, "round failed:", err)
 		os.Exit(1)
 	}
 	fmt.Println("round passed")
 }
 
-func run(endpoints []string, authority, prefix string) error {
-	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second}
+// clientTLS is the TLS configuration the flags ask for, nil for none.
+func clientTLS(cacert, cert, key string) (*tls.Config, error) {
+	if cacert == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(cacert)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate", cacert)
+	}
+	config := &tls.Config{RootCAs: roots}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, err
+		}
+		config.Certificates = []tls.Certificate{pair}
+	}
+	return config, nil
+}
+
+func run(endpoints []string, authority, prefix string, tlsConfig *tls.Config) error {
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, TLS: tlsConfig}
 	if authority != "" {
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithAuthority(authority))
 	}

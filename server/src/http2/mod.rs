@@ -1,14 +1,25 @@
 //! A client connection's HTTP/2 frames, watched between the socket (or its TLS session) and
-//! hyper, for what grpc-go's server does that hyper does not: it enforces the client's ping
-//! policy (`pings`, etcd's `--grpc-keepalive-min-time`).
+//! hyper, for what Go's HTTP/2 server and grpc-go do that hyper and h2 do not:
 //!
-//! [`Watched`] reads the frames' headers as the bytes pass, both ways, and never changes a
-//! byte of them. A connection that does not open with HTTP/2's preface (HTTP/1.1) is passed
-//! through unwatched. When the client has pinged too often, the layer writes its own GOAWAY
-//! between two of hyper's frames, never inside one, then ends the connection: hyper's reads
-//! see the end of the stream and its writes fail.
+//! - any `:authority` is accepted (`authority`; h2 resets a request whose authority is not a
+//!   URI authority, and etcd's clients send such ones);
+//! - the client's ping policy is enforced (`pings`, etcd's `--grpc-keepalive-min-time`).
+//!
+//! [`Watched`] reads the frames' headers as the bytes pass, both ways. What the client sends
+//! goes through [`inbound::Inbound`], which passes every frame on as it came except header
+//! blocks it must rewrite; what hyper sends is never changed. A connection that does not open
+//! with HTTP/2's preface (HTTP/1.1) is passed through unwatched. When the client has pinged
+//! too often, the layer writes its own GOAWAY between two of hyper's frames, never inside one,
+//! then ends the connection: hyper's reads see the end of the stream and its writes fail.
+//!
+//! Why here and not in h2: h2 has no option for it, and its maintainers declined one (h2
+//! #525); hyper and tonic hand the connection to h2 before any layer of theirs sees a request.
+//! Below h2, the one thing that must hold is that h2's HPACK decoder and the client's encoder
+//! stay in step, which `authority` explains.
 
+pub mod authority;
 pub mod frame;
+pub mod inbound;
 pub mod pings;
 
 use std::collections::HashSet;
@@ -17,19 +28,21 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use frame::{kind, Header, Splitter, ACK, END_STREAM, ENHANCE_YOUR_CALM, PREFACE};
+use inbound::Inbound;
 use pings::{PingPolicy, Verdict, TOO_MANY_PINGS};
 
 /// Where the connection is.
 #[derive(Debug)]
 enum State {
-    /// The client's first bytes, `n` of them so far, match HTTP/2's preface.
-    Preface(usize),
+    /// The client's first bytes, if any, match HTTP/2's preface so far.
+    Preface,
     /// HTTP/2, watched.
     Frames,
-    /// Not HTTP/2: passed through.
+    /// Not HTTP/2, or not watched: passed through.
     Other,
     /// A GOAWAY to write, and how much of it is written.
     GoingAway(Vec<u8>, usize),
@@ -44,7 +57,9 @@ enum State {
 pub struct Watched<IO> {
     io: IO,
     state: State,
-    inbound: Splitter,
+    inbound: Inbound,
+    /// What the client sent before it was known not to speak HTTP/2, for hyper first.
+    plain: Bytes,
     outbound: Splitter,
     /// Streams the client opened that are not yet ended by the server or reset.
     open: HashSet<u32>,
@@ -52,6 +67,8 @@ pub struct Watched<IO> {
     last_stream: u32,
     /// `None`: the client's pings are not policed, and nothing is watched.
     pings: Option<PingPolicy>,
+    /// Frame headers the client sent, taken from `inbound`, kept for their allocation.
+    seen: Vec<Header>,
     /// What hyper wrote while the client's preface was still coming (nothing, from hyper's
     /// server, which reads the preface first), for the outbound count once it is HTTP/2.
     early: Vec<u8>,
@@ -62,36 +79,34 @@ pub struct Watched<IO> {
 const EARLY_LIMIT: usize = 64 * 1024;
 
 impl<IO> Watched<IO> {
-    /// `io` watched, with the client's pings policed by `pings` if given.
+    /// A client's connection `io`, watched, with its pings policed by `pings`; `None` for a
+    /// connection passed through untouched (the peers').
     pub fn new(io: IO, pings: Option<PingPolicy>) -> Watched<IO> {
         Watched {
             io,
-            state: if pings.is_some() {
-                State::Preface(0)
-            } else {
-                State::Other
-            },
-            inbound: Splitter::default(),
+            state: if pings.is_some() { State::Preface } else { State::Other },
+            inbound: Inbound::default(),
+            plain: Bytes::new(),
             outbound: Splitter::default(),
             open: HashSet::new(),
             last_stream: 0,
             pings,
+            seen: Vec::new(),
             early: Vec::new(),
         }
     }
 
-    /// Takes bytes the client sent.
-    fn received(&mut self, mut bytes: &[u8]) {
-        if let State::Preface(seen) = self.state {
-            let n = (PREFACE.len() - seen).min(bytes.len());
-            let expected = PREFACE.get(seen..seen + n).unwrap_or_default();
-            if bytes.get(..n) != Some(expected) {
+    /// Looks at what the client sent, just received.
+    fn received(&mut self) {
+        if let State::Preface = self.state {
+            let got = self.inbound.unread();
+            let n = got.len().min(PREFACE.len());
+            if got.get(..n) != PREFACE.get(..n) {
                 self.state = State::Other;
+                self.plain = self.inbound.take_unread();
                 return;
             }
-            bytes = bytes.get(n..).unwrap_or_default();
-            if seen + n < PREFACE.len() {
-                self.state = State::Preface(seen + n);
+            if n < PREFACE.len() {
                 return;
             }
             self.state = State::Frames;
@@ -101,11 +116,12 @@ impl<IO> Watched<IO> {
         if !matches!(self.state, State::Frames) {
             return;
         }
-        let mut headers = Vec::new();
-        self.inbound.take(bytes, |h| headers.push(h));
-        for h in headers {
+        let mut seen = std::mem::take(&mut self.seen);
+        self.inbound.process(|h| seen.push(h));
+        for h in seen.drain(..) {
             self.client_frame(h);
         }
+        self.seen = seen;
     }
 
     fn client_frame(&mut self, h: Header) {
@@ -134,7 +150,7 @@ impl<IO> Watched<IO> {
 
     /// Takes bytes hyper sent.
     fn sent(&mut self, bytes: &[u8]) {
-        if let State::Preface(_) = self.state {
+        if let State::Preface = self.state {
             if self.early.len() + bytes.len() > EARLY_LIMIT {
                 self.state = State::Other;
             } else {
@@ -198,27 +214,50 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
 }
 
 fn closed() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "closed: the client pinged too often")
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "closed: the client pinged too often, or broke HTTP/2's rules",
+    )
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         ready!(this.poll_go_away(cx))?;
-        if matches!(this.state, State::Closed) {
-            return Poll::Ready(Ok(()));
+        loop {
+            match this.state {
+                State::Closed => return Poll::Ready(Ok(())),
+                State::Other if this.plain.is_empty() => return Pin::new(&mut this.io).poll_read(cx, buf),
+                State::Other => {
+                    let n = this.plain.len().min(buf.remaining());
+                    buf.put_slice(this.plain.get(..n).unwrap_or_default());
+                    this.plain.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                _ => {}
+            }
+            if this.inbound.broken() {
+                // The end of the stream for hyper, which then ends the connection.
+                this.state = State::Closed;
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(bytes) = this.inbound.pop(buf.remaining()) {
+                buf.put_slice(&bytes);
+                return Poll::Ready(Ok(()));
+            }
+            let n = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut this.io),
+                cx,
+                this.inbound.receive_buffer()
+            ))?;
+            if n == 0 {
+                // The client is gone; a frame it left half sent is of no use to hyper.
+                return Poll::Ready(Ok(()));
+            }
+            this.received();
+            // A GOAWAY earned by what was just read goes out now if hyper is between frames.
+            ready!(this.poll_go_away(cx))?;
         }
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        if let Some(new) = buf.filled().get(before..) {
-            this.received(new);
-        }
-        // A GOAWAY earned by what was just read goes out now if hyper is between frames;
-        // the bytes read still reach hyper, which answers the ping first if it can.
-        if this.poll_go_away(cx).is_ready() && matches!(this.state, State::Closed) {
-            buf.set_filled(before);
-        }
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -249,7 +288,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if !matches!(self.state, State::Preface(_) | State::Frames | State::Other) {
+        if !matches!(self.state, State::Preface | State::Frames | State::Other) {
             let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &**b);
             return self.poll_write(cx, first);
         }

@@ -712,3 +712,25 @@ pub fn readable_log(text: &str) -> String {
     }
     out
 }
+
+/// Builds tests/goclients' round against the etcd Go client `version` ("v3.6" is its go.mod,
+/// the others its `<version>.mod`), with the module sums committed there.
+pub fn go_round(version: &str, out: &Path) -> PathBuf {
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/goclients");
+    let binary = out.join(format!("round-{version}"));
+    let mut go = Command::new("go");
+    go.current_dir(&module)
+        .env("GOTOOLCHAIN", "local")
+        .args(["build", "-mod=readonly"]);
+    if version != "v3.6" {
+        go.arg(format!("-modfile={version}.mod"));
+    }
+    let built = go.arg("-o").arg(&binary).arg(".").output();
+    let built = built.unwrap_or_else(|e| panic!("cannot run go ({e}): tests/run-all.sh needs Go 1.26"));
+    assert!(
+        built.status.success(),
+        "building the {version} round failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
