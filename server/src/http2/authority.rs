@@ -5,7 +5,7 @@
 //! by path and never reads the authority, so such an authority is left out of the request.
 //!
 //! [`Authorities`] reads every header block the client sends, with an HPACK decoder that keeps
-//! the client's dynamic table, and says what h2 gets:
+//! the client's dynamic table (`hpack`), and says what h2 gets:
 //!
 //! - **The block unchanged**, while no authority so far was invalid. h2's decoder then sees
 //!   exactly what this one saw, and the two tables stay equal. This is every connection of
@@ -21,8 +21,7 @@
 //! unchanged (h2 sees what the client sent, and answers its error), and ends the connection
 //! once they are rewritten (h2 could no longer be kept in step).
 
-use loona_hpack::decoder::DecoderError;
-use loona_hpack::Decoder;
+use super::hpack::{Decoder, Error};
 
 /// The largest dynamic table a client may use: HTTP/2's default SETTINGS_HEADER_TABLE_SIZE,
 /// which hyper's server never changes.
@@ -30,7 +29,7 @@ pub const TABLE_SIZE: usize = 4096;
 
 /// The header blocks of one connection.
 pub struct Authorities {
-    decoder: Decoder<'static>,
+    decoder: Decoder,
     /// Invariant: once true, never false again; every block is then rewritten.
     rewriting: bool,
     /// The current block's names and values, one after another, and where each ends.
@@ -57,10 +56,8 @@ pub enum Block {
 
 impl Default for Authorities {
     fn default() -> Self {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(TABLE_SIZE);
         Authorities {
-            decoder,
+            decoder: Decoder::new(TABLE_SIZE),
             rewriting: false,
             scratch: Vec::new(),
             fields: Vec::new(),
@@ -81,18 +78,18 @@ impl Authorities {
 
     /// Reads the client's next header block (`fragment`: the HEADERS frame's and its
     /// CONTINUATIONs' fragments, joined).
-    pub fn block(&mut self, fragment: &[u8]) -> Result<Block, DecoderError> {
+    pub fn block(&mut self, fragment: &[u8]) -> Result<Block, Error> {
         self.scratch.clear();
         self.fields.clear();
         let mut invalid = false;
         let (scratch, fields) = (&mut self.scratch, &mut self.fields);
-        self.decoder.decode_with_cb(fragment, |name, value| {
-            if &*name == b":authority" && !is_valid(&value) {
+        self.decoder.decode(fragment, |name, value| {
+            if name == b":authority" && !is_valid(value) {
                 invalid = true;
             }
-            scratch.extend_from_slice(&name);
+            scratch.extend_from_slice(name);
             let name_end = scratch.len();
-            scratch.extend_from_slice(&value);
+            scratch.extend_from_slice(value);
             fields.push((name_end, scratch.len()));
         })?;
         if !invalid && !self.rewriting {
@@ -122,8 +119,7 @@ impl Authorities {
 fn literal_not_indexed(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.push(0x00);
     for s in [name, value] {
-        // Writing to a Vec cannot fail.
-        let _ = loona_hpack::encoder::encode_integer_into(s.len(), 7, 0, out);
+        super::hpack::encode_integer(out, s.len(), 7, 0);
         out.extend_from_slice(s);
     }
 }
@@ -132,7 +128,7 @@ fn literal_not_indexed(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 mod tests {
     use super::*;
 
-    fn decode(decoder: &mut Decoder<'_>, block: &[u8]) -> Vec<(String, String)> {
+    fn decode(decoder: &mut loona_hpack::Decoder<'_>, block: &[u8]) -> Vec<(String, String)> {
         decoder
             .decode(block)
             .unwrap()
@@ -156,7 +152,7 @@ mod tests {
     fn through(requests: &[&str]) -> Vec<Vec<(String, String)>> {
         let mut client = loona_hpack::Encoder::new();
         let mut layer = Authorities::default();
-        let mut h2 = Decoder::new();
+        let mut h2 = loona_hpack::Decoder::new();
         requests
             .iter()
             .map(|authority| {

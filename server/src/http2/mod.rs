@@ -19,6 +19,7 @@
 
 pub mod authority;
 pub mod frame;
+pub mod hpack;
 pub mod inbound;
 pub mod pings;
 
