@@ -60,6 +60,9 @@ cargo deny --version >/dev/null 2>&1 || cargo install cargo-deny --locked
 cargo deny --locked check licenses bans sources
 tools/dependency-licenses --check
 
+step "the crates as a user gets them: cargo publish --dry-run (cairn-wal, cairn-engine, cairn-server, packaged and built as packaged)"
+cargo publish --dry-run --workspace --locked --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
+
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
 (cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
