@@ -48,6 +48,7 @@ step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
 (cd tests/etcd-client && cargo fmt --check)
+(cd tests/outside && cargo fmt --check)
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -62,6 +63,9 @@ tools/dependency-licenses --check
 
 step "the crates as a user gets them: cargo publish --dry-run (cairn-wal, cairn-engine, cairn-server, packaged and built as packaged)"
 cargo publish --dry-run --allow-dirty --workspace --locked --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
+
+step "a program outside the workspace on the packaged crates, as a user of the registry builds it (tests/outside)"
+CARGO_TARGET_DIR="$PWD/target" cargo run --manifest-path tests/outside/Cargo.toml
 
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
