@@ -15,7 +15,7 @@
 
 use arbitrary::Arbitrary;
 use cairn_server::http2::authority::is_valid;
-use cairn_server::http2::frame::{Header, PREFACE};
+use cairn_server::http2::frame::{frame, Header, PREFACE};
 use cairn_server::http2::inbound::{Inbound, MAX_FRAME};
 use libfuzzer_sys::fuzz_target;
 
@@ -67,19 +67,6 @@ struct Input {
     ops: Vec<Op>,
     /// How the bytes are cut into reads.
     reads: Vec<u16>,
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = Header {
-        length: payload.len() as u32,
-        kind,
-        flags,
-        stream,
-    }
-    .encode()
-    .to_vec();
-    f.extend_from_slice(payload);
-    f
 }
 
 fn value(v: &Value) -> Vec<u8> {

@@ -85,20 +85,22 @@ async fn heap() -> Response {
         })
     })
     .await;
-    match dumped {
+    let dumped = dumped.map(|d| d.map_err(|e| format!("Could not take a heap profile: {e}")));
+    answer("heap", dumped)
+}
+
+/// A profile's answer: the gzipped protobuf, named `name`, or 500 saying why there is none.
+fn answer(name: &str, taken: Result<Result<Vec<u8>, String>, tokio::task::JoinError>) -> Response {
+    match taken {
         Ok(Ok(bytes)) => (
             [
-                (header::CONTENT_TYPE, "application/octet-stream"),
-                (header::CONTENT_DISPOSITION, "attachment; filename=\"heap\""),
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
             ],
             bytes,
         )
             .into_response(),
-        Ok(Err(e)) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("Could not take a heap profile: {e}\n"),
-        )
-            .into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
 }
@@ -126,18 +128,7 @@ async fn cpu(Query(params): Query<CpuParams>) -> Response {
     };
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let encoded = tokio::task::spawn_blocking(move || encode(&guard)).await;
-    match encoded {
-        Ok(Ok(bytes)) => (
-            [
-                (header::CONTENT_TYPE, "application/octet-stream"),
-                (header::CONTENT_DISPOSITION, "attachment; filename=\"profile\""),
-            ],
-            bytes,
-        )
-            .into_response(),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
+    answer("profile", encoded)
 }
 
 /// The profile as `go tool pprof` reads it: protobuf, gzipped.

@@ -25,6 +25,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_server::http2::frame::frame;
 use cairn_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
 use common::Member;
 use pki::{Ca, Pair, Usage};
@@ -252,14 +253,6 @@ fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'st
     rustls::pki_types::CertificateDer::pem_slice_iter(pem)
         .map(|c| c.unwrap())
         .collect()
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use cairn_server::http2::frame::frame;
 use common::Member;
 
 const PING: u8 = 6;
@@ -80,14 +81,6 @@ impl Client {
         const END_HEADERS: u8 = 4;
         self.0.write_all(&frame(HEADERS, END_HEADERS, 1, &block)).unwrap();
     }
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
 }
 
 /// Reads the GOAWAY the server sends, checks it is grpc-go's for too many pings, and that

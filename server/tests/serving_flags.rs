@@ -318,6 +318,18 @@ fn get_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
     (status, raw[split + 4..].to_vec())
 }
 
+/// What `go tool pprof <flag>` prints of the profile in `file`; it must read it.
+fn go_tool_pprof(flag: &str, file: &std::path::Path) -> String {
+    let read = Command::new("go")
+        .args(["tool", "pprof", flag])
+        .arg(file)
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("go (tests/run-all.sh needs it) reads the profile");
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    String::from_utf8_lossy(&read.stdout).into_owned()
+}
+
 #[test]
 fn enable_pprof_serves_a_cpu_profile_go_tool_pprof_reads() {
     let m = Member::start("pprof", &["--enable-pprof"]);
@@ -327,21 +339,14 @@ fn enable_pprof_serves_a_cpu_profile_go_tool_pprof_reads() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cpu.pb.gz");
     std::fs::write(&file, &profile).unwrap();
-    let read = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(&file)
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("go (tests/run-all.sh needs it) reads the profile");
-    let text = String::from_utf8_lossy(&read.stdout);
-    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let text = go_tool_pprof("-raw", &file);
     assert!(text.contains("PeriodType: cpu nanoseconds"), "{text}");
     let m = Member::start("nopprof", &[]);
     assert_eq!(get_bytes(m.client_port, "/debug/pprof/profile?seconds=1").0, 404);
 }
 
-/// The heap profile is jemalloc's, which the binary turns on from its first allocation: what
-/// the member allocated while starting, and still holds, is in it under cairn's own function
+/// The heap profile is jemalloc's, which samples from startup with `--enable-pprof`: what the
+/// member allocated while starting, and still holds, is in it under cairn's own function
 /// names. jemalloc samples at random, so the member samples every 4 KiB on average rather
 /// than 512 KiB: a started member holds a few MB, and 512 KiB's handful of samples could
 /// all miss cairn's functions.
@@ -392,13 +397,6 @@ fn enable_pprof_serves_a_heap_profile_of_cairns_allocations_go_tool_pprof_reads(
 
     let file = dir.path().join("heap.pb.gz");
     std::fs::write(&file, &gzipped).unwrap();
-    let read = Command::new("go")
-        .args(["tool", "pprof", "-top"])
-        .arg(&file)
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("go (tests/run-all.sh needs it) reads the profile");
-    let text = String::from_utf8_lossy(&read.stdout);
-    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let text = go_tool_pprof("-top", &file);
     assert!(text.contains("Type: inuse_space"), "{text}");
 }

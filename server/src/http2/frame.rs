@@ -62,20 +62,26 @@ impl Header {
     }
 }
 
+/// A whole frame: its header, then `payload`.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let header = Header {
+        length: payload.len() as u32,
+        kind,
+        flags,
+        stream,
+    };
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(payload);
+    frame
+}
+
 /// A GOAWAY frame: the last stream the sender will have processed, an error code, and
 /// debug data.
 pub fn goaway(last_stream: u32, code: u32, debug: &[u8]) -> Vec<u8> {
-    let header = Header {
-        length: (8 + debug.len()) as u32,
-        kind: kind::GOAWAY,
-        flags: 0,
-        stream: 0,
-    };
-    let mut frame = header.encode().to_vec();
-    frame.extend_from_slice(&(last_stream & 0x7fff_ffff).to_be_bytes());
-    frame.extend_from_slice(&code.to_be_bytes());
-    frame.extend_from_slice(debug);
-    frame
+    let mut payload = (last_stream & 0x7fff_ffff).to_be_bytes().to_vec();
+    payload.extend_from_slice(&code.to_be_bytes());
+    payload.extend_from_slice(debug);
+    frame(kind::GOAWAY, 0, 0, &payload)
 }
 
 /// Finds the frame headers in a stream of frames that arrives cut anywhere.

@@ -59,9 +59,8 @@ pub struct Inbound {
     raw: BytesMut,
     /// Bytes for hyper, in order.
     ready: VecDeque<Bytes>,
-    /// Bytes of the preface still to come.
-    preface: usize,
-    /// Payload bytes of the frame being passed on still to come.
+    /// Bytes to pass on unread before the next frame header: the rest of the preface, then of
+    /// the payload of the frame being passed on.
     passing: usize,
     gathering: Option<Gathering>,
     /// `None` once header blocks are passed unread.
@@ -74,8 +73,7 @@ impl Default for Inbound {
         Inbound {
             raw: BytesMut::new(),
             ready: VecDeque::new(),
-            preface: PREFACE.len(),
-            passing: 0,
+            passing: PREFACE.len(),
             gathering: None,
             authorities: Some(Authorities::default()),
             broken: false,
@@ -132,15 +130,6 @@ impl Inbound {
         loop {
             if self.broken {
                 return;
-            }
-            if self.preface > 0 {
-                let n = self.preface.min(self.raw.len());
-                if n == 0 {
-                    return;
-                }
-                self.ready.push_back(self.raw.split_to(n).freeze());
-                self.preface -= n;
-                continue;
             }
             if self.passing > 0 {
                 let n = self.passing.min(self.raw.len());
@@ -324,20 +313,8 @@ fn headers_payload(flags: u8, payload: &[u8]) -> Option<(Option<[u8; 5]>, &[u8])
 
 #[cfg(test)]
 mod tests {
+    use super::super::frame::frame;
     use super::*;
-
-    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-        let mut f = Header {
-            length: payload.len() as u32,
-            kind,
-            flags,
-            stream,
-        }
-        .encode()
-        .to_vec();
-        f.extend_from_slice(payload);
-        f
-    }
 
     fn block(authority: &str) -> Vec<u8> {
         let mut e = loona_hpack::Encoder::new();
