@@ -1,8 +1,9 @@
 //! Fuzzes restoring a snapshot in etcd's format (a bbolt database) and opening what it restored.
 //!
-//! The input damages a real snapshot (`fuzz/seeds/etcd-3.7.3-snapshot.db`: `etcdctl snapshot
-//! save` from etcd 3.7.3 after 300 puts over 50 keys and a delete): bytes overwritten, the file
-//! cut or extended. Or the input is raw bytes. The SHA-256 check is skipped, so that the
+//! The input damages a real snapshot (`etcdctl snapshot save` from etcd 3.7 after 300 puts over
+//! 50 keys and a delete, which `fuzz/etcd-snapshot.sh` writes to `fuzz/target/etcd-snapshot.db`,
+//! or the file `CAIRN_ETCD_SNAPSHOT` names): bytes overwritten, the file cut or extended. Or the
+//! input is raw bytes. The SHA-256 check is skipped, so that the
 //! damage reaches the bbolt reader and the etcd layout behind it.
 //!
 //! For every input: restore and open never panic, and a failed restore leaves no data behind;
@@ -11,12 +12,27 @@
 #![no_main]
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use cairn_engine::{Engine, MemberAttributes, RangeRequest};
 use libfuzzer_sys::fuzz_target;
 
-const SNAPSHOT: &[u8] = include_bytes!("../seeds/etcd-3.7.3-snapshot.db");
+/// The undamaged snapshot, read once. Without it the target cannot run: it says how to make it
+/// and exits (not a panic, which libFuzzer would report as a finding).
+fn snapshot() -> &'static [u8] {
+    static SNAPSHOT: OnceLock<Vec<u8>> = OnceLock::new();
+    SNAPSHOT.get_or_init(|| {
+        let path = std::env::var_os("CAIRN_ETCD_SNAPSHOT").map_or_else(
+            || concat!(env!("CARGO_MANIFEST_DIR"), "/target/etcd-snapshot.db").into(),
+            std::path::PathBuf::from,
+        );
+        std::fs::read(&path).unwrap_or_else(|e| {
+            eprintln!("cannot read {}: {e}; fuzz/etcd-snapshot.sh writes it", path.display());
+            std::process::exit(2)
+        })
+    })
+}
 
 #[derive(Arbitrary, Debug)]
 enum Input {
@@ -32,7 +48,8 @@ fuzz_target!(|input: Input| {
     let (bytes, pristine) = match input {
         Input::Raw(bytes) => (bytes, false),
         Input::Damage { edits, cut, extra } => {
-            let mut bytes = SNAPSHOT.to_vec();
+            let snapshot = snapshot();
+            let mut bytes = snapshot.to_vec();
             for (at, value) in &edits {
                 let at = usize::from(*at) * bytes.len() / usize::from(u16::MAX);
                 if let Some(b) = bytes.get_mut(at) {
@@ -40,10 +57,10 @@ fuzz_target!(|input: Input| {
                 }
             }
             if let Some(cut) = cut {
-                bytes.truncate(usize::from(cut) * SNAPSHOT.len() / usize::from(u16::MAX));
+                bytes.truncate(usize::from(cut) * snapshot.len() / usize::from(u16::MAX));
             }
             bytes.extend_from_slice(&extra);
-            let pristine = bytes == SNAPSHOT;
+            let pristine = bytes == snapshot;
             (bytes, pristine)
         }
     };

@@ -143,7 +143,7 @@ pub struct Flags {
     /// variable is ignored, as etcd ignores them.
     #[arg(long, value_parser = crate::flags::path, env = "ETCD_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
-    /// Human-readable name for this member.
+    /// This member's name in the cluster (the key of its --initial-cluster entry).
     #[arg(long, env = "ETCD_NAME", default_value = "default")]
     pub name: String,
     /// Path to the data directory (default: ./<name>.cairn, or ./<name>.etcd when started as
@@ -152,7 +152,7 @@ pub struct Flags {
     #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_parser = crate::flags::path, env = "ETCD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Path to a dedicated WAL directory.
+    /// Where the write-ahead log goes, if not inside --data-dir (a faster disk, say).
     #[arg(long, value_parser = crate::flags::path, env = "ETCD_WAL_DIR")]
     pub wal_dir: Option<PathBuf>,
     /// URLs to listen on for client traffic (gRPC and HTTP), comma-separated.

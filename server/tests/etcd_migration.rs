@@ -368,12 +368,21 @@ fn a_history_moves_in_from_etcd_3_4() {
 }
 
 /// A damaged etcd snapshot is refused by `cairn snapshot restore` with what is wrong, and
-/// leaves nothing behind. The snapshot is a real one (etcd 3.7.3's, the fuzz target's seed).
+/// leaves nothing behind. The snapshot is a real one, etcd 3.7's, made as the fuzz target's is
+/// (`fuzz/etcd-snapshot.sh`).
 #[test]
 fn each_kind_of_damage_is_refused_with_its_own_message() {
     use sha2::{Digest, Sha256};
-    let seed =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/etcd-3.7.3-snapshot.db")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = target("etcd-3.7", "tests/etcd-3.7/build.sh");
+    let seed_file = dir.path().join("seed.db");
+    let made = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/etcd-snapshot.sh"))
+        .arg(&seed_file)
+        .env("ETCD_DIR", etcd.etcd.parent().unwrap())
+        .status()
+        .unwrap();
+    assert!(made.success(), "fuzz/etcd-snapshot.sh failed");
+    let seed = std::fs::read(&seed_file).unwrap();
     let db_len = seed.len() - 32;
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     // The meta in use (the higher transaction of pages 0 and 1) names the root bucket's page.
@@ -390,7 +399,6 @@ fn each_kind_of_damage_is_refused_with_its_own_message() {
         db.extend_from_slice(&sum);
         db
     };
-    let dir = tempfile::tempdir().unwrap();
     let restore = |name: &str, bytes: &[u8], extra: &[&str]| -> String {
         let file = dir.path().join(format!("{name}.db"));
         std::fs::write(&file, bytes).unwrap();

@@ -11,7 +11,7 @@ use super::{bad, go_duration, BadFlag};
 /// The flags of this module.
 #[derive(Debug, Args)]
 pub struct Transport {
-    /// Maximum concurrent streams that each client can open at a time (default unlimited).
+    /// How many gRPC streams one client connection may have open at once (default unlimited).
     #[arg(long, env = "ETCD_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
     pub max_concurrent_streams: u32,
     /// Minimum duration a client should wait between pings; a client pinging more often is

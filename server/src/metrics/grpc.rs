@@ -168,14 +168,14 @@ impl GrpcMetrics {
                 r,
                 IntCounter::new(
                     "etcd_network_client_grpc_received_bytes_total",
-                    "The total number of bytes received from grpc clients.",
+                    "Bytes of gRPC requests read from clients.",
                 )?,
             )?,
             sent_bytes: register(
                 r,
                 IntCounter::new(
                     "etcd_network_client_grpc_sent_bytes_total",
-                    "The total number of bytes sent to grpc clients.",
+                    "Bytes of gRPC responses written to clients.",
                 )?,
             )?,
         })

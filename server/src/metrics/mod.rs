@@ -65,55 +65,55 @@ impl Metrics {
             has_leader: gauge(
                 &r,
                 "etcd_server_has_leader",
-                "Whether or not a leader exists. 1 is existence, 0 is not.",
+                "1 while this member knows a Raft leader, 0 while it does not.",
             )?,
             is_leader: gauge(
                 &r,
                 "etcd_server_is_leader",
-                "Whether or not this member is a leader. 1 if is, 0 otherwise.",
+                "1 while this member is the Raft leader, 0 otherwise.",
             )?,
             proposals_committed: gauge(
                 &r,
                 "etcd_server_proposals_committed_total",
-                "The total number of consensus proposals committed.",
+                "Raft entries known to be committed.",
             )?,
             proposals_applied: gauge(
                 &r,
                 "etcd_server_proposals_applied_total",
-                "The total number of consensus proposals applied.",
+                "Raft entries applied to the state machine.",
             )?,
             proposals_pending: gauge(
                 &r,
                 "etcd_server_proposals_pending",
-                "The current number of pending proposals to commit.",
+                "Proposals this member made that are not yet applied.",
             )?,
             db_total_size: gauge(
                 &r,
                 "etcd_mvcc_db_total_size_in_bytes",
-                "Total size of the underlying database physically allocated in bytes.",
+                "Bytes the data files take on disk.",
             )?,
             db_in_use_size: gauge(
                 &r,
                 "etcd_mvcc_db_total_size_in_use_in_bytes",
-                "Total size of the underlying database logically in use in bytes.",
+                "Bytes of the data files that hold live data; the rest is freed space that defragmentation returns.",
             )?,
             quota_backend_bytes: gauge(
                 &r,
                 "etcd_server_quota_backend_bytes",
-                "Current backend storage quota size in bytes.",
+                "The --quota-backend-bytes in force: the data size at which the NOSPACE alarm is raised.",
             )?,
-            keys_total: gauge(&r, "etcd_debugging_mvcc_keys_total", "Total number of keys.")?,
-            watchers: gauge(&r, "etcd_debugging_mvcc_watcher_total", "Total number of watchers.")?,
-            leases: gauge(&r, "etcd_debugging_lease_total", "The number of current lease.")?,
+            keys_total: gauge(&r, "etcd_debugging_mvcc_keys_total", "Keys that currently exist.")?,
+            watchers: gauge(&r, "etcd_debugging_mvcc_watcher_total", "Watchers open on this member.")?,
+            leases: gauge(&r, "etcd_debugging_lease_total", "Leases that currently exist.")?,
             current_revision: gauge(
                 &r,
                 "etcd_debugging_mvcc_current_revision",
-                "The current revision of store.",
+                "The newest revision in the key space.",
             )?,
             compact_revision: gauge(
                 &r,
                 "etcd_debugging_mvcc_compact_revision",
-                "The revision of the last compaction in store.",
+                "The revision the key space was last compacted at.",
             )?,
             snapshots_installed: gauge(
                 &r,
@@ -152,23 +152,23 @@ impl Metrics {
         let mut families = self.registry.gather();
         families.push(counter_family(
             "etcd_server_leader_changes_seen_total",
-            "The number of leader changes seen.",
+            "Times this member has seen the Raft leader change.",
             raft.leader_changes,
         ));
         families.push(counter_family(
             "etcd_server_proposals_failed_total",
-            "The total number of failed proposals seen.",
+            "Proposals that failed or timed out before they were applied.",
             raft.proposals_failed,
         ));
         families.push(info_family(
             "etcd_server_id",
-            "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+            "Always 1; the server_id label holds this member's ID in hex.",
             "server_id",
             &format!("{:x}", node.member_id),
         ));
         families.push(info_family(
             "etcd_server_version",
-            "Which version is running. 1 for 'server_version' label with current version.",
+            "Always 1; the server_version label holds the etcd API version served.",
             "server_version",
             crate::node::API_VERSION,
         ));
@@ -176,7 +176,7 @@ impl Metrics {
         if let Ok(wal) = e.wal_stats() {
             families.push(histogram_family(
                 "etcd_disk_wal_fsync_duration_seconds",
-                "The latency distributions of fsync called by WAL.",
+                "Seconds each fdatasync of the write-ahead log took.",
                 &wal.fsync_latency_us,
             ));
             // etcd's backend commit is what makes applied state durable (bbolt's write and

@@ -36,7 +36,7 @@ impl PeerMetrics {
         let round_trip = HistogramVec::new(
             HistogramOpts::new(
                 "etcd_network_peer_round_trip_time_seconds",
-                "Round-Trip-Time histogram between peers",
+                "Seconds a probe takes to reach each peer and come back.",
             )
             .buckets(exponential_buckets(0.0001, 2.0, 16)?),
             &["To"],
@@ -45,22 +45,22 @@ impl PeerMetrics {
         Ok(PeerMetrics {
             sent_bytes: counter(
                 "etcd_network_peer_sent_bytes_total",
-                "The total number of bytes sent to peers.",
+                "Bytes written to each peer.",
                 "To",
             )?,
             received_bytes: counter(
                 "etcd_network_peer_received_bytes_total",
-                "The total number of bytes received from peers.",
+                "Bytes read from each peer.",
                 "From",
             )?,
             sent_failures: counter(
                 "etcd_network_peer_sent_failures_total",
-                "The total number of send failures from peers.",
+                "Failures sending messages to each peer.",
                 "To",
             )?,
             received_failures: counter(
                 "etcd_network_peer_received_failures_total",
-                "The total number of receive failures from peers.",
+                "Failures reading messages from each peer.",
                 "From",
             )?,
             round_trip,
