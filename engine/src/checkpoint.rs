@@ -14,8 +14,14 @@
 //! 16      8     body length, u64 LE
 //! 24      len   body: postcard of (applied index and term, membership with each member's
 //!               attributes, recent request IDs,
-//!               layout epoch, store meta, leases, alarms with their members, auth store)
+//!               layout epoch, store meta, leases, alarms with their members, auth store),
+//!               then, once the members have agreed versions, postcard of the agreed versions
 //! ```
+//!
+//! The agreed versions (`crate::version`) trail the body: a reader from before them (0.1)
+//! decodes the fields it knows and ignores the rest, which is how a downgraded member opens
+//! this checkpoint. Absent, they are the defaults (nothing agreed). A trailer holds only what
+//! an older reader can do without; anything it must understand is a new format version.
 //!
 //! The store meta is the revision, the compacted revision and the data files' layout (each
 //! file's id and length, in order); the records themselves are in the data files, which are
@@ -35,6 +41,7 @@ use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
+use crate::version::ClusterVersions;
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
 const VERSION: u32 = 7;
@@ -66,6 +73,9 @@ pub(crate) struct Checkpoint {
     /// Users, roles and permissions (its permission cache is rebuilt on load).
     #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
+    /// The agreed versions: the body's trailer, not one of its fields.
+    #[serde(skip)]
+    pub(crate) versions: ClusterVersions,
 }
 
 /// A version 6 body: [`Checkpoint`] with alarms that have no member (read as member 0's).
@@ -97,6 +107,7 @@ impl From<CheckpointV6> for Checkpoint {
             leases: v6.leases,
             alarms: v6.alarms,
             auth: v6.auth,
+            versions: ClusterVersions::default(),
         }
     }
 }
@@ -114,7 +125,11 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// The checkpoint's bytes: header and body.
 pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
-    let body = postcard::to_allocvec(checkpoint).map_err(|e| Error::Checkpoint(Failure::caused_by("encode", e)))?;
+    let encode_error = |e| Error::Checkpoint(Failure::caused_by("encode", e));
+    let mut body = postcard::to_allocvec(checkpoint).map_err(encode_error)?;
+    if checkpoint.versions != ClusterVersions::default() {
+        body = postcard::to_extend(&checkpoint.versions, body).map_err(encode_error)?;
+    }
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -155,7 +170,12 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
         return Err(bad("checksum mismatch"));
     }
     if version == Some(VERSION) {
-        return postcard::from_bytes(body).map_err(|e| bad(&e.to_string()));
+        let (mut checkpoint, trailer) =
+            postcard::take_from_bytes::<Checkpoint>(body).map_err(|e| bad(&e.to_string()))?;
+        if !trailer.is_empty() {
+            checkpoint.versions = postcard::from_bytes(trailer).map_err(|e| bad(&format!("versions: {e}")))?;
+        }
+        return Ok(checkpoint);
     }
     let mut v6 = body.to_vec();
     if version == Some(VERSION_NO_AUTH) {
@@ -273,6 +293,36 @@ mod tests {
             leases: Vec::new(),
             alarms: vec![(0, Alarm::NoSpace)],
             auth: crate::auth::AuthStore::default(),
+            versions: ClusterVersions::default(),
         }
+    }
+
+    #[test]
+    fn the_agreed_versions_trail_the_body_where_an_older_reader_ignores_them() {
+        use crate::version::Version;
+        let plain = sample();
+        let mut agreed = sample();
+        agreed.versions = ClusterVersions {
+            cluster: Some(Version::new(0, 2)),
+            downgrade: Some(Version::new(0, 1)),
+        };
+        // Nothing agreed: the same bytes as before versions existed.
+        let plain_bytes = encode(&plain).unwrap();
+        let body = |bytes: &[u8]| bytes[HEADER_LEN..].to_vec();
+        assert_eq!(body(&plain_bytes), postcard::to_allocvec(&plain).unwrap());
+        // Agreed: read back whole.
+        let agreed_bytes = encode(&agreed).unwrap();
+        assert_eq!(decode(&agreed_bytes, "v7").unwrap(), agreed);
+        // A reader from before versions (0.1 reads the body with postcard::from_bytes, which
+        // leaves trailing bytes alone) gets every other field.
+        let old_reader: Checkpoint = postcard::from_bytes(&body(&agreed_bytes)).unwrap();
+        assert_eq!(old_reader, plain);
+        // A damaged trailer is damage, not defaults.
+        let mut cut = agreed_bytes.clone();
+        let last = cut.len() - 1;
+        cut[last] = 0xff;
+        let crc = crc32fast::hash(&cut[HEADER_LEN..]);
+        cut[12..16].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&cut, "v7").is_err());
     }
 }

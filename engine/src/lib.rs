@@ -143,6 +143,7 @@ mod lease;
 mod mvcc;
 mod request;
 mod snapshot;
+pub mod version;
 mod watch;
 
 pub use auth::{Access, AuthChange, AuthError, AuthStore, Permission, Role, User};

@@ -62,6 +62,12 @@ pub(crate) enum Request {
         auth_revision: u64,
         request: Box<Request>,
     },
+    /// The members agreed this cluster version (`crate::version`).
+    ClusterVersion(crate::version::Version),
+    /// A downgrade to `target` is enabled, or (`None`) cancelled or done.
+    Downgrade {
+        target: Option<crate::version::Version>,
+    },
 }
 
 /// An alarm (etcd's `AlarmType`), raised for a member (etcd's `AlarmMember`: the engine keeps
@@ -98,4 +104,6 @@ pub(crate) enum Response {
     Authenticated {
         token: String,
     },
+    /// The agreed versions changed.
+    Versions,
 }

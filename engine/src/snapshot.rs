@@ -5,7 +5,9 @@
 //!              the auth store either, are read too)
 //! frames:    kind u32 LE | body length u32 LE | crc32 of the body u32 LE | body
 //!   1 meta     postcard of (applied index and term, membership with attributes, recent request IDs,
-//!              revision, compacted revision, leases, alarms with their members, auth store)
+//!              revision, compacted revision, leases, alarms with their members, auth store),
+//!              then, once the members have agreed versions, postcard of them (a trailer that
+//!              readers from before versions ignore, as in `crate::checkpoint`)
 //!   2 records  data-file records (see `backend::record`), back to back, in revision order
 //!   3 end      the number of records, u64 LE
 //! ```
@@ -24,6 +26,7 @@ use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
+use crate::version::ClusterVersions;
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
 const VERSION: u32 = 6;
@@ -56,6 +59,9 @@ pub(crate) struct SnapshotMeta {
     /// Users, roles and permissions.
     #[serde(with = "crate::format::state::auth_store")]
     pub(crate) auth: crate::auth::AuthStore,
+    /// The agreed versions: the meta's trailer, not one of its fields.
+    #[serde(skip)]
+    pub(crate) versions: ClusterVersions,
 }
 
 /// A version 5 meta: [`SnapshotMeta`] with alarms that have no member (read as member 0's).
@@ -87,6 +93,7 @@ impl From<SnapshotMetaV5> for SnapshotMeta {
             leases: v5.leases,
             alarms: v5.alarms,
             auth: v5.auth,
+            versions: ClusterVersions::default(),
         }
     }
 }
@@ -114,7 +121,11 @@ impl<'a> SnapshotWriter<'a> {
         header.extend_from_slice(&VERSION.to_le_bytes());
         w.out.write_all(&header).map_err(write_error)?;
         w.written += header.len() as u64;
-        let body = postcard::to_allocvec(meta).map_err(|e| Error::Snapshot(Failure::caused_by("encode", e)))?;
+        let encode_error = |e| Error::Snapshot(Failure::caused_by("encode", e));
+        let mut body = postcard::to_allocvec(meta).map_err(encode_error)?;
+        if meta.versions != ClusterVersions::default() {
+            body = postcard::to_extend(&meta.versions, body).map_err(encode_error)?;
+        }
         w.frame(META, &body)?;
         Ok(w)
     }
@@ -208,7 +219,12 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
         body.extend_from_slice(&crate::format::state::auth_store::empty());
     }
     let meta = if version == Some(VERSION) {
-        postcard::from_bytes::<SnapshotMeta>(&body)
+        postcard::take_from_bytes::<SnapshotMeta>(&body).and_then(|(mut meta, trailer)| {
+            if !trailer.is_empty() {
+                meta.versions = postcard::from_bytes(trailer)?;
+            }
+            Ok(meta)
+        })
     } else {
         postcard::from_bytes::<SnapshotMetaV5>(&body).map(SnapshotMeta::from)
     };

@@ -37,6 +37,7 @@ impl State {
             leases: self.lessor.records(),
             alarms: self.alarms.iter().copied().collect(),
             auth: self.auth.clone(),
+            versions: self.versions,
         };
         Ok(Encoded {
             bytes: checkpoint::encode(&c)?,

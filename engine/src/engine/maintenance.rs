@@ -132,6 +132,7 @@ fn export_state<W>(
             leases: st.lessor.records(),
             alarms: st.alarms.iter().copied().collect(),
             auth: st.auth.clone(),
+            versions: st.versions,
         };
         (meta, st.installs)
     };
@@ -323,6 +324,7 @@ impl Engine {
                 leases: imported.leases,
                 alarms: Vec::new(),
                 auth: imported.auth,
+                versions: Default::default(),
             })
         })
     }
@@ -397,6 +399,7 @@ fn restore_into(dir: &Path, fill: impl FnOnce(&mut crate::backend::Backend) -> R
         leases: meta.leases,
         alarms: meta.alarms,
         auth: meta.auth,
+        versions: meta.versions,
     };
     FileMaker::sync_files(&data_dir, &c.store.layout)?;
     checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)

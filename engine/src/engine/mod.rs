@@ -36,6 +36,7 @@ mod membership;
 mod open;
 mod propose;
 mod status;
+mod versions;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -89,6 +90,8 @@ struct State {
     alarms: std::collections::BTreeSet<(u64, Alarm)>,
     /// Users, roles and permissions.
     auth: crate::auth::AuthStore,
+    /// The versions the members agreed (`crate::version`).
+    versions: crate::version::ClusterVersions,
     /// Simple tokens, registered as their entries are applied (not persisted).
     tokens: Mutex<crate::auth::tokens::SimpleTokens>,
     /// The last log index applied. Invariant: the state is exactly the log up to here.
@@ -115,6 +118,7 @@ impl State {
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
             auth: Default::default(),
+            versions: Default::default(),
             tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
                 config.simple_token_ttl,
                 config.clock.clone(),

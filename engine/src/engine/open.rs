@@ -40,6 +40,15 @@ pub(super) fn recover(dir: &Path, config: &Config) -> Result<Recovered> {
     )?;
     let mut state = State::new(store, config);
     if let Some(c) = checkpoint {
+        let (storage, release) = (c.versions.cluster(), crate::version::Version::release());
+        if storage > release {
+            return Err(Error::Checkpoint(Failure::new(format!(
+                "the data was written by cairn {storage} (its storage version); this is cairn {}, \
+                 which cannot read it: downgrade the cluster to {release} first (etcdctl downgrade enable {release})",
+                crate::version::RELEASE
+            ))));
+        }
+        state.versions = c.versions;
         state.lessor.load(c.leases);
         state.lessor.apply_changes(&state.store.leased_keys()?);
         state.alarms = c.alarms.into_iter().collect();

@@ -180,9 +180,11 @@ impl Core {
         Ok(replica.as_ref().ok_or(Error::Closed)?.wal.clone())
     }
 
-    /// Logs `request` and queues it; the receiver gets its answer once applied.
+    /// Logs `request`, in the forms every member decodes (`crate::version`), and queues it;
+    /// the receiver gets its answer once applied.
     pub(super) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
-        let data = crate::format::entry::encode(request)?;
+        let versions = self.state.read().versions;
+        let data = crate::format::entry::encode(request, &versions)?;
         self.submit_input(|id| Input::Propose { id, data })
     }
 

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::request::Request;
+use crate::version::{ClusterVersions, Feature, Version};
 
 const FORMAT_V1: u8 = 1;
 
@@ -32,10 +33,11 @@ pub(crate) enum DecodeError {
     Invalid(String),
 }
 
-/// The entry's bytes: the format byte, then the request. A request that does not serialize is
-/// an error, never an entry that would not decode.
-pub(crate) fn encode(request: Request) -> crate::Result<Vec<u8>> {
-    postcard::to_extend(&Entry::from(request), vec![FORMAT_V1])
+/// The entry's bytes: the format byte, then the request, in the forms every member of a
+/// cluster at `versions` decodes. A request that does not serialize is an error, never an
+/// entry that would not decode.
+pub(crate) fn encode(request: Request, versions: &ClusterVersions) -> crate::Result<Vec<u8>> {
+    postcard::to_extend(&Entry::new(request, versions), vec![FORMAT_V1])
         .map_err(|e| crate::Error::Encode(crate::Failure::caused_by("a log entry", e)))
 }
 
@@ -52,7 +54,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
 
 // Format 1. Variants and fields are in their order on disk: reorder nothing, add no field. A new
 // request is a variant appended at the end (the variants before it keep their bytes), as
-// `MemberAlarm` was; what replaces a variant leaves the old one decoding.
+// `MemberAlarm` was; what replaces a variant leaves the old one decoding. A new variant is
+// written only once the cluster version allows it (a `Feature`, `Entry::new`): a member on an
+// older release would not decode it.
 
 #[derive(Serialize, Deserialize)]
 enum Entry {
@@ -100,6 +104,15 @@ enum Entry {
         activate: bool,
         member: u64,
         alarm: Alarm,
+    },
+    /// From 0.2 (`Feature::Versions`).
+    ClusterVersion {
+        major: u32,
+        minor: u32,
+    },
+    /// From 0.2 (`Feature::Versions`).
+    Downgrade {
+        target: Option<(u32, u32)>,
     },
 }
 
@@ -258,8 +271,9 @@ enum Access {
 
 // The conversions, both ways, each a move of the same fields.
 
-impl From<Request> for Entry {
-    fn from(r: Request) -> Entry {
+impl Entry {
+    /// `r` in the forms a cluster at `versions` decodes.
+    fn new(r: Request, versions: &ClusterVersions) -> Entry {
         match r {
             Request::Put(p) => Entry::Put(p.into()),
             Request::DeleteRange(d) => Entry::DeleteRange(d.into()),
@@ -274,9 +288,15 @@ impl From<Request> for Entry {
                 activate,
                 member,
                 alarm,
-            } => Entry::MemberAlarm {
+            } if versions.allows(Feature::MemberAlarm) => Entry::MemberAlarm {
                 activate,
                 member,
+                alarm: alarm.into(),
+            },
+            // Builds before 0.2 may not know `MemberAlarm`: the alarm goes without its member,
+            // and every member holds it as member 0's.
+            Request::Alarm { activate, alarm, .. } => Entry::Alarm {
+                activate,
                 alarm: alarm.into(),
             },
             Request::Auth(change) => Entry::Auth(change.into()),
@@ -291,7 +311,16 @@ impl From<Request> for Entry {
             },
             Request::Guarded { auth_revision, request } => Entry::Guarded {
                 auth_revision,
-                request: Box::new((*request).into()),
+                request: Box::new(Entry::new(*request, versions)),
+            },
+            // Proposed only once every member reports 0.2 or later (the server's version
+            // monitor), or at a cluster version that allows them.
+            Request::ClusterVersion(v) => Entry::ClusterVersion {
+                major: v.major,
+                minor: v.minor,
+            },
+            Request::Downgrade { target } => Entry::Downgrade {
+                target: target.map(|v| (v.major, v.minor)),
             },
         }
     }
@@ -336,6 +365,10 @@ impl From<Entry> for Request {
             Entry::Guarded { auth_revision, request } => Request::Guarded {
                 auth_revision,
                 request: Box::new((*request).into()),
+            },
+            Entry::ClusterVersion { major, minor } => Request::ClusterVersion(Version::new(major, minor)),
+            Entry::Downgrade { target } => Request::Downgrade {
+                target: target.map(|(major, minor)| Version::new(major, minor)),
             },
         }
     }
@@ -818,8 +851,21 @@ mod tests {
             },
         ];
         out.extend(auth.into_iter().map(Request::Auth));
+        out.extend([
+            Request::ClusterVersion(Version::new(0, 2)),
+            Request::Downgrade {
+                target: Some(Version::new(0, 1)),
+            },
+            Request::Downgrade { target: None },
+        ]);
         out
     }
+
+    /// A cluster whose members all decode every form this build writes.
+    const AGREED: ClusterVersions = ClusterVersions {
+        cluster: Some(Version::new(0, 2)),
+        downgrade: None,
+    };
 
     /// Format 1's bytes for each of [`samples`], as written before the format had its own
     /// types: every later version must write and read exactly these.
@@ -835,7 +881,7 @@ mod tests {
         let golden: Vec<&str> = GOLDEN.lines().collect();
         assert_eq!(samples.len(), golden.len());
         for (request, expected) in samples.into_iter().zip(golden) {
-            let bytes = encode(request.clone()).unwrap();
+            let bytes = encode(request.clone(), &AGREED).unwrap();
             assert_eq!(hex(&bytes), expected, "{request:?}");
             assert_eq!(decode(&bytes), Ok(request));
         }
@@ -862,6 +908,41 @@ mod tests {
         }
     }
 
+    /// Until the cluster version allows `MemberAlarm`, alarms are written as the builds before
+    /// 0.2 wrote them (member 0's); everything else is written as it always was.
+    #[test]
+    fn below_0_2_alarms_are_written_without_their_member() {
+        let unversioned = ClusterVersions::default();
+        let raise = Request::Alarm {
+            activate: true,
+            member: 0x8e9e_05c5_2164_694d,
+            alarm: api::Alarm::NoSpace,
+        };
+        let bytes = encode(raise, &unversioned).unwrap();
+        assert_eq!(hex(&bytes), "01090100");
+        let as_read = Request::Alarm {
+            activate: true,
+            member: 0,
+            alarm: api::Alarm::NoSpace,
+        };
+        assert_eq!(decode(&bytes), Ok(as_read));
+        let guarded = Request::Guarded {
+            auth_revision: 1,
+            request: Box::new(Request::Alarm {
+                activate: false,
+                member: 7,
+                alarm: api::Alarm::Corrupt,
+            }),
+        };
+        let bytes = encode(guarded, &unversioned).unwrap();
+        assert!(hex(&bytes).ends_with("090001"), "{}", hex(&bytes));
+        for request in samples() {
+            if !matches!(request, Request::Alarm { .. }) {
+                assert_eq!(encode(request.clone(), &unversioned), encode(request, &AGREED));
+            }
+        }
+    }
+
     #[test]
     fn garbage_is_refused() {
         assert_eq!(decode(&[]), Err(DecodeError::Empty));
@@ -869,7 +950,7 @@ mod tests {
         assert!(matches!(decode(&[1, 0xff, 0xff, 0xff]), Err(DecodeError::Invalid(_))));
         // Every truncation of a real entry is refused or decodes to something (never panics).
         for request in samples() {
-            let bytes = encode(request).unwrap();
+            let bytes = encode(request, &AGREED).unwrap();
             for end in 0..bytes.len() {
                 let _ = decode(&bytes[..end]);
             }

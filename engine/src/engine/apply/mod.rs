@@ -195,6 +195,7 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
     lessor.restart_clocks();
     st.lessor = lessor;
     st.alarms = meta.alarms.into_iter().collect();
+    st.versions = meta.versions;
     st.auth = meta.auth;
     // Tokens name users of the old auth store; clients authenticate again.
     st.tokens.get_mut().clear();

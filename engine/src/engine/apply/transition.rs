@@ -17,6 +17,7 @@ use crate::auth::{AuthChange, AuthError};
 use crate::error::Error;
 use crate::mvcc::index::KeyRange;
 use crate::request::{Alarm, Request, Response};
+use crate::version::Feature;
 
 /// Committed entries, in order, each with the membership change it applied, if any.
 pub(in crate::engine) type Entries = Vec<(raft::eraftpb::Entry, Option<crate::consensus::ConfApplied>)>;
@@ -194,6 +195,7 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
         membership,
         auth,
         tokens,
+        versions,
         ..
     } = state;
     if alarms.iter().any(|(_, a)| *a == Alarm::Corrupt) {
@@ -324,6 +326,27 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
             }
             apply(state, request, index)
         }
+        Request::ClusterVersion(v) => {
+            if *v != versions.cluster() {
+                tracing::info!(from = %versions.cluster(), to = %v, "the cluster version changed");
+            }
+            versions.cluster = Some(*v);
+            if !versions.allows(Feature::MemberAlarm) {
+                // From here alarms are logged without their member (member 0's): hold the
+                // raised ones that way too, so that a disarm in that form reaches them, on
+                // this release and on the older one a downgrade goes to.
+                *alarms = alarms.iter().map(|&(_, a)| (0, a)).collect();
+            }
+            Ok((Response::Versions, store.current_revision()))
+        }
+        Request::Downgrade { target } => {
+            match target {
+                Some(t) => tracing::info!(target = %t, "a downgrade is enabled"),
+                None => tracing::info!("the downgrade is over (cancelled or done)"),
+            }
+            versions.downgrade = *target;
+            Ok((Response::Versions, store.current_revision()))
+        }
     }
 }
 
@@ -341,7 +364,7 @@ mod tests {
             entry_type: EntryType::EntryNormal,
             index,
             term: 3,
-            data: crate::format::entry::encode(request).unwrap().into(),
+            data: crate::format::entry::encode(request, &Default::default()).unwrap().into(),
             context: id.to_le_bytes().to_vec().into(),
             ..Entry::default()
         };

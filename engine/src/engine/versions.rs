@@ -1,0 +1,84 @@
+//! The versions the members agree through the log (`crate::version`): what is agreed, and the
+//! proposals that change it. Deciding them (asking every member its release) is the server's:
+//! it knows the peers.
+
+use super::Engine;
+use crate::error::Result;
+use crate::request::Request;
+use crate::version::{ClusterVersions, Version};
+
+impl Engine {
+    /// The versions agreed, as applied here. Their cluster version is also the storage
+    /// version: the forms this member's state, and its next checkpoint, are written in.
+    pub fn versions(&self) -> ClusterVersions {
+        self.core.state.read().versions
+    }
+
+    /// Proposes `version` as the cluster version; returns once applied here. Propose only a
+    /// version every member runs at least (the leader's version monitor decides it), or the
+    /// target of an enabled downgrade.
+    pub fn set_cluster_version(&self, version: Version) -> Result<()> {
+        self.core.propose(Request::ClusterVersion(version)).map(|_| ())
+    }
+
+    /// Enables a downgrade to `target` (etcd's `downgrade enable`), or ends one (`None`:
+    /// cancelled, or every member runs the target); returns once applied here.
+    pub fn set_downgrade(&self, target: Option<Version>) -> Result<()> {
+        self.core.propose(Request::Downgrade { target }).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::version::{ClusterVersions, Version};
+    use crate::{Alarm, Config, Engine};
+
+    /// The agreed versions are applied, kept across a restart (in the checkpoint and in the
+    /// log's replay), and decide the form of what is proposed next.
+    #[test]
+    fn agreed_versions_survive_a_restart_and_gate_what_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        assert_eq!(engine.versions(), ClusterVersions::default());
+        engine.alarm_activate(7, Alarm::NoSpace).unwrap();
+        // Below 0.2 the alarm is logged without its member: every member holds it as 0's.
+        assert_eq!(engine.alarms(), vec![(0, Alarm::NoSpace)]);
+        engine.alarm_disarm(7, Alarm::NoSpace).unwrap();
+        assert_eq!(engine.alarms(), vec![]);
+        engine.set_cluster_version(Version::new(0, 2)).unwrap();
+        engine.alarm_activate(7, Alarm::NoSpace).unwrap();
+        assert_eq!(engine.alarms(), vec![(7, Alarm::NoSpace)]);
+        engine.set_downgrade(Some(Version::new(0, 1))).unwrap();
+        let agreed = ClusterVersions {
+            cluster: Some(Version::new(0, 2)),
+            downgrade: Some(Version::new(0, 1)),
+        };
+        assert_eq!(engine.versions(), agreed);
+        engine.close().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        assert_eq!(engine.versions(), agreed);
+        engine.set_cluster_version(Version::new(0, 1)).unwrap();
+        engine.set_downgrade(None).unwrap();
+        engine.alarm_disarm(7, Alarm::NoSpace).unwrap();
+        engine.alarm_activate(9, Alarm::Corrupt).unwrap();
+        assert_eq!(engine.alarms(), vec![(0, Alarm::Corrupt)]);
+        engine.close().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        assert_eq!(engine.versions().cluster(), Version::new(0, 1));
+        assert_eq!(engine.versions().downgrade, None);
+        engine.close().unwrap();
+    }
+
+    /// A data directory whose storage version is above this build's release is refused with
+    /// what to do, not misread.
+    #[test]
+    fn data_from_a_newer_release_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        let newer = Version::new(Version::release().major, Version::release().minor + 1);
+        engine.set_cluster_version(newer).unwrap();
+        engine.close().unwrap();
+        let e = Engine::open(dir.path(), Config::default()).unwrap_err().to_string();
+        assert!(e.contains("downgrade the cluster"), "{e}");
+    }
+}
