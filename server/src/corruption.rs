@@ -34,7 +34,6 @@ use tonic::{Code, Status};
 
 use crate::node::Node;
 use crate::pb::peer as pb;
-use crate::pb::peer::peer_client::PeerClient;
 use crate::tls::Connector;
 
 /// The checks the flags turn on ([`crate::flags::Compat::corruption_checks`]).
@@ -90,44 +89,13 @@ type Answer = Result<pb::HashResponse, Status>;
 /// Asks every other member for its hash at `revision` (of its history, or kept at that
 /// compaction), all at once.
 async fn ask_peers(node: &Node, connector: &Connector, revision: i64, compaction: bool) -> Vec<(u64, Answer)> {
-    // etcd's bound too: a partitioned peer must not hold a starting member back for long.
-    let patience = node.engine.request_timeout();
-    let mut asking = tokio::task::JoinSet::new();
-    for member in node.engine.member_list() {
-        if member.id == node.member_id {
-            continue;
-        }
-        let connector = connector.clone();
-        asking.spawn(async move {
-            let mut answer = Err(Status::unavailable("the member has no peer URL"));
-            for url in &member.peer_urls {
-                let asked = async {
-                    let channel = connector.channel(url).await.map_err(Status::unavailable)?;
-                    PeerClient::new(channel)
-                        .hash(pb::HashRequest { revision, compaction })
-                        .await
-                        .map(tonic::Response::into_inner)
-                };
-                answer = match tokio::time::timeout(patience, asked).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(Status::deadline_exceeded(format!(
-                        "{url}: no answer within {patience:?}"
-                    ))),
-                };
-                if answer.is_ok() {
-                    break;
-                }
-            }
-            (member.id, answer)
-        });
-    }
-    let mut answers = Vec::new();
-    while let Some(done) = asking.join_next().await {
-        if let Ok(answer) = done {
-            answers.push(answer);
-        }
-    }
-    answers
+    crate::peer::ask_every_peer(node, connector, move |mut client| async move {
+        client
+            .hash(pb::HashRequest { revision, compaction })
+            .await
+            .map(tonic::Response::into_inner)
+    })
+    .await
 }
 
 /// The members whose hash differs from the one more than half of them hold; member 0 (any)

@@ -192,8 +192,19 @@ async fn one_check(node: &Arc<Node>, checks: &[&str], name: &str, params: &[(Str
     }
 }
 
-async fn version() -> Response {
-    Json(serde_json::json!({ "etcdserver": API_VERSION, "etcdcluster": API_VERSION })).into_response()
+/// etcd's `/version` (the etcd API served, which clients check), and beside it cairn's own
+/// versions: this build's release, the agreed cluster version and the storage version
+/// (`cairn_engine::version`).
+async fn version(State(h): State<Http>) -> Response {
+    let agreed = h.node.engine.versions();
+    Json(serde_json::json!({
+        "etcdserver": API_VERSION,
+        "etcdcluster": API_VERSION,
+        "cairn": cairn_engine::version::RELEASE,
+        "cairncluster": agreed.cluster().to_string(),
+        "cairnstorage": agreed.cluster().to_string(),
+    }))
+    .into_response()
 }
 
 async fn metrics_text(State(h): State<Http>) -> Response {

@@ -34,3 +34,4 @@ pub mod systemd;
 pub mod tls;
 pub mod tracing_export;
 pub mod validate;
+pub mod versions;

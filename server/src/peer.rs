@@ -544,6 +544,14 @@ impl Peer for PeerService {
             members,
         }))
     }
+    async fn version(&self, _request: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
+        let engine = self.engine()?;
+        Ok(Response::new(pb::VersionResponse {
+            member_id: engine.member_id(),
+            release: cairn_engine::version::RELEASE.to_string(),
+        }))
+    }
+
     async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
         let engine = self.engine()?;
         let request = request.into_inner();
@@ -575,6 +583,56 @@ impl Peer for PeerService {
             compact_revision: hash.compact_revision,
         }))
     }
+}
+
+/// Asks every other member one question (`ask`, given a client of its peer URL) all at
+/// once, each within the engine's request timeout (etcd's bound too: a partitioned peer must
+/// not hold anyone back for long). A member with several peer URLs is asked at the next one
+/// if one fails.
+pub async fn ask_every_peer<T, F, Fut>(
+    node: &crate::node::Node,
+    connector: &Connector,
+    ask: F,
+) -> Vec<(u64, Result<T, Status>)>
+where
+    T: Send + 'static,
+    F: Fn(PeerClient<tonic::transport::Channel>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<T, Status>> + Send,
+{
+    let patience = node.engine.request_timeout();
+    let mut asking = tokio::task::JoinSet::new();
+    for member in node.engine.member_list() {
+        if member.id == node.member_id {
+            continue;
+        }
+        let (connector, ask) = (connector.clone(), ask.clone());
+        asking.spawn(async move {
+            let mut answer = Err(Status::unavailable("the member has no peer URL"));
+            for url in &member.peer_urls {
+                let asked = async {
+                    let channel = connector.channel(url).await.map_err(Status::unavailable)?;
+                    ask(PeerClient::new(channel)).await
+                };
+                answer = match tokio::time::timeout(patience, asked).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(Status::deadline_exceeded(format!(
+                        "{url}: no answer within {patience:?}"
+                    ))),
+                };
+                if answer.is_ok() {
+                    break;
+                }
+            }
+            (member.id, answer)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = asking.join_next().await {
+        if let Ok(answer) = done {
+            answers.push(answer);
+        }
+    }
+    answers
 }
 
 /// Asks the members at `peers` who the member at `my_peer_urls` is: its ID (given by `member

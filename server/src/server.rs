@@ -89,6 +89,8 @@ struct Plan {
     peer_tls: Option<Tls>,
     /// The corruption checks asked for.
     checks: crate::corruption::Checks,
+    /// How often the leader asks the members' releases (--downgrade-check-time).
+    version_checks: Duration,
     /// `--listen-client-http-urls`: when any, the client URLs serve gRPC alone.
     client_http_urls: Vec<String>,
     /// `--enable-grpc-gateway`.
@@ -275,6 +277,7 @@ fn plan(f: &Flags, found: Option<&crate::discovery::Found>) -> Result<Plan, Serv
         client_tls,
         peer_tls,
         checks: f.compat.corruption_checks()?,
+        version_checks: f.compat.downgrade_check_time()?,
         client_http_urls,
         gateway: f.transport.enable_grpc_gateway,
         pprof: f.observability.enable_pprof,
@@ -295,6 +298,7 @@ fn log_settings(f: &Flags, plan: &Plan) {
     let c = &plan.config;
     tracing::info!(
         cairn_version = env!("CARGO_PKG_VERSION"),
+        etcd_api_version = crate::node::API_VERSION,
         name = %f.name,
         data_dir = %plan.dir.display(),
         wal_dir = %c.wal_dir.as_ref().map_or(String::new(), |d| d.display().to_string()),
@@ -798,6 +802,11 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
                 crate::promoter::run(promoting, every).await;
             }
         }),
+        tokio::spawn(crate::versions::run(
+            node.clone(),
+            peer_connector.clone(),
+            plan.version_checks,
+        )),
         tokio::spawn(crate::corruption::run(node.clone(), peer_connector, plan.checks, kept)),
     ];
     let http_only = crate::http::router(node.clone(), metrics.clone());
@@ -815,6 +824,9 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         cluster = format_args!("{:x}", cluster.get()),
         clients = ?plan.client_urls,
         data_dir = %plan.dir.display(),
+        release = cairn_engine::version::RELEASE,
+        cluster_version = %engine.versions().cluster(),
+        storage_version = %engine.versions().cluster(),
         "serving"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

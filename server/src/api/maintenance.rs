@@ -105,6 +105,7 @@ impl Maintenance for MaintenanceService {
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let e = &self.node.engine;
         let raft = e.raft_status();
+        let versions = e.versions();
         let errors = e
             .alarms()
             .into_iter()
@@ -121,9 +122,13 @@ impl Maintenance for MaintenanceService {
             errors,
             db_size_in_use: i64::try_from(e.size_in_use()).unwrap_or(i64::MAX),
             is_learner: raft.is_learner,
-            storage_version: API_VERSION.to_string(),
+            // cairn's own: the forms its data is written in (`cairn_engine::version`).
+            storage_version: full(versions.cluster()),
             db_size_quota: i64::try_from(self.node.limits.quota_backend_bytes).unwrap_or(i64::MAX),
-            downgrade_info: Some(pb::DowngradeInfo::default()),
+            downgrade_info: Some(pb::DowngradeInfo {
+                enabled: versions.downgrade.is_some(),
+                target_version: versions.downgrade.map(full).unwrap_or_default(),
+            }),
         }))
     }
 
@@ -212,11 +217,39 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        use crate::versions::{validate, Refusal};
+        use pb::downgrade_request::DowngradeAction;
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
-        Err(Status::unimplemented(
-            "cairn does not downgrade: there is one storage version",
-        ))
+        let request = request.into_inner();
+        let agreed = self.node.engine.versions();
+        match DowngradeAction::try_from(request.action) {
+            Ok(DowngradeAction::Validate) => {
+                validate(&agreed, &request.version).map_err(|r| r.status())?;
+            }
+            Ok(DowngradeAction::Enable) => {
+                let target = validate(&agreed, &request.version).map_err(|r| r.status())?;
+                tracing::info!(target = %target, "enabling a downgrade");
+                self.node.blocking(move |e| e.set_downgrade(Some(target))).await?;
+            }
+            Ok(DowngradeAction::Cancel) => {
+                if agreed.downgrade.is_none() {
+                    return Err(Refusal::NoneInProgress.status());
+                }
+                tracing::info!("cancelling the downgrade");
+                self.node.blocking(|e| e.set_downgrade(None)).await?;
+            }
+            Err(_) => return Err(Status::invalid_argument("etcdserver: unknown downgrade action")),
+        }
+        Ok(Response::new(pb::DowngradeResponse {
+            header: Some(self.node.current_header()),
+            version: full(agreed.cluster()),
+        }))
     }
+}
+
+/// A release line as etcd writes versions in Status and Downgrade answers: `0.2.0`.
+fn full(v: cairn_engine::version::Version) -> String {
+    format!("{v}.0")
 }
 
 /// A snapshot of `engine` in etcd's format, in a file of its own beside the data (unlinked at

@@ -96,8 +96,8 @@ pub struct Compat {
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACT_HASH_CHECK_TIME", hide = true)]
     pub experimental_compact_hash_check_time: Option<String>,
 
-    /// Durations: --warning-apply-duration, and those of what cairn does not have (bbolt
-    /// compaction pacing, unary request warnings).
+    /// Durations: --warning-apply-duration, --downgrade-check-time, and those of what cairn
+    /// does not have (bbolt compaction pacing, unary request warnings).
     #[arg(long, env = "ETCD_EXPERIMENTAL_COMPACTION_SLEEP_INTERVAL", hide = true)]
     pub experimental_compaction_sleep_interval: Option<String>,
     #[arg(long, env = "ETCD_COMPACTION_SLEEP_INTERVAL", hide = true)]
@@ -170,6 +170,16 @@ impl Compat {
             (Some(v), _) => go_duration("warning-apply-duration", v),
             (None, Some(v)) => go_duration("experimental-warning-apply-duration", v),
             (None, None) => Ok(Duration::from_millis(100)),
+        }
+    }
+
+    /// How often the leader asks the members their release, to raise the cluster version and
+    /// follow a downgrade (`crate::versions`; etcd's default, 5 s).
+    pub fn downgrade_check_time(&self) -> Result<Duration, BadFlag> {
+        match (&self.downgrade_check_time, &self.experimental_downgrade_check_time) {
+            (Some(v), _) => go_duration("downgrade-check-time", v),
+            (None, Some(v)) => go_duration("experimental-downgrade-check-time", v),
+            (None, None) => Ok(crate::versions::EVERY),
         }
     }
 
@@ -249,6 +259,7 @@ impl Compat {
     pub fn check(&self) -> Result<(), BadFlag> {
         self.watch_progress_interval()?;
         self.warning_apply_duration()?;
+        self.downgrade_check_time()?;
         self.corruption_checks()?;
         for (name, on) in self.feature_gates()? {
             if EFFECTIVE_GATES.contains(&name) {
@@ -263,11 +274,6 @@ impl Compat {
                 &self.experimental_compaction_sleep_interval,
             ),
             ("compaction-sleep-interval", &self.compaction_sleep_interval),
-            (
-                "experimental-downgrade-check-time",
-                &self.experimental_downgrade_check_time,
-            ),
-            ("downgrade-check-time", &self.downgrade_check_time),
             (
                 "experimental-warning-unary-request-duration",
                 &self.experimental_warning_unary_request_duration,

@@ -43,6 +43,8 @@ pub struct Member {
     pub metrics_port: u16,
     /// Flags beyond the name, data directory and URLs, given again on a restart.
     extra: Vec<String>,
+    /// The `cairn` binary it runs: this build's, or an earlier release's (tests/upgrade).
+    binary: PathBuf,
     log: PathBuf,
     child: Option<Child>,
     /// Holds the data directory and the log; deleted last.
@@ -105,8 +107,23 @@ impl Member {
     /// healthy. `prepare(data_dir, name, initial_cluster)` runs first for each member, on a data
     /// directory that does not exist yet (to restore a snapshot into it, say).
     pub fn start_cluster(names: &[&str], extra: &[&str], prepare: impl Fn(&Path, &str, &str)) -> Vec<Member> {
+        let own = Path::new(env!("CARGO_BIN_EXE_cairn"));
+        let members: Vec<(&str, &Path, &[&str])> = names.iter().map(|n| (*n, own, extra)).collect();
+        Member::start_cluster_of(&members, prepare)
+    }
+
+    /// Like [`Member::start_cluster`], each member `(name, binary, extra flags)` with a binary
+    /// and flags of its own.
+    pub fn start_cluster_of(members: &[(&str, &Path, &[&str])], prepare: impl Fn(&Path, &str, &str)) -> Vec<Member> {
         for attempt in 1..=START_ATTEMPTS {
-            let mut members: Vec<Member> = names.iter().map(|name| Member::new(name, extra, false)).collect();
+            let mut members: Vec<Member> = members
+                .iter()
+                .map(|(name, binary, extra)| {
+                    let mut m = Member::new(name, extra, false);
+                    m.binary = binary.to_path_buf();
+                    m
+                })
+                .collect();
             for m in &mut members {
                 (m.client_port, m.peer_port) = free_ports();
             }
@@ -148,10 +165,18 @@ impl Member {
             https,
             metrics_port: 0,
             extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_cairn")),
             log: root.path().join(format!("{name}.log")),
             child: None,
             _root: root,
         }
+    }
+
+    /// Starts the member again as [`Member::restart`] does, running `binary` from now on (an
+    /// upgrade, or a downgrade).
+    pub fn restart_as(&mut self, binary: &Path) {
+        self.binary = binary.to_path_buf();
+        self.restart();
     }
 
     /// Starts the member again on the same data directory and ports (its peer URL is part of
@@ -175,7 +200,7 @@ impl Member {
             .unwrap();
         // What this attempt logs starts here.
         let logged_before = self.log_text().len();
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let child = Command::new(&self.binary)
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&self.data_dir)

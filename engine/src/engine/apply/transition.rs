@@ -364,7 +364,9 @@ mod tests {
             entry_type: EntryType::EntryNormal,
             index,
             term: 3,
-            data: crate::format::entry::encode(request, &Default::default()).unwrap().into(),
+            data: crate::format::entry::encode(request, &Default::default())
+                .unwrap()
+                .into(),
             context: id.to_le_bytes().to_vec().into(),
             ..Entry::default()
         };
