@@ -331,6 +331,7 @@ impl Engine {
             let thread = open::spawn("cairn-lease-check", move || checker_loop(core, stop_rx, every))?;
             *engine.checker.lock() = Some((stop_tx, thread));
         }
+        engine.agree_alone();
         Ok(engine)
     }
 

@@ -5,9 +5,28 @@
 use super::Engine;
 use crate::error::Result;
 use crate::request::Request;
-use crate::version::{ClusterVersions, Version};
+use crate::version::{ClusterVersions, Feature, Version};
 
 impl Engine {
+    /// A group of one runs one release: its cluster version is that release's line, agreed as
+    /// soon as it opens. (A bigger group's is decided by the server's version monitor, which
+    /// can ask the peers; an application running one through a [`crate::Transport`] of its
+    /// own agrees it with [`Engine::set_cluster_version`].)
+    pub(super) fn agree_alone(&self) {
+        let release = Version::release();
+        let (alone, agreed) = {
+            let st = self.core.state.read();
+            let m = &st.membership;
+            let alone = m.voters == [self.core.member_id] && m.learners.is_empty() && m.voters_outgoing.is_empty();
+            (alone, st.versions)
+        };
+        if alone && agreed.downgrade.is_none() && agreed.cluster() < release && release >= Feature::Versions.since() {
+            if let Err(e) = self.set_cluster_version(release) {
+                tracing::warn!(error = %e, "cannot agree the cluster version of a group of one");
+            }
+        }
+    }
+
     /// The versions agreed, as applied here. Their cluster version is also the storage
     /// version: the forms this member's state, and its next checkpoint, are written in.
     pub fn versions(&self) -> ClusterVersions {
@@ -39,7 +58,9 @@ mod tests {
     fn agreed_versions_survive_a_restart_and_gate_what_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
-        assert_eq!(engine.versions(), ClusterVersions::default());
+        // A group of one agrees its own release at once.
+        assert_eq!(engine.versions().cluster(), Version::release());
+        engine.set_cluster_version(Version::new(0, 1)).unwrap();
         engine.alarm_activate(7, Alarm::NoSpace).unwrap();
         // Below 0.2 the alarm is logged without its member: every member holds it as 0's.
         assert_eq!(engine.alarms(), vec![(0, Alarm::NoSpace)]);
@@ -63,8 +84,9 @@ mod tests {
         engine.alarm_activate(9, Alarm::Corrupt).unwrap();
         assert_eq!(engine.alarms(), vec![(0, Alarm::Corrupt)]);
         engine.close().unwrap();
+        // Reopened alone with no downgrade in progress, it agrees its release again.
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
-        assert_eq!(engine.versions().cluster(), Version::new(0, 1));
+        assert_eq!(engine.versions().cluster(), Version::release());
         assert_eq!(engine.versions().downgrade, None);
         engine.close().unwrap();
     }
