@@ -45,6 +45,7 @@ step "etcd 3.7 from its Go modules (tests/etcd-3.7, into target/etcd-3.7; the au
 tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
 
 step "earlier builds of cairn, from this repository's history, for the mixed-version tests (tests/upgrade)"
+tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)"
 tests/upgrade/build.sh 14077359cdbc64eb02daeeb576afb2b0fd6d7a5c
 
 step "cargo fmt --check"

@@ -30,6 +30,9 @@ use crate::tls::Connector;
 /// for it; its version monitor runs every 4 s).
 pub const EVERY: Duration = Duration::from_secs(5);
 
+/// How often the leader asks until every member has answered once.
+const FIRST: Duration = Duration::from_millis(500);
+
 /// What the leader should propose, given the agreed versions and each member's release line
 /// (`None` for one that did not answer).
 #[derive(Debug, PartialEq, Eq)]
@@ -101,17 +104,19 @@ async fn ask_members(node: &Node, connector: &Connector) -> Vec<(u64, Option<Ver
     members
 }
 
-/// The leader's rounds, `every` so often, until the task is dropped.
+/// The leader's rounds, `every` so often, until the task is dropped. Until a round has found
+/// every member answering, they come every [`FIRST`]: a new cluster agrees its version within
+/// a second or two of electing its leader.
 pub async fn run(node: Arc<Node>, connector: Connector, every: Duration) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = Vec::new();
+    let mut all_answered = false;
     loop {
-        ticks.tick().await;
+        tokio::time::sleep(if all_answered { every } else { FIRST.min(every) }).await;
         if node.engine.leader() != Some(node.member_id) {
             continue;
         }
         let members = ask_members(&node, &connector).await;
+        all_answered = members.iter().all(|(_, v)| v.is_some());
         let agreed = node.engine.versions();
         match decide(&agreed, &members) {
             Decision::Keep => warned.clear(),

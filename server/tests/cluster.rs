@@ -1223,6 +1223,16 @@ fn diverged_follower(root: &Path, extra: &[&str], compact: bool) -> (Vec<Member>
     }
     for m in &members {
         wait_value(m, "filler", "29");
+        // Alarms name their member once the cluster version is 0.2 (before, they are member
+        // 0's, and CORRUPT would stop reads everywhere): wait until the members agreed it.
+        let deadline = Instant::now() + PATIENCE;
+        while !m
+            .http_get("/version")
+            .is_some_and(|(_, v)| v.contains(r#""cairncluster":"0.2""#))
+        {
+            assert!(Instant::now() < deadline, "{}: no cluster version 0.2", m.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     let ids: Vec<String> = members.iter().map(member_id).collect();
     let leader = ids.iter().position(|id| *id == leader_of(&members[0])).unwrap();

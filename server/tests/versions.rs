@@ -275,7 +275,11 @@ fn a_cluster_upgrades_from_the_previous_release_and_downgrades_back() {
     let previous = previous_release();
     let none: &[&str] = &[];
     let mut members = Member::start_cluster_of(
-        &[("p1", &previous, none), ("p2", &previous, none), ("p3", &previous, none)],
+        &[
+            ("p1", &previous, none),
+            ("p2", &previous, none),
+            ("p3", &previous, none),
+        ],
         |_, _, _| {},
     );
     let mut written = 0;
