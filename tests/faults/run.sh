@@ -29,3 +29,9 @@ faults="$root/target/debug/faults"
 # docs/reliability.md gives, not a fault of the harness.
 "$faults" --binary "$root/target/debug/cairn" --label cairn --subnet 1 --workdir /tmp/cairn-faults --disk-mb 1024 "$@"
 "$faults" --binary "$root/target/etcd-3.5/etcd" --label "etcd 3.5.1" --subnet 2 --workdir /tmp/etcd-faults "$@"
+# A rolling upgrade from the previous release (tests/upgrade/PREVIOUS) and the downgrade back,
+# under the same faults and checks.
+previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
+"$faults" --binary "$root/target/debug/cairn" --upgrade-from "$previous" --downgrade \
+    --label "cairn, upgraded from $(cat tests/upgrade/PREVIOUS | cut -c1-10) and downgraded back" \
+    --subnet 3 --workdir /tmp/cairn-upgrade "$@"

@@ -18,6 +18,8 @@ pub struct Member {
     pub dir: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// The binary it runs, when not the cluster's (a member swapped by an upgrade).
+    binary: Option<PathBuf>,
 }
 
 /// The cluster under test.
@@ -48,6 +50,7 @@ impl Cluster {
                 dir: root.join(format!("m{i}")),
                 child: None,
                 paused: false,
+                binary: None,
             })
             .collect();
         // Frequent snapshots and a short catch-up margin: a member down for a few seconds of
@@ -122,7 +125,7 @@ impl Cluster {
         let peer = format!("http://{address}:2380");
         let child = Command::new("ip")
             .args(["netns", "exec", &self.net.namespace(i)])
-            .arg(&self.binary)
+            .arg(member.binary.as_ref().unwrap_or(&self.binary))
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(member.dir.join("data"))
@@ -183,6 +186,30 @@ impl Cluster {
             let _ = child.wait();
         }
         self.members[i].paused = false;
+    }
+
+    /// Stops member `i` as an operator does before an upgrade (SIGTERM, and a wait for it to
+    /// exit), then starts it from its data directory running `binary`, and waits until it is
+    /// healthy.
+    pub fn swap(&mut self, i: usize, binary: &Path) -> Result<(), String> {
+        if self.members[i].paused {
+            self.pause(i, false);
+        }
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{} did not stop within 30 s of SIGTERM", self.members[i].name));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.members[i].binary = Some(binary.to_path_buf());
+        self.spawn(i)?;
+        self.wait_healthy(i, Duration::from_secs(60))
     }
 
     /// Starts member `i` again from its data directory.

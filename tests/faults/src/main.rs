@@ -20,6 +20,7 @@ mod cluster;
 mod lease;
 mod nemesis;
 mod net;
+mod upgrade;
 mod watch;
 mod workload;
 
@@ -81,6 +82,13 @@ struct Args {
     /// (0: never).
     #[arg(long, default_value_t = 10)]
     compact_seconds: u64,
+    /// A rolling upgrade under the faults: the members start on this (older) build and are
+    /// swapped for `--binary` one at a time (tests/faults/src/upgrade.rs).
+    #[arg(long)]
+    upgrade_from: Option<PathBuf>,
+    /// With --upgrade-from: then the downgrade back to the older build, as etcd 3.6 does it.
+    #[arg(long, requires = "upgrade_from")]
+    downgrade: bool,
 }
 
 fn main() {
@@ -130,6 +138,8 @@ struct Report {
     chores: chores::Chores,
     /// The alarms raised once healed: (member, alarm).
     alarms: Result<Vec<(u64, String)>, String>,
+    /// The upgrade's and downgrade's steps, as taken (`--upgrade-from`).
+    upgrade: Vec<String>,
 }
 
 impl Report {
@@ -175,6 +185,9 @@ impl std::fmt::Display for Report {
             "== faults: {} ({} members, {} s of faults, seed {})",
             self.label, self.members, self.seconds, self.seed
         )?;
+        for step in &self.upgrade {
+            writeln!(f, "upgrade: {step}")?;
+        }
         let total: usize = self.injected.values().sum();
         writeln!(f, "faults injected: {total}")?;
         for (kind, count) in &self.injected {
@@ -285,7 +298,8 @@ async fn run(args: &Args) -> Result<Report, String> {
     std::fs::create_dir_all(&args.workdir).map_err(|e| format!("{}: {e}", args.workdir.display()))?;
     let net = net::Net::new(&format!("cf{}", args.subnet), args.subnet, args.members)?;
     let disk = (args.disk_mb > 0).then_some(args.disk_mb);
-    let mut cluster = cluster::Cluster::start(&args.binary, net, args.members, &args.workdir, disk)?;
+    let first = args.upgrade_from.as_ref().unwrap_or(&args.binary);
+    let mut cluster = cluster::Cluster::start(first, net, args.members, &args.workdir, disk)?;
     let channels: Vec<Channel> = (0..args.members)
         .map(|i| {
             Endpoint::from_shared(cluster.client_url(i))
@@ -355,7 +369,21 @@ async fn run(args: &Args) -> Result<Report, String> {
     let mut injected = nemesis::Injected::new();
     let mut stalled = Vec::new();
     let until = Instant::now() + Duration::from_secs(args.seconds);
-    while Instant::now() < until {
+    let mut upgrade = match &args.upgrade_from {
+        Some(old) => Some(upgrade::Plan::new(
+            Instant::now(),
+            args.seconds,
+            args.members,
+            args.downgrade,
+            old,
+            &args.binary,
+        )?),
+        None => None,
+    };
+    while Instant::now() < until || upgrade.as_ref().is_some_and(|u| !u.finished()) {
+        if let Some(plan) = upgrade.as_mut() {
+            plan.step_if_due(&mut cluster, &channels).await?;
+        }
         let kind = nemesis::one_fault(&mut cluster, &channels, &mut rng, &mut stalled).await?;
         *injected.entry(kind).or_default() += 1;
         let gap = Duration::from_millis(rand::Rng::random_range(&mut rng, 500..2000));
@@ -418,6 +446,7 @@ async fn run(args: &Args) -> Result<Report, String> {
         stalled,
         chores,
         alarms,
+        upgrade: upgrade.map(|u| u.log).unwrap_or_default(),
     })
 }
 
