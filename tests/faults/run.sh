@@ -33,5 +33,5 @@ faults="$root/target/debug/faults"
 # under the same faults and checks.
 previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
 "$faults" --binary "$root/target/debug/cairn" --upgrade-from "$previous" --downgrade \
-    --label "cairn, upgraded from $(cat tests/upgrade/PREVIOUS | cut -c1-10) and downgraded back" \
+    --label "cairn, upgraded from $(cut -c1-10 tests/upgrade/PREVIOUS) and downgraded back" \
     --subnet 3 --workdir /tmp/cairn-upgrade "$@"
