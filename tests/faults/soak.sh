@@ -6,6 +6,9 @@
 #
 #   tests/faults/soak.sh [seconds per member count, default 1800] [seed, default 1]
 #   MEMBERS=3 tests/faults/soak.sh 900     # three members only
+#   MIXED=1 tests/faults/soak.sh 1800      # instead: three cairn members alternating between
+#                                          # the previous release and this one (an upgrade and
+#                                          # a downgrade every 90 s), under the same faults
 #
 # Clients move to new keys every 10 s (--epoch-seconds), so that each key's history stays short
 # enough for the linearizability search: with 30 s it gave up (Unknown) on a key of an
@@ -26,6 +29,16 @@ cargo build --release -p cairn-server --bin cairn -p cairn-faults --bin faults -
 faults="$root/target/release/faults"
 out="$root/target/faults-soak"
 mkdir -p "$out"
+if [ -n "${MIXED:-}" ]; then
+    # The previous release as tests/upgrade/build.sh builds it (unoptimised).
+    previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
+    "$faults" --binary "$root/target/release/cairn" --upgrade-from "$previous" --downgrade \
+        --cycles $((seconds / 90)) --label "cairn-mixed-3" --members 3 --seconds "$seconds" --seed "$seed" \
+        --epoch-seconds 10 --subnet 1 --workdir /tmp/cairn-soak --disk-mb 8192 > "$out/cairn-mixed-3.txt" 2>&1
+    status=$?
+    tail -n 40 "$out/cairn-mixed-3.txt"
+    exit $status
+fi
 status=0
 for members in ${MEMBERS:-3 5}; do
     "$faults" --binary "$root/target/release/cairn" --label "cairn-$members" --members "$members" \

@@ -89,6 +89,10 @@ struct Args {
     /// With --upgrade-from: then the downgrade back to the older build, as etcd 3.6 does it.
     #[arg(long, requires = "upgrade_from")]
     downgrade: bool,
+    /// With --upgrade-from: the upgrade (and downgrade) this many times over, spread over the
+    /// run: members alternating between the two releases (tests/faults/soak.sh's mixed run).
+    #[arg(long, default_value_t = 1, requires = "upgrade_from")]
+    cycles: usize,
 }
 
 fn main() {
@@ -374,7 +378,7 @@ async fn run(args: &Args) -> Result<Report, String> {
             Instant::now(),
             args.seconds,
             args.members,
-            args.downgrade,
+            (args.downgrade, args.cycles),
             old,
             &args.binary,
         )?),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cairn_server::pb::etcdserverpb::downgrade_request::DowngradeAction;
 use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
-use cairn_server::pb::etcdserverpb::DowngradeRequest;
+use cairn_server::pb::etcdserverpb::{DowngradeRequest, StatusRequest};
 use tonic::transport::Channel;
 
 use crate::cluster::{http_get, Cluster};
@@ -65,19 +65,23 @@ fn release_line(binary: &Path) -> Result<String, String> {
 }
 
 impl Plan {
-    /// The steps for `members` members, spread evenly over `seconds` from `start`.
+    /// The steps for `members` members, `cycles` times over (each an upgrade, then with
+    /// `downgrade` the downgrade back), spread evenly over `seconds` from `start`.
     pub fn new(
         start: Instant,
         seconds: u64,
         members: usize,
-        downgrade: bool,
+        (downgrade, cycles): (bool, usize),
         old: &Path,
         new: &Path,
     ) -> Result<Plan, String> {
-        let mut kinds = vec![Step::Upgrade; members];
-        if downgrade {
-            kinds.push(Step::EnableDowngrade);
-            kinds.extend(vec![Step::Downgrade; members]);
+        let mut kinds = Vec::new();
+        for _ in 0..cycles.max(1) {
+            kinds.extend(vec![Step::Upgrade; members]);
+            if downgrade {
+                kinds.push(Step::EnableDowngrade);
+                kinds.extend(vec![Step::Downgrade; members]);
+            }
         }
         let gap = Duration::from_secs(seconds) / u32::try_from(kinds.len() + 1).unwrap_or(u32::MAX);
         let steps = kinds
@@ -137,9 +141,16 @@ impl Plan {
                 self.log.push(format!("{at:.1} s: m{i} downgraded{}", lead(leader, i)));
             }
             Step::EnableDowngrade => {
+                // A downgrade to 0.1 that finished is still enabled in a member's state if no
+                // checkpoint was written since (0.1 cannot end it, nor write the agreed
+                // versions): as docs/operations.md says, the operator cancels it.
+                if downgrade_enabled(channels).await {
+                    downgrade_action(channels, DowngradeAction::Cancel, "").await?;
+                    self.log.push(format!("{at:.1} s: the finished downgrade cancelled"));
+                }
                 // Every member runs the new build: the cluster version rises first.
                 let risen = await_cluster_version(cluster, |v| v != self.target.as_str()).await?;
-                enable_downgrade(channels, &self.target).await?;
+                downgrade_action(channels, DowngradeAction::Enable, &self.target).await?;
                 await_cluster_version(cluster, |v| v == self.target.as_str()).await?;
                 self.log.push(format!(
                     "{at:.1} s: cluster version {risen}, downgrade to {} enabled and the cluster version lowered ({:.1} s later)",
@@ -189,14 +200,26 @@ async fn await_cluster_version(cluster: &mut Cluster, wanted: impl Fn(&str) -> b
     }
 }
 
-/// Maintenance.Downgrade ENABLE to `target`, through the first member that takes it.
-async fn enable_downgrade(channels: &[Channel], target: &str) -> Result<(), String> {
+/// Whether any member's Status says a downgrade is enabled (members that checkpointed under
+/// 0.1 forgot it; one that did not still holds it).
+async fn downgrade_enabled(channels: &[Channel]) -> bool {
+    for channel in channels {
+        let status = MaintenanceClient::new(channel.clone()).status(StatusRequest {}).await;
+        if status.is_ok_and(|s| s.into_inner().downgrade_info.is_some_and(|d| d.enabled)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Maintenance.Downgrade `action` (to `target`), through the first member that takes it.
+async fn downgrade_action(channels: &[Channel], action: DowngradeAction, target: &str) -> Result<(), String> {
     let deadline = Instant::now() + AGREEMENT;
     loop {
         let mut last = String::new();
         for channel in channels {
             let request = DowngradeRequest {
-                action: DowngradeAction::Enable.into(),
+                action: action.into(),
                 version: target.to_string(),
             };
             match MaintenanceClient::new(channel.clone()).downgrade(request).await {
@@ -205,7 +228,7 @@ async fn enable_downgrade(channels: &[Channel], target: &str) -> Result<(), Stri
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("cannot enable the downgrade to {target}: {last}"));
+            return Err(format!("downgrade {action:?} {target}: {last}"));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
