@@ -29,17 +29,17 @@ cargo build --release -p cairn-server --bin cairn -p cairn-faults --bin faults -
 faults="$root/target/release/faults"
 out="$root/target/faults-soak"
 mkdir -p "$out"
+status=0
 if [ -n "${MIXED:-}" ]; then
     # The previous release as tests/upgrade/build.sh builds it (unoptimised).
     previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
     "$faults" --binary "$root/target/release/cairn" --upgrade-from "$previous" --downgrade \
         --cycles $((seconds / 90)) --label "cairn-mixed-3" --members 3 --seconds "$seconds" --seed "$seed" \
-        --epoch-seconds 10 --subnet 1 --workdir /tmp/cairn-soak --disk-mb 8192 > "$out/cairn-mixed-3.txt" 2>&1
-    status=$?
+        --epoch-seconds 10 --subnet 1 --workdir /tmp/cairn-soak --disk-mb 8192 > "$out/cairn-mixed-3.txt" 2>&1 \
+        || status=$?
     tail -n 40 "$out/cairn-mixed-3.txt"
     exit $status
 fi
-status=0
 for members in ${MEMBERS:-3 5}; do
     "$faults" --binary "$root/target/release/cairn" --label "cairn-$members" --members "$members" \
         --seconds "$seconds" --seed "$seed" --epoch-seconds 10 --subnet 1 --workdir /tmp/cairn-soak --disk-mb 8192 \
