@@ -209,22 +209,7 @@ fn a_member_of_a_newer_release_writes_only_what_older_members_decode() {
     }
     await_cluster_version(&members, "0.2");
     members[0].ok(&["put", "upgraded", "v"]);
-    // The same keys and the same history on every member.
-    let keys: Vec<String> = members
-        .iter()
-        .map(|m| m.ok(&["get", "", "--prefix", "--keys-only", "--consistency=l"]))
-        .collect();
-    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
-    let revision = members[1].revision();
-    let hashes: Vec<String> = members
-        .iter()
-        .map(|m| {
-            let out = m.ok(&["endpoint", "hashkv", &format!("--rev={revision}"), "-w", "json"]);
-            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            v[0]["HashKV"]["hash"].to_string()
-        })
-        .collect();
-    assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
+    assert_same_data(&members);
 }
 
 /// The commit of the release this one upgrades from (tests/upgrade/PREVIOUS).
@@ -246,7 +231,8 @@ fn leader_index(members: &[Member]) -> usize {
         .unwrap()
 }
 
-/// Every member's keys, read linearizably through it, and its HashKV at `revision`.
+/// The same keys (read linearizably through each member) and the same HashKV at the current
+/// revision on every member.
 #[track_caller]
 fn assert_same_data(members: &[Member]) {
     let keys: Vec<String> = members
