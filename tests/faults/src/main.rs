@@ -131,6 +131,8 @@ struct Report {
     injected: nemesis::Injected,
     ops: Vec<cairn_tests::linearizability::Operation>,
     verdict: Verdict,
+    /// How long the linearizability check took.
+    checked_in: Duration,
     recovered: Result<Duration, String>,
     converged: Result<(Duration, i64), String>,
     /// Events checked and connections made by the watchers.
@@ -219,7 +221,12 @@ impl std::fmt::Display for Report {
             Verdict::Linearizable => "PASS".to_string(),
             other => format!("FAIL: {other:?}"),
         };
-        writeln!(f, "check linearizable per key (acknowledged writes kept): {verdict}")?;
+        writeln!(
+            f,
+            "check linearizable per key (acknowledged writes kept): {verdict} (checked in {:.2} s, after {} s of faults)",
+            self.checked_in.as_secs_f64(),
+            self.seconds
+        )?;
         match &self.recovered {
             Ok(took) => writeln!(
                 f,
@@ -425,12 +432,14 @@ async fn run(args: &Args) -> Result<Report, String> {
         }
     }
     let ops = history.operations();
+    let checking = Instant::now();
     let verdict = check_with(
         &ops,
         Budget {
             max_steps_per_key: 50_000_000,
         },
     );
+    let checked_in = checking.elapsed();
     if !verdict.is_linearizable() {
         dump(&args.workdir, &ops);
     }
@@ -443,6 +452,7 @@ async fn run(args: &Args) -> Result<Report, String> {
         injected,
         ops,
         verdict,
+        checked_in,
         recovered,
         converged,
         watched,
