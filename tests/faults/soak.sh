@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The long run of tests/faults: an hour of random faults (hundreds of them) against release
-# builds, three members then five, cairn and etcd 3.5.1 side by side (at the same time, on the
-# same cores, with the same seed); each report goes to target/faults-soak/<label>.txt, for
-# docs/reliability.md.
+# builds, three members then five, cairn, etcd 3.5.1 and etcd 3.7.3 side by side (at the same
+# time, on the same cores, with the same seed); each report goes to
+# target/faults-soak/<label>.txt, for docs/reliability.md.
 #
 #   tests/faults/soak.sh [seconds per member count, default 1800] [seed, default 1]
 #   MEMBERS=3 tests/faults/soak.sh 900     # three members only
@@ -49,8 +49,13 @@ for members in ${MEMBERS:-3 5}; do
         --seconds "$seconds" --seed "$seed" --epoch-seconds 10 --subnet 2 --workdir /tmp/etcd-soak \
         > "$out/etcd-3.5.1-$members.txt" 2>&1 &
     etcd=$!
+    "$faults" --binary "$root/target/etcd-3.7/etcd" --label "etcd-3.7.3-$members" --members "$members" \
+        --seconds "$seconds" --seed "$seed" --epoch-seconds 10 --subnet 3 --workdir /tmp/etcd37-soak \
+        > "$out/etcd-3.7.3-$members.txt" 2>&1 &
+    etcd37=$!
     wait "$cairn" || status=1
     wait "$etcd" || status=1
-    tail -n 40 "$out/cairn-$members.txt" "$out/etcd-3.5.1-$members.txt"
+    wait "$etcd37" || status=1
+    tail -n 40 "$out/cairn-$members.txt" "$out/etcd-3.5.1-$members.txt" "$out/etcd-3.7.3-$members.txt"
 done
 exit $status

@@ -62,20 +62,33 @@ impl Cluster {
             .map_err(|e| format!("{}: {e}", binary.display()))?;
         let help = String::from_utf8_lossy(&help.stdout).into_owned() + &String::from_utf8_lossy(&help.stderr);
         let mut extra = vec!["--snapshot-count".to_string(), "500".to_string()];
+        // etcd 3.7 dropped the `experimental-` flags (and turns the hash checks on with feature
+        // gates); etcd 3.5 has only them; cairn takes both.
+        let (old_names, gates) = (help.contains("--experimental-"), help.contains("InitialCorruptCheck"));
+        let flag = |name: &str| match old_names {
+            true => format!("--experimental-{name}"),
+            false => format!("--{name}"),
+        };
         if help.contains("snapshot-catchup-entries") {
-            extra.extend(["--experimental-snapshot-catchup-entries".to_string(), "100".to_string()]);
+            extra.extend([flag("snapshot-catchup-entries"), "100".to_string()]);
         }
         // Every hash check the binary has, at short periods: faults must not make one see a
         // divergence that is not there (the report fails on a CORRUPT alarm).
-        if help.contains("initial-corrupt-check") {
-            extra.push("--experimental-initial-corrupt-check".to_string());
+        if gates && !old_names {
+            extra.push("--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true".to_string());
+        } else {
+            if help.contains("initial-corrupt-check") {
+                extra.push(flag("initial-corrupt-check"));
+            }
+            if help.contains("compact-hash-check") {
+                extra.push(flag("compact-hash-check-enabled"));
+            }
         }
         if help.contains("corrupt-check-time") {
-            extra.push("--experimental-corrupt-check-time=10s".to_string());
+            extra.push(format!("{}=10s", flag("corrupt-check-time")));
         }
         if help.contains("compact-hash-check") {
-            extra.push("--experimental-compact-hash-check-enabled".to_string());
-            extra.push("--experimental-compact-hash-check-time=10s".to_string());
+            extra.push(format!("{}=10s", flag("compact-hash-check-time")));
         }
         let mut cluster = Cluster {
             net,
