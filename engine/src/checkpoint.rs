@@ -38,6 +38,7 @@ use std::path::Path;
 
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Failure, Result};
+use crate::format::state::versions_trailer;
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
@@ -126,10 +127,9 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 /// The checkpoint's bytes: header and body.
 pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
     let encode_error = |e| Error::Checkpoint(Failure::caused_by("encode", e));
-    let mut body = postcard::to_allocvec(checkpoint).map_err(encode_error)?;
-    if checkpoint.versions != ClusterVersions::default() {
-        body = postcard::to_extend(&checkpoint.versions, body).map_err(encode_error)?;
-    }
+    let body = postcard::to_allocvec(checkpoint)
+        .and_then(|body| versions_trailer::append(body, &checkpoint.versions))
+        .map_err(encode_error)?;
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -170,11 +170,9 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
         return Err(bad("checksum mismatch"));
     }
     if version == Some(VERSION) {
-        let (mut checkpoint, trailer) =
-            postcard::take_from_bytes::<Checkpoint>(body).map_err(|e| bad(&e.to_string()))?;
-        if !trailer.is_empty() {
-            checkpoint.versions = postcard::from_bytes(trailer).map_err(|e| bad(&format!("versions: {e}")))?;
-        }
+        let (mut checkpoint, versions) =
+            versions_trailer::split::<Checkpoint>(body).map_err(|e| bad(&e.to_string()))?;
+        checkpoint.versions = versions;
         return Ok(checkpoint);
     }
     let mut v6 = body.to_vec();

@@ -23,6 +23,7 @@ use std::io::{Read, Write};
 use crate::backend::record::{self, Record};
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Failure, Result};
+use crate::format::state::versions_trailer;
 use crate::lease::lessor::LeaseRecord;
 use crate::mvcc::revision::Revision;
 use crate::request::Alarm;
@@ -122,10 +123,9 @@ impl<'a> SnapshotWriter<'a> {
         w.out.write_all(&header).map_err(write_error)?;
         w.written += header.len() as u64;
         let encode_error = |e| Error::Snapshot(Failure::caused_by("encode", e));
-        let mut body = postcard::to_allocvec(meta).map_err(encode_error)?;
-        if meta.versions != ClusterVersions::default() {
-            body = postcard::to_extend(&meta.versions, body).map_err(encode_error)?;
-        }
+        let body = postcard::to_allocvec(meta)
+            .and_then(|body| versions_trailer::append(body, &meta.versions))
+            .map_err(encode_error)?;
         w.frame(META, &body)?;
         Ok(w)
     }
@@ -219,11 +219,9 @@ pub(crate) fn read(input: &mut dyn Read, mut each: impl FnMut(Record<'_>) -> Res
         body.extend_from_slice(&crate::format::state::auth_store::empty());
     }
     let meta = if version == Some(VERSION) {
-        postcard::take_from_bytes::<SnapshotMeta>(&body).and_then(|(mut meta, trailer)| {
-            if !trailer.is_empty() {
-                meta.versions = postcard::from_bytes(trailer)?;
-            }
-            Ok(meta)
+        versions_trailer::split::<SnapshotMeta>(&body).map(|(mut meta, versions)| {
+            meta.versions = versions;
+            meta
         })
     } else {
         postcard::from_bytes::<SnapshotMetaV5>(&body).map(SnapshotMeta::from)

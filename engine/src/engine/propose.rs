@@ -183,7 +183,10 @@ impl Core {
     /// Logs `request`, in the forms every member decodes (`crate::version`), and queues it;
     /// the receiver gets its answer once applied.
     pub(super) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
-        let versions = self.state.read().versions;
+        let versions = match crate::format::entry::gated(&request) {
+            true => self.state.read().versions,
+            false => Default::default(),
+        };
         let data = crate::format::entry::encode(request, &versions)?;
         self.submit_input(|id| Input::Propose { id, data })
     }

@@ -164,6 +164,33 @@ pub(crate) mod alarms_without_member {
 
 /// Member attributes: in a membership change's context, and (`#[serde(with)]`, by member ID)
 /// in the membership checkpoints and snapshots hold.
+/// The agreed versions as the trailer of a checkpoint body or a snapshot meta: after the last
+/// field, where a reader from before them (0.1, which decodes with `postcard::from_bytes`)
+/// stops. Written only once something is agreed, so until then the bytes are 0.1's.
+pub(crate) mod versions_trailer {
+    use serde::de::DeserializeOwned;
+
+    use crate::version::ClusterVersions;
+
+    /// `body` with `versions` after it.
+    pub(crate) fn append(body: Vec<u8>, versions: &ClusterVersions) -> postcard::Result<Vec<u8>> {
+        match *versions == ClusterVersions::default() {
+            true => Ok(body),
+            false => postcard::to_extend(versions, body),
+        }
+    }
+
+    /// The body's fields, and the versions after them (the defaults when there are none).
+    pub(crate) fn split<T: DeserializeOwned>(bytes: &[u8]) -> postcard::Result<(T, ClusterVersions)> {
+        let (fields, trailer) = postcard::take_from_bytes::<T>(bytes)?;
+        let versions = match trailer.is_empty() {
+            true => ClusterVersions::default(),
+            false => postcard::from_bytes(trailer)?,
+        };
+        Ok((fields, versions))
+    }
+}
+
 pub(crate) mod attributes {
     use super::*;
 
