@@ -70,7 +70,7 @@ step "the crates as a user gets them: cargo publish --dry-run (cairn-wal, cairn-
 cargo publish --dry-run --allow-dirty --workspace --locked --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
 
 step "a program outside the workspace on the packaged crates, as a user of the registry builds it (tests/outside)"
-CARGO_TARGET_DIR="$PWD/target" cargo run --manifest-path tests/outside/Cargo.toml
+tests/outside/run.sh
 
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
