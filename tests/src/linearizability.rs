@@ -703,6 +703,35 @@ mod tests {
                 false,
             ),
             (
+                "a lost write: acknowledged, then a later read sees the value before it",
+                vec![
+                    put(0, "k", "1", 0, 10),
+                    put(0, "k", "2", 20, 30),
+                    get(1, "k", Some("1"), 40, 50),
+                ],
+                false,
+            ),
+            (
+                "a duplicated write: applied again after a later write replaced it",
+                vec![
+                    put(0, "k", "1", 0, 10),
+                    put(1, "k", "2", 20, 30),
+                    get(2, "k", Some("2"), 40, 50),
+                    get(2, "k", Some("1"), 60, 70),
+                ],
+                false,
+            ),
+            (
+                "a duplicated timed-out write: seen, replaced, then seen again",
+                vec![
+                    put_unknown(0, "k", "1", 0),
+                    get(1, "k", Some("1"), 10, 20),
+                    put(1, "k", "2", 30, 40),
+                    get(2, "k", Some("1"), 50, 60),
+                ],
+                false,
+            ),
+            (
                 "reads cannot go backwards: new, then old, with one write overlapping both",
                 vec![
                     put(0, "k", "1", 0, 100),

@@ -42,14 +42,23 @@ pub async fn client(
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.load(Ordering::Relaxed) {
-        let pick = |rng: &mut StdRng| channels[rng.random_range(0..channels.len())].clone();
+        let pick = |rng: &mut StdRng| {
+            let i = rng.random_range(0..channels.len());
+            (i, channels[i].clone())
+        };
         let grant = LeaseGrantRequest { ttl: TTL, id: 0 };
-        let granted = tokio::time::timeout(CALL_TIMEOUT, LeaseClient::new(pick(&mut rng)).lease_grant(grant)).await;
-        let Ok(Ok(granted)) = granted else { continue };
+        let (member, channel) = pick(&mut rng);
+        let asked = history.now();
+        let granted = tokio::time::timeout(CALL_TIMEOUT, LeaseClient::new(channel).lease_grant(grant)).await;
+        let Some(granted) = history.answered(granted) else {
+            continue;
+        };
         let id = granted.into_inner().id;
+        // What happened to this lease, for a violation's report: (time, what).
+        let mut timeline = vec![(asked, format!("granted by m{member}"))];
         // The grant's call time is the lease's first "keep-alive": its TTL runs from no
         // earlier than that.
-        let mut last_ack = history.now();
+        let mut last_ack = asked;
         let key = format!("lease/{id:x}");
         let put = PutRequest {
             key: key.clone().into_bytes().into(),
@@ -57,8 +66,8 @@ pub async fn client(
             lease: id,
             ..Default::default()
         };
-        let put = tokio::time::timeout(CALL_TIMEOUT, KvClient::new(pick(&mut rng)).put(put)).await;
-        if !matches!(put, Ok(Ok(_))) {
+        let put = tokio::time::timeout(CALL_TIMEOUT, KvClient::new(pick(&mut rng).1).put(put)).await;
+        if history.answered(put).is_none() {
             continue;
         }
         seen.lock().unwrap_or_else(|e| e.into_inner()).granted += 1;
@@ -67,7 +76,10 @@ pub async fn client(
         while started.elapsed() < keep_for && !stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             let sent = history.now();
-            if keep_alive(pick(&mut rng), id).await.is_some_and(|ttl| ttl > 0) {
+            let (member, channel) = pick(&mut rng);
+            let ttl = keep_alive(channel, id, &history).await;
+            timeline.push((sent, format!("keep-alive through m{member}: {ttl:?}")));
+            if ttl.is_some_and(|ttl| ttl > 0) {
                 last_ack = sent;
                 seen.lock().unwrap_or_else(|e| e.into_inner()).keep_alives += 1;
             }
@@ -81,15 +93,22 @@ pub async fn client(
                 key: key.clone().into_bytes().into(),
                 ..Default::default()
             };
-            let read = tokio::time::timeout(CALL_TIMEOUT, KvClient::new(pick(&mut rng)).range(range)).await;
+            let (member, channel) = pick(&mut rng);
+            let read = tokio::time::timeout(CALL_TIMEOUT, KvClient::new(channel).range(range)).await;
             let returned = history.now();
-            if let Ok(Ok(read)) = read {
+            if let Some(read) = history.answered(read) {
                 if read.into_inner().kvs.is_empty() {
                     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                     if returned < earliest {
+                        timeline.push((returned, format!("read through m{member}: gone")));
+                        let timeline: Vec<String> = timeline
+                            .iter()
+                            .map(|(at, what)| format!("{:.2} s {what}", *at as f64 / 1e6))
+                            .collect();
                         seen.violations.push(format!(
-                            "lease {id:x}: its key was gone {:.2} s before its TTL ran out after the last acknowledged keep-alive",
-                            (earliest - returned) as f64 / 1e6
+                            "lease {id:x}: its key was gone {:.2} s before its TTL ran out after the last acknowledged keep-alive ({})",
+                            (earliest - returned) as f64 / 1e6,
+                            timeline.join(", ")
                         ));
                     }
                     seen.expired += 1;
@@ -107,16 +126,12 @@ pub async fn client(
 }
 
 /// One keep-alive through `channel`: the TTL answered (0 for a lease that is gone).
-async fn keep_alive(channel: Channel, id: i64) -> Option<i64> {
+async fn keep_alive(channel: Channel, id: i64, history: &History) -> Option<i64> {
     let answer = tokio::time::timeout(CALL_TIMEOUT, async move {
         let request = tokio_stream::once(LeaseKeepAliveRequest { id });
-        let mut stream = LeaseClient::new(channel)
-            .lease_keep_alive(request)
-            .await
-            .ok()?
-            .into_inner();
-        stream.message().await.ok().flatten().map(|r| r.ttl)
+        let mut stream = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
+        Ok(stream.message().await?.map(|r| r.ttl))
     })
     .await;
-    answer.ok().flatten()
+    history.answered(answer).flatten()
 }

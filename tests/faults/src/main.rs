@@ -146,6 +146,10 @@ struct Report {
     alarms: Result<Vec<(u64, String)>, String>,
     /// The upgrade's and downgrade's steps, as taken (`--upgrade-from`).
     upgrade: Vec<String>,
+    /// The errors the members answered clients' calls with: "code: message" and how often.
+    refusals: std::collections::BTreeMap<String, usize>,
+    /// The history's time 0, in seconds since the Unix epoch.
+    started_unix: f64,
 }
 
 impl Report {
@@ -157,6 +161,24 @@ impl Report {
             && self.leases.violations.is_empty()
             && self.no_corrupt_alarm().is_ok()
             && self.stalled_writes_answered().is_ok()
+            && self.no_version_refusal().is_ok()
+    }
+
+    /// No call was refused for a version reason. cairn gates what a newer build writes by
+    /// the cluster version and writes the older form meanwhile, so none of a client's
+    /// requests is ever refused for one (only `Maintenance.Downgrade` answers with version
+    /// errors, and the clients do not call it).
+    fn no_version_refusal(&self) -> Result<(), String> {
+        let version: Vec<String> = self
+            .refusals
+            .iter()
+            .filter(|(what, _)| what.to_ascii_lowercase().contains("version"))
+            .map(|(what, n)| format!("{what} ({n}x)"))
+            .collect();
+        match version.is_empty() {
+            true => Ok(()),
+            false => Err(version.join("; ")),
+        }
     }
 
     /// Every write through a member whose disk stalled was acknowledged or answered with one
@@ -188,8 +210,8 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "== faults: {} ({} members, {} s of faults, seed {})",
-            self.label, self.members, self.seconds, self.seed
+            "== faults: {} ({} members, {} s of faults, seed {}; times below count from {:.3} s after the Unix epoch)",
+            self.label, self.members, self.seconds, self.seed, self.started_unix
         )?;
         for step in &self.upgrade {
             writeln!(f, "upgrade: {step}")?;
@@ -293,6 +315,22 @@ impl std::fmt::Display for Report {
             "chores under faults: {} compactions (the last asked at revision {}), {} defragmentations",
             c.compactions, c.compacted, c.defrags
         )?;
+        let refused: usize = self.refusals.values().sum();
+        let mut common: Vec<(&String, &usize)> = self.refusals.iter().collect();
+        common.sort_by(|a, b| b.1.cmp(a.1));
+        let common: Vec<String> = common
+            .iter()
+            .take(4)
+            .map(|(what, n)| format!("{what} ({n}x)"))
+            .collect();
+        match self.no_version_refusal() {
+            Ok(()) => writeln!(
+                f,
+                "check no call refused for a version reason: PASS ({refused} refusals of other kinds; the most common: {})",
+                common.join("; ")
+            )?,
+            Err(e) => writeln!(f, "check no call refused for a version reason: FAIL: {e}")?,
+        }
         match self.no_corrupt_alarm() {
             Ok(others) => writeln!(
                 f,
@@ -461,6 +499,11 @@ async fn run(args: &Args) -> Result<Report, String> {
         chores,
         alarms,
         upgrade: upgrade.map(|u| u.log).unwrap_or_default(),
+        refusals: history.refusals(),
+        started_unix: history
+            .started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
     })
 }
 

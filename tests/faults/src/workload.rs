@@ -3,6 +3,7 @@
 //! for the linearizability check. Every call has a timeout; a write that timed out or failed
 //! is indeterminate (it may have taken effect), a read that did is left out.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,14 +49,20 @@ impl Keys {
 #[derive(Debug)]
 pub struct History {
     start: Instant,
+    /// `start` on the wall clock, for finding a report's times in the members' logs.
+    pub started: std::time::SystemTime,
     ops: Mutex<Vec<Operation>>,
+    /// Every error a member answered a client's call with: "code: message" and how often.
+    refusals: Mutex<BTreeMap<String, usize>>,
 }
 
 impl History {
     pub fn new() -> Arc<History> {
         Arc::new(History {
             start: Instant::now(),
+            started: std::time::SystemTime::now(),
             ops: Mutex::new(Vec::new()),
+            refusals: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -69,6 +76,35 @@ impl History {
 
     pub fn operations(&self) -> Vec<Operation> {
         self.ops.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Counts a member's error answer (a timeout of the client's own is not one).
+    pub fn refused(&self, status: &tonic::Status) {
+        let what = format!("{:?}: {}", status.code(), status.message());
+        *self
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(what)
+            .or_default() += 1;
+    }
+
+    /// A call's answer within its timeout: the response, or `None` for a timeout or an error
+    /// (counted).
+    pub fn answered<T>(&self, answer: Result<Result<T, tonic::Status>, tokio::time::error::Elapsed>) -> Option<T> {
+        match answer {
+            Ok(Ok(response)) => Some(response),
+            Ok(Err(status)) => {
+                self.refused(&status);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The error answers counted by [`History::refused`].
+    pub fn refusals(&self) -> BTreeMap<String, usize> {
+        self.refusals.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -113,7 +149,7 @@ pub async fn client(
             }
         };
         let call = history.now();
-        let output = call_once(&mut kv, &input).await;
+        let output = call_once(&mut kv, &input, &history).await;
         let ret = history.now();
         if let (Input::Get { .. }, Output::Value(v)) = (&input, &output) {
             last_read[k] = v.clone();
@@ -133,7 +169,7 @@ pub async fn read(id: usize, channel: Channel, key: String, history: &History) -
     let mut kv = KvClient::new(channel);
     let input = Input::Get { key };
     let call = history.now();
-    let output = call_once(&mut kv, &input).await;
+    let output = call_once(&mut kv, &input, history).await;
     let ret = history.now();
     history.record(Operation {
         client: id,
@@ -145,7 +181,7 @@ pub async fn read(id: usize, channel: Channel, key: String, history: &History) -
     output
 }
 
-async fn call_once(kv: &mut KvClient<Channel>, input: &Input) -> Output {
+async fn call_once(kv: &mut KvClient<Channel>, input: &Input, history: &History) -> Output {
     let answer = tokio::time::timeout(CALL_TIMEOUT, async {
         match input {
             Input::Get { key } => {
@@ -153,7 +189,12 @@ async fn call_once(kv: &mut KvClient<Channel>, input: &Input) -> Output {
                     key: key.clone().into_bytes().into(),
                     ..Default::default()
                 };
-                let got = kv.range(range).await.ok()?.into_inner();
+                let got = kv
+                    .range(range)
+                    .await
+                    .map_err(|e| history.refused(&e))
+                    .ok()?
+                    .into_inner();
                 let value = got
                     .kvs
                     .first()
@@ -161,7 +202,7 @@ async fn call_once(kv: &mut KvClient<Channel>, input: &Input) -> Output {
                 Some(Output::Value(value))
             }
             Input::Put { key, value } => {
-                kv.put(put(key, value)).await.ok()?;
+                kv.put(put(key, value)).await.map_err(|e| history.refused(&e)).ok()?;
                 Some(Output::Ok)
             }
             Input::Cas { key, expected, new } => {
@@ -188,7 +229,7 @@ async fn call_once(kv: &mut KvClient<Channel>, input: &Input) -> Output {
                     }],
                     failure: Vec::new(),
                 };
-                let answer = kv.txn(txn).await.ok()?.into_inner();
+                let answer = kv.txn(txn).await.map_err(|e| history.refused(&e)).ok()?.into_inner();
                 Some(Output::Swapped(answer.succeeded))
             }
         }
