@@ -6,7 +6,9 @@
 # (plaintext cairn), TestMoveFromEtcd, for the releases in MTLS_VERSIONS
 # TestScenarioMTLS (kubeadm's etcd certificates and flags), and for the
 # releases in KUBEADM_VERSIONS TestKubeadmManifest (cairn run from kubeadm's
-# own etcd static-pod manifest).
+# own etcd static-pod manifest), and for the releases in UPGRADE_VERSIONS
+# TestRollingUpgrade (the previous cairn release upgraded to this build under
+# kube-apiserver).
 #
 #   tests/kubernetes/run.sh               # 1.37 and 1.34
 #   VERSIONS=1.37 tests/kubernetes/run.sh # one release
@@ -18,9 +20,12 @@
 # run TestScenarioMTLS, default "1.37"; the others pass -skip to go test),
 # KUBEADM_VERSIONS (releases whose kubeadm is built and that run
 # TestKubeadmManifest, default "1.37"; only 1.37's module has kubeadm),
-# BUILD_ONLY, CAIRN_BIN (default <repo>/target/debug/cairn, built with cargo if
-# missing), ETCD_BIN (default <repo>/target/etcd-3.7/etcd, the etcd that
-# TestMoveFromEtcd moves kube-apiserver from), NICE (default "nice -n 19"),
+# UPGRADE_VERSIONS (releases that run TestRollingUpgrade, default "1.37"),
+# CAIRN_PREVIOUS_BIN (default: tests/upgrade/build.sh's binary of
+# tests/upgrade/PREVIOUS, built if missing), BUILD_ONLY, CAIRN_BIN (default
+# <repo>/target/debug/cairn, built with cargo if missing), ETCD_BIN (default
+# <repo>/target/etcd-3.7/etcd, the etcd that TestMoveFromEtcd moves
+# kube-apiserver from), NICE (default "nice -n 19"),
 # GO_TEST_FLAGS (extra flags for go test, e.g. -run).
 set -uo pipefail
 
@@ -29,6 +34,7 @@ root="$(cd "$here/../.." && pwd)"
 versions="${VERSIONS:-1.37 1.34}"
 mtls_versions="${MTLS_VERSIONS-1.37}"
 kubeadm_versions="${KUBEADM_VERSIONS-1.37}"
+upgrade_versions="${UPGRADE_VERSIONS-1.37}"
 nice_cmd="${NICE:-nice -n 19}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
@@ -89,6 +95,13 @@ fi
 # etcd for TestMoveFromEtcd (kube-apiserver moved from etcd to cairn); tests/run-all.sh builds it.
 etcd_bin="${ETCD_BIN:-$root/target/etcd-3.7/etcd}"
 
+# The previous release, which TestRollingUpgrade upgrades from.
+previous_bin="${CAIRN_PREVIOUS_BIN:-}"
+if [ -z "$previous_bin" ] && [ -n "$upgrade_versions" ]; then
+  previous_bin="$("$root/tests/upgrade/build.sh" "$(cat "$root/tests/upgrade/PREVIOUS")" | tail -n 1)" ||
+    { echo "building the previous release failed"; exit 1; }
+fi
+
 declare -A result
 overall=0
 for v in $versions; do
@@ -103,12 +116,13 @@ for v in $versions; do
   mtls=no kubeadm=no
   if in_list "$v" "$mtls_versions"; then mtls=yes; else skipped_tests+=(TestScenarioMTLS); fi
   if in_list "$v" "$kubeadm_versions"; then kubeadm=yes; else skipped_tests+=(TestKubeadmManifest); fi
+  if in_list "$v" "$upgrade_versions"; then upgrade=yes; else upgrade=no; skipped_tests+=(TestRollingUpgrade); fi
   if [ "${#skipped_tests[@]}" != 0 ]; then
     skip_flags=(-skip "^($(IFS='|'; echo "${skipped_tests[*]}"))\$")
   fi
-  echo "== running the scenario against Kubernetes $v (mTLS mode: $mtls; kubeadm's manifest: $kubeadm; log: $log)"
+  echo "== running the scenario against Kubernetes $v (mTLS mode: $mtls; kubeadm's manifest: $kubeadm; rolling upgrade: $upgrade; log: $log)"
   start=$SECONDS
-  (cd "$here" && CAIRN_BIN="$cairn_bin" ETCD_BIN="$etcd_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
+  (cd "$here" && CAIRN_BIN="$cairn_bin" CAIRN_PREVIOUS_BIN="$previous_bin" ETCD_BIN="$etcd_bin" KUBE_BIN_DIR="$root/target/kubernetes/$v" KUBE_VERSION="$v" \
     GOFLAGS=-mod=readonly $nice_cmd go test -count=1 -timeout 20m -v ${skip_flags[@]+"${skip_flags[@]}"} ${GO_TEST_FLAGS:-} ./scenario/) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; overall=1; fi
@@ -120,8 +134,10 @@ for v in $versions; do
     skipped=$(grep -E "^    --- SKIP: $test/" "$log" | sed -E "s/^    --- SKIP: $test\/([^ ]+).*/\1/" | tr '\n' ' ')
     result[$v]+="; $test: $passed steps passed, failed: ${failed:-none}, skipped: ${skipped:-none}"
   done
-  move=$(grep -oE "^--- (PASS|FAIL|SKIP): TestMoveFromEtcd" "$log" | sed -E 's/^--- ([A-Z]+):.*/\1/')
-  result[$v]+="; TestMoveFromEtcd: ${move:-not run}"
+  for test in TestMoveFromEtcd TestRollingUpgrade; do
+    outcome=$(grep -oE "^--- (PASS|FAIL|SKIP): $test\b" "$log" | sed -E 's/^--- ([A-Z]+):.*/\1/')
+    result[$v]+="; $test: ${outcome:-not run}"
+  done
 done
 
 echo
