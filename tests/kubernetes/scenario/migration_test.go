@@ -44,64 +44,8 @@ func TestMoveFromEtcd(t *testing.T) {
 	if etcdBin == "" || cairnBin == "" || binDir == "" {
 		t.Skip("ETCD_BIN, CAIRN_BIN and KUBE_BIN_DIR must all be set; see tests/kubernetes/README.md")
 	}
-	dir, err := os.MkdirTemp("", "cairn-k8s-move-"+os.Getenv("KUBE_VERSION")+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("logs in %s", dir)
-	var procs []*controlplane.Proc
-	t.Cleanup(func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].Stop()
-		}
-		if t.Failed() || os.Getenv("SCENARIO_KEEP_LOGS") != "" {
-			for _, p := range procs {
-				t.Logf("--- %s, last 30 lines of %s ---\n%s", p.Name, p.LogPath, tailFile(p.LogPath, 30))
-			}
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-
-	etcd, err := newCluster(etcdBin, dir, "etcd", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range etcd.members {
-		procs = append(procs, m.Proc)
-	}
-	if err := etcd.start(); err != nil {
-		t.Fatalf("starting etcd: %v", err)
-	}
-	pki, err := controlplane.GeneratePKI(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// kube-apiserver with its default compaction interval (5 min), as in
-	// production: the scenario's 5 s compacts so eagerly that a quiet
-	// resource's watch, resumed on another member after one stops, asks for a
-	// compacted revision, and its watch cache starts over even from etcd to
-	// etcd.
-	api, err := controlplane.StartAPIServer(context.Background(), controlplane.APIServerConfig{
-		BinDir:       binDir,
-		Dir:          dir,
-		EtcdServers:  etcd.clientURLs(),
-		PKI:          pki,
-		ReadyTimeout: 240 * time.Second,
-	})
-	if api != nil {
-		procs = append(procs, api.Proc)
-	}
-	if err != nil {
-		t.Fatalf("starting kube-apiserver on etcd: %v", err)
-	}
-	rest := api.RESTConfig()
-	rest.QPS, rest.Burst = 200, 400
-	kube, err := kubernetes.NewForConfig(rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	at := startAttached(t, etcdBin, binDir, "move", "etcd")
+	etcd, api, kube := at.cluster, at.api, at.kube
 	ctx := ctxT(t, 10*time.Minute)
 
 	loadMoveHistory(ctx, t, kube)
@@ -135,9 +79,9 @@ func TestMoveFromEtcd(t *testing.T) {
 			db, newest = file, status.Revision
 		}
 	}
-	cairn := etcd.successor(cairnBin, dir, "cairn")
+	cairn := etcd.successor(cairnBin, at.dir, "cairn")
 	for _, m := range cairn.members {
-		procs = append(procs, m.Proc)
+		at.procs = append(at.procs, m.Proc)
 		restore := exec.Command(cairnBin, "snapshot", "restore", db, "--skip-hash-check",
 			"--name", m.name, "--data-dir", m.dataDir,
 			"--initial-cluster", cairn.initialCluster(),
@@ -155,7 +99,7 @@ func TestMoveFromEtcd(t *testing.T) {
 
 	// kube-apiserver writes again once its etcd client has reconnected.
 	var after *corev1.ConfigMap
-	err = poll(2*time.Minute, 200*time.Millisecond, func() (bool, string, error) {
+	err := poll(2*time.Minute, 200*time.Millisecond, func() (bool, string, error) {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-move"}, Data: map[string]string{"on": "cairn"}}
 		created, err := kube.CoreV1().ConfigMaps(nsMove).Create(ctx, cm, metav1.CreateOptions{})
 		if err != nil {
@@ -354,4 +298,78 @@ func (ci *countingInformer) await(t *testing.T, name string) {
 			t.Fatalf("the informer never saw %s added (it saw %v)", name, seen)
 		}
 	}
+}
+
+// attached is a three-member cluster with kube-apiserver attached, in a
+// temporary directory whose logs are kept when the test fails.
+type attached struct {
+	dir     string
+	cluster *cairnCluster
+	api     *controlplane.APIServer
+	kube    kubernetes.Interface
+	// procs are stopped at the test's end, the last first; a test adds the
+	// processes it starts later.
+	procs []*controlplane.Proc
+}
+
+// startAttached starts three members of bin (cairn or etcd), their logs and
+// data dirs named after prefix, then kube-apiserver on them with its default
+// flags, and a client with a QPS limit of 200. The directory is named after
+// label. kube-apiserver compacts every 5 min, its default, as in production:
+// the scenario's 5 s compacts so eagerly that a quiet resource's watch,
+// resumed on another member after one stops, asks for a compacted revision,
+// and its watch cache starts over even from etcd to etcd.
+func startAttached(t *testing.T, bin, binDir, label, prefix string) *attached {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cairn-k8s-"+label+"-"+os.Getenv("KUBE_VERSION")+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("logs in %s", dir)
+	at := &attached{dir: dir}
+	t.Cleanup(func() {
+		for i := len(at.procs) - 1; i >= 0; i-- {
+			at.procs[i].Stop()
+		}
+		if t.Failed() || os.Getenv("SCENARIO_KEEP_LOGS") != "" {
+			for _, p := range at.procs {
+				t.Logf("--- %s, last 30 lines of %s ---\n%s", p.Name, p.LogPath, tailFile(p.LogPath, 30))
+			}
+			t.Logf("logs kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	if at.cluster, err = newCluster(bin, dir, prefix, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range at.cluster.members {
+		at.procs = append(at.procs, m.Proc)
+	}
+	if err := at.cluster.start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	pki, err := controlplane.GeneratePKI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at.api, err = controlplane.StartAPIServer(context.Background(), controlplane.APIServerConfig{
+		BinDir:       binDir,
+		Dir:          dir,
+		EtcdServers:  at.cluster.clientURLs(),
+		PKI:          pki,
+		ReadyTimeout: 240 * time.Second,
+	})
+	if at.api != nil {
+		at.procs = append(at.procs, at.api.Proc)
+	}
+	if err != nil {
+		t.Fatalf("starting kube-apiserver on %s: %v", bin, err)
+	}
+	rest := at.api.RESTConfig()
+	rest.QPS, rest.Burst = 200, 400
+	if at.kube, err = kubernetes.NewForConfig(rest); err != nil {
+		t.Fatal(err)
+	}
+	return at
 }

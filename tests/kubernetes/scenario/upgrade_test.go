@@ -17,8 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/cairn-kv/cairn/tests/kubernetes/internal/controlplane"
 )
 
 // TestRollingUpgrade upgrades a three-member cairn cluster from the previous
@@ -39,60 +37,8 @@ func TestRollingUpgrade(t *testing.T) {
 	if previousBin == "" || cairnBin == "" || binDir == "" {
 		t.Skip("CAIRN_PREVIOUS_BIN, CAIRN_BIN and KUBE_BIN_DIR must all be set; see tests/kubernetes/README.md")
 	}
-	dir, err := os.MkdirTemp("", "cairn-k8s-upgrade-"+os.Getenv("KUBE_VERSION")+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("logs in %s", dir)
-	var procs []*controlplane.Proc
-	t.Cleanup(func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].Stop()
-		}
-		if t.Failed() || os.Getenv("SCENARIO_KEEP_LOGS") != "" {
-			for _, p := range procs {
-				t.Logf("--- %s, last 30 lines of %s ---\n%s", p.Name, p.LogPath, tailFile(p.LogPath, 30))
-			}
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-
-	cluster, err := newCluster(previousBin, dir, "cairn", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range cluster.members {
-		procs = append(procs, m.Proc)
-	}
-	if err := cluster.start(); err != nil {
-		t.Fatalf("starting the previous release: %v", err)
-	}
-	pki, err := controlplane.GeneratePKI(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// kube-apiserver's default compaction interval (5 min), as in production.
-	api, err := controlplane.StartAPIServer(context.Background(), controlplane.APIServerConfig{
-		BinDir:       binDir,
-		Dir:          dir,
-		EtcdServers:  cluster.clientURLs(),
-		PKI:          pki,
-		ReadyTimeout: 240 * time.Second,
-	})
-	if api != nil {
-		procs = append(procs, api.Proc)
-	}
-	if err != nil {
-		t.Fatalf("starting kube-apiserver on the previous release: %v", err)
-	}
-	rest := api.RESTConfig()
-	rest.QPS, rest.Burst = 200, 400
-	kube, err := kubernetes.NewForConfig(rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	at := startAttached(t, previousBin, binDir, "upgrade", "cairn")
+	cluster, api, kube := at.cluster, at.api, at.kube
 	ctx := ctxT(t, 10*time.Minute)
 
 	loadMoveHistory(ctx, t, kube)
