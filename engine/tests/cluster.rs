@@ -425,6 +425,74 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
     joiner.close().unwrap();
 }
 
+/// A leader stepping down (as a member does when it shuts down) hands its leadership to a
+/// caught-up voter, and no write made meanwhile, through any member, fails: raft would drop
+/// the proposals made during the handover (the leader's own with "leader changed", the ones
+/// followers forwarded silently, their clients waiting out their timeouts); the node holds
+/// them and steps them again once the new leader can take them.
+#[test]
+fn a_leader_stepping_down_loses_no_write_made_during_the_handover() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let c = Cluster::new(11);
+    let stop = AtomicBool::new(false);
+    let done = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = MEMBERS
+            .iter()
+            .map(|id| {
+                let (engine, stop, done) = (c.member(*id), &stop, &done);
+                s.spawn(move || {
+                    let mut failures = Vec::new();
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Err(e) = engine.write(put(&format!("w/{id}/{n}"), "v")) {
+                            failures.push(format!("w/{id}/{n}: {e}"));
+                        }
+                        n += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    failures
+                })
+            })
+            .collect();
+        // The writers stop when the test does, a failed assertion too (the scope would wait
+        // for them for ever).
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop_writers = StopOnDrop(&stop);
+        let await_writes = |n: usize| {
+            let until = done.load(Ordering::Relaxed) + n;
+            let deadline = Instant::now() + PATIENCE;
+            while done.load(Ordering::Relaxed) < until {
+                assert!(Instant::now() < deadline, "the writers stalled");
+                std::thread::yield_now();
+            }
+        };
+        let mut handovers = 0;
+        let deadline = Instant::now() + PATIENCE;
+        while handovers < 5 {
+            assert!(Instant::now() < deadline, "{handovers} handovers in {PATIENCE:?}");
+            await_writes(100);
+            let leader = c.leader(&MEMBERS);
+            // `None`: leadership moved by itself meanwhile (an election on a busy machine).
+            if let Some(to) = c.member(leader).step_down().unwrap() {
+                assert_ne!(to, leader);
+                handovers += 1;
+            }
+        }
+        await_writes(100);
+        stop.store(true, Ordering::Relaxed);
+        let failures: Vec<String> = writers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+        assert!(failures.is_empty(), "writes failed during the handovers: {failures:?}");
+    });
+    assert!(done.load(Ordering::Relaxed) >= 600);
+    assert_same_everywhere(&c);
+}
+
 #[test]
 fn a_new_leader_never_expires_a_lease_early() {
     let c = Cluster::new(5);

@@ -870,6 +870,16 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     if let Some(w) = watchdog {
         w.abort();
     }
+    // A leader hands its leadership over first, as etcd does on shutdown: the others go on
+    // without waiting out an election timeout, and the writes in flight carry over to the
+    // new leader (the node holds what raft cannot take during the handover).
+    let leaving = engine.clone();
+    match tokio::task::spawn_blocking(move || leaving.step_down()).await {
+        Ok(Ok(Some(to))) => tracing::info!(leader = %format!("{to:x}"), "stopping: handed the leadership over"),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "stopping: could not hand the leadership over"),
+        Err(e) => tracing::warn!(error = %e, "stopping: could not hand the leadership over"),
+    }
     tracing::info!("stopping: finishing requests in flight");
     let _ = stop_tx.send(true);
     // Requests in flight finish; streams that would outlive the grace period (a watch never

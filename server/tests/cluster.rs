@@ -439,6 +439,36 @@ fn a_learner_that_joins_under_load_is_promoted_without_an_operator() {
     assert!(said, "the leader logs the promotion");
 }
 
+/// A leader asked to stop (SIGTERM) first hands its leadership to another member, as etcd
+/// does on shutdown: the others go on under the leader it named, without an election
+/// timeout's pause.
+#[test]
+fn a_leader_stopped_with_sigterm_hands_its_leadership_over() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut members, _) = start_cluster(root.path(), &["m1", "m2", "m3"]);
+    ok(etcdctl(&[&members[0]], &["put", "before", "stop"]));
+    let leader = leader_of(&members[0]);
+    let stopped = members.iter().position(|m| member_id(m) == leader).unwrap();
+    members[stopped].signal("-TERM");
+    let status = members[stopped].child.take().unwrap().wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let log = std::fs::read_to_string(members[stopped].dir.with_extension("log")).unwrap();
+    let handed = log
+        .lines()
+        .find(|l| l.contains("stopping: handed the leadership over"))
+        .unwrap_or_else(|| panic!("no handover in the leader's log:\n{log}"));
+    let rest: Vec<&Member> = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != stopped)
+        .map(|(_, m)| m)
+        .collect();
+    let new_leader = leader_of(rest[0]);
+    assert_ne!(new_leader, leader);
+    assert!(handed.contains(&new_leader), "{handed} (the others follow {new_leader})");
+    ok(etcdctl(&[rest[1]], &["put", "after", "stop"]));
+}
+
 #[test]
 fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let root = tempfile::tempdir().unwrap();

@@ -151,8 +151,8 @@ pub(crate) enum Input {
     Compact { index: u64 },
     /// Propose a membership change (joint consensus); `id` identifies its waiter.
     ConfChange { id: u64, change: MemberChange },
-    /// Hand leadership to `to`; the answer comes once the request is stepped.
-    TransferLeader { to: u64, reply: Sender<Result<()>> },
+    /// Hand leadership to `to`; the answer (the transferee) comes once the request is stepped.
+    TransferLeader { to: Transferee, reply: Sender<Result<u64>> },
     /// A message from a peer.
     Step(Message),
     /// A snapshot from the leader (`message`), its state staged beside the live one; the
@@ -166,6 +166,16 @@ pub(crate) enum Input {
     SnapshotSent { to: u64, delivered: bool },
     /// Stop the node thread.
     Stop,
+}
+
+/// Whom a leader hands its leadership to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Transferee {
+    /// This voter.
+    Member(u64),
+    /// The voter whose log matches the leader's furthest, among those recently heard from
+    /// (a leader stepping down as it shuts down).
+    MostCaughtUp,
 }
 
 /// A Ready whose WAL append is not known durable yet.
@@ -250,7 +260,8 @@ pub(crate) struct NodeConfig {
     /// The last index the state machine has applied (from the checkpoint and what open
     /// replayed).
     pub(crate) applied: u64,
-    /// A ReadIndex round not answered in this long fails.
+    /// A ReadIndex round not answered in this long fails: a request's timeout. A proposal
+    /// is held ([`Held`]) for half of it.
     pub(crate) read_timeout: Duration,
     /// Raft's pre-vote (etcd's `--pre-vote`).
     pub(crate) pre_vote: bool,
@@ -332,6 +343,7 @@ impl NodeHandle {
             staged: None,
             engine_applied: config.applied,
             proposals: Proposals::default(),
+            held: Held::default(),
             config,
         };
         let thread = std::thread::Builder::new()
@@ -483,7 +495,25 @@ struct NodeThread {
     engine_applied: u64,
     /// Proposals taken from the inputs and not yet handed to raft.
     proposals: Proposals,
+    /// Proposals raft would have dropped, held until it can take them.
+    held: Held,
     config: NodeConfig,
+}
+
+/// Proposals that arrived while raft would drop them: this member leads but is handing its
+/// leadership over, or it knows no leader (an election, or the moment after a handover). raft
+/// never appended them, so stepping them again later is safe. They are stepped again, in
+/// order, as soon as a leader can take them, and held for at most half a request's timeout (an
+/// election may take several election timeouts): a write carries over to the next leader while
+/// its client still waits, or its client is told "no leader" (it was never proposed), not a
+/// write that its client saw time out applied much later. Without
+/// this, a handover on shutdown (or `MoveLeader`) fails the proposals made during it, and the
+/// ones followers forwarded are lost silently and their clients wait out their timeouts.
+#[derive(Default)]
+struct Held {
+    /// Each held message (a batch of this member's own proposals, or one a follower
+    /// forwarded), with when it stops being held.
+    messages: VecDeque<(Message, Instant)>,
 }
 
 /// Proposals gathered for one raft message ([`NodeThread::propose_batch`]).
@@ -537,6 +567,7 @@ impl NodeThread {
                 }
                 self.handle(input);
             }
+            self.release_held();
             self.propose_batch();
             self.on_persisted();
             if Instant::now() >= next_tick {
@@ -622,19 +653,31 @@ impl NodeThread {
             }
             Input::TransferLeader { to, reply } => {
                 let raft = &self.raw.raft;
-                let answer = if raft.state != StateRole::Leader {
-                    Err(Error::NotLeader)
-                } else if !raft.prs().conf().voters().contains(to) {
-                    Err(Error::BadLeaderTransferee)
-                } else {
-                    self.raw.transfer_leader(to);
-                    Ok(())
+                let to = match to {
+                    Transferee::Member(to) => Some(to),
+                    Transferee::MostCaughtUp => raft
+                        .prs()
+                        .iter()
+                        .filter(|(id, p)| {
+                            **id != raft.id && p.recent_active && raft.prs().conf().voters().contains(**id)
+                        })
+                        .max_by_key(|(id, p)| (p.matched, **id))
+                        .map(|(id, _)| *id),
+                };
+                let answer = match to {
+                    _ if raft.state != StateRole::Leader => Err(Error::NotLeader),
+                    Some(to) if raft.prs().conf().voters().contains(to) => {
+                        self.raw.transfer_leader(to);
+                        Ok(to)
+                    }
+                    _ => Err(Error::BadLeaderTransferee),
                 };
                 let _ = reply.send(answer);
             }
             Input::Step(m) if m.get_msg_type() == MessageType::MsgSnapshot => {
                 tracing::warn!(from = m.from, "dropping a snapshot message that came without its data");
             }
+            Input::Step(m) if m.get_msg_type() == MessageType::MsgPropose => self.step_proposal(m),
             Input::Step(m) => {
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "a raft message was not stepped");
@@ -688,45 +731,124 @@ impl NodeThread {
     /// Proposes the proposals taken since the last batch, in order, as one raft message: a
     /// leader appends them together and sends them to each follower in one append, and a
     /// follower forwards them to its leader in one message, where a proposal each cost a
-    /// message each way. If raft drops the message, each of them is answered why.
+    /// message each way. If raft cannot take it now, it is held ([`Held`]); if raft drops it,
+    /// each of them is answered why.
     fn propose_batch(&mut self) {
         if self.proposals.entries.is_empty() {
             return;
         }
         self.proposals.bytes = 0;
         let batch = std::mem::take(&mut self.proposals.entries);
-        let ids: Vec<u64> = batch.iter().map(|(id, _)| *id).collect();
-        let dropped = match &self.broken {
-            Some(e) => Some(e.clone()),
-            None => {
-                let mut m = Message::default();
-                m.set_msg_type(MessageType::MsgPropose);
-                m.from = self.config.id;
-                m.set_entries(
-                    batch
-                        .into_iter()
-                        .map(|(id, data)| Entry {
-                            context: id.to_le_bytes().to_vec().into(),
-                            data: data.into(),
-                            ..Entry::default()
-                        })
-                        .collect::<Vec<_>>()
-                        .into(),
-                );
-                self.raw.step(m).err().map(|e| match e {
-                    raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => Error::NoLeader,
-                    raft::Error::ProposalDropped => Error::LeaderChanged,
-                    e => Error::Internal(Failure::caused_by("propose", e)),
-                })
-            }
-        };
-        if let Some(error) = dropped {
-            for id in ids {
+        if let Some(e) = &self.broken {
+            let error = e.clone();
+            for (id, _) in batch {
                 let _ = self.apply.send(ToApply::Dropped {
                     id,
                     error: error.clone(),
                 });
             }
+            return;
+        }
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgPropose);
+        m.from = self.config.id;
+        m.set_entries(
+            batch
+                .into_iter()
+                .map(|(id, data)| Entry {
+                    context: id.to_le_bytes().to_vec().into(),
+                    data: data.into(),
+                    ..Entry::default()
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        self.step_proposal(m);
+    }
+
+    /// Steps a proposal message, this member's own batch or one a follower forwarded: held
+    /// while raft would drop it ([`Held`]), and behind any already held, to keep their order.
+    fn step_proposal(&mut self, m: Message) {
+        if !self.held.messages.is_empty() || self.proposals_wait() {
+            self.held
+                .messages
+                .push_back((m, Instant::now() + self.config.read_timeout / 2));
+            return;
+        }
+        let ids = self.own_ids(&m);
+        if let Err(e) = self.raw.step(m) {
+            let error = match e {
+                raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => Error::NoLeader,
+                raft::Error::ProposalDropped => Error::LeaderChanged,
+                e => Error::Internal(Failure::caused_by("propose", e)),
+            };
+            self.drop_proposals(ids, &error);
+        }
+    }
+
+    /// Whether raft would drop a proposal now for want of a leader that can take it: this
+    /// member leads but is handing over, or it knows no leader.
+    fn proposals_wait(&self) -> bool {
+        let raft = &self.raw.raft;
+        match raft.state {
+            StateRole::Leader => raft.lead_transferee.is_some(),
+            _ => raft.leader_id == raft::INVALID_ID,
+        }
+    }
+
+    /// Steps the held proposals again once a leader can take them, in order; answers this
+    /// member's own that waited in vain, and lets go of forwarded ones.
+    fn release_held(&mut self) {
+        while let Some((_, until)) = self.held.messages.front() {
+            if !self.proposals_wait() {
+                let Some((m, _)) = self.held.messages.pop_front() else {
+                    break;
+                };
+                let ids = self.own_ids(&m);
+                if let Err(e) = self.raw.step(m) {
+                    let error = match e {
+                        raft::Error::ProposalDropped => Error::LeaderChanged,
+                        e => Error::Internal(Failure::caused_by("propose", e)),
+                    };
+                    self.drop_proposals(ids, &error);
+                }
+            } else if Instant::now() >= *until {
+                let Some((m, _)) = self.held.messages.pop_front() else {
+                    break;
+                };
+                let error = match self.raw.raft.state {
+                    StateRole::Leader => Error::LeaderChanged,
+                    _ => Error::NoLeader,
+                };
+                let ids = self.own_ids(&m);
+                if ids.is_empty() {
+                    tracing::debug!(from = m.from, "a forwarded proposal found no leader in time; dropped");
+                }
+                self.drop_proposals(ids, &error);
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The request IDs of a proposal message this member made itself (none for one a
+    /// follower forwarded: its waiters are on that follower).
+    fn own_ids(&self, m: &Message) -> Vec<u64> {
+        if m.from != self.config.id {
+            return Vec::new();
+        }
+        m.entries
+            .iter()
+            .filter_map(|e| e.context.as_ref().try_into().ok().map(u64::from_le_bytes))
+            .collect()
+    }
+
+    fn drop_proposals(&self, ids: Vec<u64>, error: &Error) {
+        for id in ids {
+            let _ = self.apply.send(ToApply::Dropped {
+                id,
+                error: error.clone(),
+            });
         }
     }
 

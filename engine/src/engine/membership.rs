@@ -9,7 +9,7 @@ use crossbeam_channel::{bounded, Sender};
 use super::propose::wait_answer;
 use super::Core;
 use super::Engine;
-use crate::consensus::node::{Input, MemberChange};
+use crate::consensus::node::{Input, MemberChange, Transferee};
 use crate::consensus::transfer::Staged;
 use crate::consensus::MemberAttributes;
 use crate::error::{Error, Failure, Result};
@@ -225,27 +225,54 @@ impl Engine {
     /// Hands leadership to voter `to` (etcd's `MoveLeader`), waiting until this member sees
     /// it leading or `Config::request_timeout` passes. Call it on the leader.
     pub fn move_leader(&self, to: u64) -> Result<()> {
+        self.transfer_leadership(Transferee::Member(to)).map(|_| ())
+    }
+
+    /// As a member shuts down, hands its leadership, if it leads others, to the voter most
+    /// caught up (etcd transfers leadership on shutdown too), and waits until that voter
+    /// leads or `Config::request_timeout` passes. The group then goes on without an election
+    /// timeout's pause, and the proposals made during the handover are held and carried to
+    /// the new leader, not lost. Returns the new leader; `None` when this member does not
+    /// lead or leads alone.
+    pub fn step_down(&self) -> Result<Option<u64>> {
+        match self.transfer_leadership(Transferee::MostCaughtUp) {
+            Ok(to) => Ok(Some(to)),
+            Err(Error::NotLeader | Error::BadLeaderTransferee) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn transfer_leadership(&self, to: Transferee) -> Result<u64> {
         let config = &self.core.config;
         let deadline = std::time::Instant::now() + config.request_timeout;
         // raft-rs abandons a transfer that has not finished within an election timeout (the
         // transferee was catching up, a message was lost): ask again until the deadline.
         let attempt = config.raft_tick * u32::try_from(config.election_ticks * 2).unwrap_or(u32::MAX);
+        let mut chosen = match to {
+            Transferee::Member(to) => Some(to),
+            Transferee::MostCaughtUp => None,
+        };
         loop {
             let tx = self.core.node_tx()?;
             let (reply, answer) = bounded(1);
-            tx.send(Input::TransferLeader { to, reply })
+            // Once chosen, the same transferee each time.
+            let ask = chosen.map_or(to, Transferee::Member);
+            tx.send(Input::TransferLeader { to: ask, reply })
                 .map_err(|_| Error::Closed)?;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match answer.recv_timeout(left) {
-                Ok(Ok(())) => {}
-                // Leadership moved already (to `to`, or on to someone else).
-                Ok(Err(Error::NotLeader)) if self.leader() == Some(to) => return Ok(()),
+            let to = match answer.recv_timeout(left) {
+                Ok(Ok(to)) => to,
+                // Leadership moved already (to the transferee, or on to someone else).
+                Ok(Err(Error::NotLeader)) if chosen.is_some() && self.leader() == chosen => {
+                    return chosen.ok_or(Error::NotLeader)
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(Error::Timeout),
-            }
+            };
+            chosen = Some(to);
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if self.core.status.wait_leader(to, attempt.min(left)) {
-                return Ok(());
+                return Ok(to);
             }
             if std::time::Instant::now() >= deadline {
                 return Err(Error::Timeout);
