@@ -249,6 +249,16 @@ fn leader_of(member: &Member) -> String {
     format!("{:x}", status[0]["Status"]["leader"].as_u64().unwrap())
 }
 
+/// Every member but `members[skip]`.
+fn all_but(members: &[Member], skip: usize) -> Vec<&Member> {
+    members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != skip)
+        .map(|(_, m)| m)
+        .collect()
+}
+
 fn member_id(member: &Member) -> String {
     let out = ok(etcdctl(&[member], &["endpoint", "status", "-w", "json"]));
     let status: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -457,15 +467,13 @@ fn a_leader_stopped_with_sigterm_hands_its_leadership_over() {
         .lines()
         .find(|l| l.contains("stopping: handed the leadership over"))
         .unwrap_or_else(|| panic!("no handover in the leader's log:\n{log}"));
-    let rest: Vec<&Member> = members
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != stopped)
-        .map(|(_, m)| m)
-        .collect();
+    let rest = all_but(&members, stopped);
     let new_leader = leader_of(rest[0]);
     assert_ne!(new_leader, leader);
-    assert!(handed.contains(&new_leader), "{handed} (the others follow {new_leader})");
+    assert!(
+        handed.contains(&new_leader),
+        "{handed} (the others follow {new_leader})"
+    );
     ok(etcdctl(&[rest[1]], &["put", "after", "stop"]));
 }
 
@@ -491,12 +499,7 @@ fn three_processes_replicate_survive_a_killed_leader_and_grow_by_a_learner() {
     let leader = leader_of(&members[0]);
     let killed = members.iter().position(|m| member_id(m) == leader).unwrap();
     members[killed].kill();
-    let rest: Vec<&Member> = members
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != killed)
-        .map(|(_, m)| m)
-        .collect();
+    let rest = all_but(&members, killed);
     eventually(&rest, &["put", "after-kill", "x"]);
     let new_leader = leader_of(rest[0]);
     assert_ne!(new_leader, leader);
