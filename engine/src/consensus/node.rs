@@ -142,6 +142,12 @@ impl Status {
 pub(crate) enum Input {
     /// Propose `data`; `id` identifies its waiter when the entry is applied.
     Propose { id: u64, data: Vec<u8> },
+    /// Propose `data` only as the leader of `term`, which decided it (an expired lease's
+    /// revoke, a lease checkpoint): never forwarded, nor held. A member that led an earlier
+    /// term and decided by its own clock (a paused leader resuming) must not have its decision
+    /// carried to the new leader, which renewed the lease meanwhile. Answered
+    /// [`Error::NotLeader`] otherwise.
+    ProposeAsLeader { id: u64, data: Vec<u8>, term: u64 },
     /// Start (or join) a ReadIndex round; the answer is the index to wait for.
     ReadIndex { reply: oneshot::Sender<Result<u64>> },
     /// The apply thread applied everything up to this index.
@@ -636,6 +642,32 @@ impl NodeThread {
                 self.proposals.entries.push((id, data));
                 if self.proposals.entries.len() >= PROPOSE_ENTRIES || self.proposals.bytes >= PROPOSE_BYTES {
                     self.propose_batch();
+                }
+            }
+            Input::ProposeAsLeader { id, data, term } => {
+                let raft = &self.raw.raft;
+                let leads = raft.state == StateRole::Leader && raft.term == term && raft.lead_transferee.is_none();
+                if !leads || self.broken.is_some() {
+                    let error = self.broken.clone().unwrap_or(Error::NotLeader);
+                    self.drop_proposals(vec![id], &error);
+                    return;
+                }
+                // After the proposals taken before it, in one message of its own: stepped
+                // now, while this member leads the term, so raft appends it here.
+                self.propose_batch();
+                let mut m = Message::default();
+                m.set_msg_type(MessageType::MsgPropose);
+                m.from = self.config.id;
+                m.set_entries(
+                    vec![Entry {
+                        context: id.to_le_bytes().to_vec().into(),
+                        data: data.into(),
+                        ..Entry::default()
+                    }]
+                    .into(),
+                );
+                if self.raw.step(m).is_err() {
+                    self.drop_proposals(vec![id], &Error::NotLeader);
                 }
             }
             Input::ReadIndex { reply } => match &self.broken {

@@ -126,11 +126,26 @@ impl Engine {
 
 impl Core {
     fn checkpoint_leases(&self) -> Result<()> {
+        // Only the leader renews leases, so only its clocks are worth recording; a follower's
+        // would record expiries that keep-alives moved on long ago.
+        let Some(term) = self.leading_term() else {
+            return Ok(());
+        };
         let remaining = self.state.read().lessor.remaining();
         if remaining.is_empty() {
             return Ok(());
         }
-        self.propose(Request::LeaseCheckpoint { remaining }).map(|_| ())
+        let (answer, timeout) = self.submit_as_leader(Request::LeaseCheckpoint { remaining }, term)?;
+        wait_answer(answer, timeout).map(|_| ())
+    }
+
+    /// The term this member leads and has restarted the lease clocks in (it expires and
+    /// checkpoints leases by them), if it leads.
+    fn leading_term(&self) -> Option<u64> {
+        let term = self.status.term.load(Ordering::Relaxed);
+        let leading = self.status.leader.load(Ordering::Relaxed) == self.member_id
+            && self.status.leases_term.load(Ordering::Acquire) == term;
+        leading.then_some(term)
     }
 
     /// One round of revokes (see `Config::lease_revoke_keys`): proposes a revoke for up to a
@@ -138,12 +153,11 @@ impl Core {
     /// Returns how many leases it revoked, and whether more expired ones are waiting.
     fn expire_leases(&self) -> (usize, bool) {
         // Only the leader expires leases, by proposing revokes, once it has restarted their
-        // clocks in its term.
-        let leading = self.status.leader.load(Ordering::Relaxed) == self.member_id
-            && self.status.leases_term.load(Ordering::Acquire) == self.status.term.load(Ordering::Relaxed);
-        if !leading {
+        // clocks in its term; and only while it still leads that term (a paused leader that
+        // resumes decides by a clock the new leader's keep-alives moved on from).
+        let Some(term) = self.leading_term() else {
             return (0, false);
-        }
+        };
         // Nothing that writes is applied while a CORRUPT alarm is raised: revokes would fail.
         if self.state.read().alarms.iter().any(|(_, a)| *a == Alarm::Corrupt) {
             return (0, false);
@@ -155,7 +169,7 @@ impl Core {
             .expired(self.config.lease_revoke_batch, self.config.lease_revoke_keys);
         let pending: Vec<_> = expired
             .into_iter()
-            .map(|id| (id, self.submit(Request::LeaseRevoke { id })))
+            .map(|id| (id, self.submit_as_leader(Request::LeaseRevoke { id }, term)))
             .collect();
         let mut revoked = 0;
         for (id, answer) in pending {
@@ -164,6 +178,12 @@ impl Core {
                 Ok(_) => revoked += 1,
                 // Revoked meanwhile by a client: nothing to retry.
                 Err(Error::LeaseNotFound) => {}
+                // It may still be applied: the lease stays unrenewable (a renewal now could be
+                // answered and then revoked) until this member leads again, which restarts the
+                // lease clocks.
+                Err(e) if e.outcome_unknown() => {
+                    tracing::warn!(lease = id, error = %e, "revoking an expired lease: no answer in time");
+                }
                 Err(e) => {
                     tracing::warn!(lease = id, error = %e, "revoking an expired lease failed");
                     self.state.write().lessor.revoke_failed(id);
@@ -201,5 +221,42 @@ pub(super) fn checker_loop(core: Arc<Core>, stop: Receiver<()>, every: std::time
 fn clear_checkpoint(id: i64) -> Request {
     Request::LeaseCheckpoint {
         remaining: vec![(id, 0)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wait_answer;
+    use crate::request::Request;
+    use crate::{Config, Engine, Error};
+
+    /// What only the leader of a term decides (an expired lease's revoke) is proposed only
+    /// while this member leads that term: a decision made in a term it no longer leads is
+    /// refused, not carried to the new leader, and changes nothing.
+    #[test]
+    fn a_revoke_decided_in_a_term_this_member_no_longer_leads_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            lease_check_interval: None,
+            ..Config::default()
+        };
+        let engine = Engine::open(dir.path(), config).unwrap();
+        let lease = engine.lease_grant(0, 60).unwrap().response.id;
+        let term = engine.term();
+        let core = &engine.core;
+        for stale in [term - 1, term + 1] {
+            let (answer, timeout) = core
+                .submit_as_leader(Request::LeaseRevoke { id: lease }, stale)
+                .unwrap();
+            assert!(
+                matches!(wait_answer(answer, timeout), Err(Error::NotLeader)),
+                "term {stale}"
+            );
+            assert_eq!(engine.lease_time_to_live(lease, false).granted_ttl, 60, "term {stale}");
+        }
+        let (answer, timeout) = core.submit_as_leader(Request::LeaseRevoke { id: lease }, term).unwrap();
+        wait_answer(answer, timeout).unwrap();
+        assert_eq!(engine.lease_time_to_live(lease, false).ttl, -1);
+        engine.close().unwrap();
     }
 }

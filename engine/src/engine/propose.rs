@@ -183,12 +183,29 @@ impl Core {
     /// Logs `request`, in the forms every member decodes (`crate::version`), and queues it;
     /// the receiver gets its answer once applied.
     pub(super) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
+        let data = self.encode(request)?;
+        self.submit_input(|id| Input::Propose { id, data })
+    }
+
+    /// `request` as a log entry, in the forms every member decodes (`crate::version`).
+    fn encode(&self, request: Request) -> Result<Vec<u8>> {
         let versions = match crate::format::entry::gated(&request) {
             true => self.state.read().versions,
             false => Default::default(),
         };
-        let data = crate::format::entry::encode(request, &versions)?;
-        self.submit_input(|id| Input::Propose { id, data })
+        crate::format::entry::encode(request, &versions)
+    }
+
+    /// [`Core::submit`] for what only the leader of `term` decides (see
+    /// [`Input::ProposeAsLeader`]): refused with [`Error::NotLeader`] by a member that no
+    /// longer leads that term.
+    pub(super) fn submit_as_leader(
+        &self,
+        request: Request,
+        term: u64,
+    ) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
+        let data = self.encode(request)?;
+        self.submit_input(|id| Input::ProposeAsLeader { id, data, term })
     }
 
     /// Registers a waiter under a new request ID and hands the node the input `make` builds

@@ -177,9 +177,14 @@ impl Lessor {
         Ok((ttl, stale_checkpoint))
     }
 
-    /// Restarts every lease's clock from now, after loading state: from the checkpointed
-    /// remaining TTL where there is one, else the full TTL. Never earlier than before.
+    /// Restarts every lease's clock from now, after loading state or on becoming leader: from
+    /// the checkpointed remaining TTL where there is one, else the full TTL. Never earlier than
+    /// before. A revoke this member proposed as an earlier leader is forgotten: it was applied
+    /// by now, or it never will be.
     pub(crate) fn restart_clocks(&mut self) {
+        for lease in self.leases.values_mut() {
+            lease.revoking = false;
+        }
         let now = self.clock.now();
         let plan: Vec<(i64, Duration)> = self
             .leases
