@@ -655,17 +655,7 @@ impl NodeThread {
                 // After the proposals taken before it, in one message of its own: stepped
                 // now, while this member leads the term, so raft appends it here.
                 self.propose_batch();
-                let mut m = Message::default();
-                m.set_msg_type(MessageType::MsgPropose);
-                m.from = self.config.id;
-                m.set_entries(
-                    vec![Entry {
-                        context: id.to_le_bytes().to_vec().into(),
-                        data: data.into(),
-                        ..Entry::default()
-                    }]
-                    .into(),
-                );
+                let m = self.proposal(vec![(id, data)]);
                 if self.raw.step(m).is_err() {
                     self.drop_proposals(vec![id], &Error::NotLeader);
                 }
@@ -771,21 +761,22 @@ impl NodeThread {
         }
         self.proposals.bytes = 0;
         let batch = std::mem::take(&mut self.proposals.entries);
-        if let Some(e) = &self.broken {
-            let error = e.clone();
-            for (id, _) in batch {
-                let _ = self.apply.send(ToApply::Dropped {
-                    id,
-                    error: error.clone(),
-                });
-            }
+        if let Some(e) = self.broken.clone() {
+            self.drop_proposals(batch.into_iter().map(|(id, _)| id).collect(), &e);
             return;
         }
+        let m = self.proposal(batch);
+        self.step_proposal(m);
+    }
+
+    /// One raft proposal message from this member: each entry carries its request ID, by
+    /// which the apply thread answers its waiter.
+    fn proposal(&self, entries: Vec<(u64, Vec<u8>)>) -> Message {
         let mut m = Message::default();
         m.set_msg_type(MessageType::MsgPropose);
         m.from = self.config.id;
         m.set_entries(
-            batch
+            entries
                 .into_iter()
                 .map(|(id, data)| Entry {
                     context: id.to_le_bytes().to_vec().into(),
@@ -795,7 +786,21 @@ impl NodeThread {
                 .collect::<Vec<_>>()
                 .into(),
         );
-        self.step_proposal(m);
+        m
+    }
+
+    /// Steps a proposal message raft can take now; if it drops it all the same, this
+    /// member's own proposals in it are answered why.
+    fn step_now(&mut self, m: Message) {
+        let ids = self.own_ids(&m);
+        if let Err(e) = self.raw.step(m) {
+            let error = match e {
+                raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => Error::NoLeader,
+                raft::Error::ProposalDropped => Error::LeaderChanged,
+                e => Error::Internal(Failure::caused_by("propose", e)),
+            };
+            self.drop_proposals(ids, &error);
+        }
     }
 
     /// Steps a proposal message, this member's own batch or one a follower forwarded: held
@@ -807,15 +812,7 @@ impl NodeThread {
                 .push_back((m, Instant::now() + self.config.read_timeout / 2));
             return;
         }
-        let ids = self.own_ids(&m);
-        if let Err(e) = self.raw.step(m) {
-            let error = match e {
-                raft::Error::ProposalDropped if self.raw.raft.leader_id == raft::INVALID_ID => Error::NoLeader,
-                raft::Error::ProposalDropped => Error::LeaderChanged,
-                e => Error::Internal(Failure::caused_by("propose", e)),
-            };
-            self.drop_proposals(ids, &error);
-        }
+        self.step_now(m);
     }
 
     /// Whether raft would drop a proposal now for want of a leader that can take it: this
@@ -836,14 +833,7 @@ impl NodeThread {
                 let Some((m, _)) = self.held.messages.pop_front() else {
                     break;
                 };
-                let ids = self.own_ids(&m);
-                if let Err(e) = self.raw.step(m) {
-                    let error = match e {
-                        raft::Error::ProposalDropped => Error::LeaderChanged,
-                        e => Error::Internal(Failure::caused_by("propose", e)),
-                    };
-                    self.drop_proposals(ids, &error);
-                }
+                self.step_now(m);
             } else if Instant::now() >= *until {
                 let Some((m, _)) = self.held.messages.pop_front() else {
                     break;
