@@ -262,9 +262,12 @@ impl Engine {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let to = match answer.recv_timeout(left) {
                 Ok(Ok(to)) => to,
-                // Leadership moved already (to the transferee, or on to someone else).
-                Ok(Err(Error::NotLeader)) if chosen.is_some() && self.leader() == chosen => {
-                    return chosen.ok_or(Error::NotLeader)
+                // Leadership moved already: to the transferee (done), or on to someone else.
+                Ok(Err(Error::NotLeader)) => {
+                    return match chosen {
+                        Some(to) if self.leader() == Some(to) => Ok(to),
+                        _ => Err(Error::NotLeader),
+                    }
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(Error::Timeout),
