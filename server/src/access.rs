@@ -6,17 +6,11 @@
 //!
 //! When auth is disabled, nothing is checked and every caller may do everything.
 
-use std::sync::Arc;
-
 use cairn_engine::{Access, AuthError, AuthStore, Engine};
 use tonic::Status;
 
 use crate::errors::auth_status;
-
-/// The client certificate's common name, if the connection presented a verified one: the
-/// listener records it per connection (axum's `ConnectInfo`).
-#[derive(Clone, Debug, Default)]
-pub struct ClientCert(pub Option<Arc<str>>);
+use crate::listen::ClientCert;
 
 /// How callers prove who they are, from the flags.
 #[derive(Debug, Clone)]
@@ -255,22 +249,5 @@ pub fn txn_needs<'a>(t: &'a cairn_engine::TxnRequest, out: &mut Needs<'a>) {
             RequestOp::DeleteRange(d) => delete_needs(d, out),
             RequestOp::Txn(nested) => txn_needs(nested, out),
         }
-    }
-}
-
-impl ClientCert {
-    /// A plaintext connection has no certificate.
-    pub fn plain(_: &tokio::net::TcpStream) -> ClientCert {
-        ClientCert(None)
-    }
-
-    /// The common name of the certificate the client presented, verified in the handshake.
-    pub fn of_tls(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> ClientCert {
-        let (_, connection) = stream.get_ref();
-        let cn = connection
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .and_then(|cert| crate::tls::common_name(cert));
-        ClientCert(cn.map(Arc::from))
     }
 }

@@ -24,64 +24,21 @@
 //! named also refuses reads, rather than answer from data known to be wrong. An operator
 //! rebuilds the member and disarms the alarm (docs/reliability.md).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_engine::{Alarm, HashKv};
-use parking_lot::Mutex;
 use tonic::{Code, Status};
 
+use crate::flags::CorruptionChecks as Checks;
 use crate::node::Node;
 use crate::pb::peer as pb;
+use crate::peer::Kept;
 use crate::tls::Connector;
 
-/// The checks the flags turn on ([`crate::flags::Compat::corruption_checks`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Checks {
-    /// Compare with the peers before serving.
-    pub initial: bool,
-    /// How often the leader compares the latest revision's hashes.
-    pub latest_every: Option<Duration>,
-    /// How often the leader compares compaction hashes (`None`: members keep none).
-    pub compaction_every: Option<Duration>,
-}
-
-/// Compaction hashes a member keeps (etcd keeps ten too).
-const KEPT: usize = 10;
 /// How often a member looks for a compaction it has not hashed yet.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
-
-/// The hashes this member took at its latest compactions, oldest first; the peer service
-/// answers the leader's compaction check from them.
-#[derive(Debug, Default)]
-pub struct Kept(Mutex<VecDeque<HashKv>>);
-
-impl Kept {
-    /// The hash kept for the compaction at `revision`.
-    pub fn get(&self, revision: i64) -> Option<HashKv> {
-        self.0.lock().iter().find(|h| h.hash_revision == revision).copied()
-    }
-
-    fn newest_revision(&self) -> i64 {
-        self.0.lock().back().map_or(0, |h| h.hash_revision)
-    }
-
-    fn keep(&self, hash: HashKv) {
-        let mut kept = self.0.lock();
-        if kept.back().is_some_and(|h| h.hash_revision >= hash.hash_revision) {
-            return;
-        }
-        kept.push_back(hash);
-        while kept.len() > KEPT {
-            kept.pop_front();
-        }
-    }
-
-    fn newest_first(&self) -> Vec<HashKv> {
-        self.0.lock().iter().rev().copied().collect()
-    }
-}
 
 /// A peer's answer, or why there is none.
 type Answer = Result<pb::HashResponse, Status>;
@@ -89,7 +46,7 @@ type Answer = Result<pb::HashResponse, Status>;
 /// Asks every other member for its hash at `revision` (of its history, or kept at that
 /// compaction), all at once.
 async fn ask_peers(node: &Node, connector: &Connector, revision: i64, compaction: bool) -> Vec<(u64, Answer)> {
-    crate::peer::ask_every_peer(node, connector, move |mut client| async move {
+    crate::peer::ask_every_peer(&node.engine, node.member_id, connector, move |mut client| async move {
         client
             .hash(pb::HashRequest { revision, compaction })
             .await

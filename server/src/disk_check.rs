@@ -16,36 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::flags::DiskArgs;
 use cairn_engine::wal::{Config, Durability, Replay, Wal};
-use clap::Args;
 use serde_json::json;
-
-/// `cairn check disk`'s arguments.
-#[derive(Debug, Args)]
-pub struct DiskArgs {
-    /// A directory on the disk to check (where the member's WAL would live).
-    #[arg(long, default_value = ".")]
-    pub dir: PathBuf,
-    /// The fdatasync p99 a fit disk stays under (a Go duration; etcd's guidance is 10ms).
-    #[arg(long, default_value = "10ms")]
-    pub max_p99: String,
-    /// Bytes written in all (etcd's recipe: 22 MiB).
-    #[arg(long, default_value_t = 22 << 20)]
-    pub size: u64,
-    /// Bytes per write, each followed by an fdatasync (etcd's recipe: 2,300, about a
-    /// Kubernetes object's WAL entry).
-    #[arg(long, default_value_t = 2300)]
-    pub block_size: u64,
-    /// Appender threads for the WAL's group-commit run; 0 skips it.
-    #[arg(long, default_value_t = 8)]
-    pub appenders: usize,
-    /// How long the WAL's group-commit run lasts, in seconds.
-    #[arg(long, default_value_t = 2.0)]
-    pub wal_seconds: f64,
-    /// Print one JSON object instead of lines for people.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// Why the check could not run (as opposed to a disk found unfit).
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,6 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::ids;
-pub use crate::logging::{LogFormat, LogLevel};
 
 mod cluster;
 mod compat;
@@ -21,14 +20,17 @@ mod removed;
 mod security;
 mod storage;
 mod transport;
-pub use cluster::{Cluster, Discovery, DiscoveryClient};
-pub use compat::{go_duration, Compat, FEATURE_GATES};
+mod value;
+pub use cluster::{valid_peer_url, Cluster, Discovery, DiscoveryClient};
+pub use compat::{Compat, CorruptionChecks, DOWNGRADE_CHECK_EVERY, FEATURE_GATES};
 pub use invocation::Invocation;
-pub use observability::{MetricsLevel, Observability, Rotation};
+pub use observability::{LogFormat, LogLevel, MetricsLevel, Observability, Rotation, Tracing, JOURNAL};
 pub use removed::{Removed, REMOVED};
-pub use security::Security;
+pub use security::{Security, TlsFiles};
 pub use storage::Storage;
 pub use transport::{HttpAccess, KeepAlive, Transport};
+use value::bad;
+pub use value::{go_duration, path, BadFlag};
 
 /// An etcd-compatible key-value store: one member of a Raft group, serving etcd's v3 gRPC API.
 #[derive(Debug, Parser)]
@@ -60,7 +62,34 @@ pub enum CheckCommand {
     /// Whether a disk is fit for a member's WAL: etcd's fio recipe (2,300-byte writes, each
     /// followed by an fdatasync), a verdict against etcd's guidance (p99 under 10 ms), and
     /// cairn's WAL on the same disk. Exits 1 when the disk is not fit.
-    Disk(crate::disk_check::DiskArgs),
+    Disk(DiskArgs),
+}
+
+/// `cairn check disk`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct DiskArgs {
+    /// A directory on the disk to check (where the member's WAL would live).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// The fdatasync p99 a fit disk stays under (a Go duration; etcd's guidance is 10ms).
+    #[arg(long, default_value = "10ms")]
+    pub max_p99: String,
+    /// Bytes written in all (etcd's recipe: 22 MiB).
+    #[arg(long, default_value_t = 22 << 20)]
+    pub size: u64,
+    /// Bytes per write, each followed by an fdatasync (etcd's recipe: 2,300, about a
+    /// Kubernetes object's WAL entry).
+    #[arg(long, default_value_t = 2300)]
+    pub block_size: u64,
+    /// Appender threads for the WAL's group-commit run; 0 skips it.
+    #[arg(long, default_value_t = 8)]
+    pub appenders: usize,
+    /// How long the WAL's group-commit run lasts, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub wal_seconds: f64,
+    /// Print one JSON object instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn snapshot`'s tools.
@@ -250,29 +279,6 @@ pub struct Flags {
     pub invocation: Invocation,
 }
 
-/// A flag value that does not make sense, with the flag's name.
-#[derive(Debug, thiserror::Error)]
-#[error("--{flag}: {reason}")]
-pub struct BadFlag {
-    /// The flag's name, without the leading `--`.
-    pub flag: &'static str,
-    /// What is wrong with its value.
-    pub reason: String,
-}
-
-fn bad(flag: &'static str, reason: impl Into<String>) -> BadFlag {
-    BadFlag {
-        flag,
-        reason: reason.into(),
-    }
-}
-
-/// A path flag's value. Unlike clap's own path parser it takes an empty value, which etcd's
-/// help shows as the default of its file flags and which means no file.
-pub fn path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
-    Ok(PathBuf::from(value))
-}
-
 /// A comma-separated URL list, each URL once (etcd's unique URLs: kubeadm lists the same
 /// URL twice when its advertise address is loopback).
 pub fn url_list(flag: &'static str, value: &str) -> Result<Vec<String>, BadFlag> {
@@ -286,7 +292,7 @@ pub fn url_list(flag: &'static str, value: &str) -> Result<Vec<String>, BadFlag>
         return Err(bad(flag, "no URL given"));
     }
     for u in &urls {
-        if !crate::api::cluster::valid_peer_url(u) {
+        if !valid_peer_url(u) {
             return Err(bad(
                 flag,
                 format!("{u:?} is not a URL with a scheme, a host and a port"),

@@ -8,7 +8,8 @@ use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::node::Node;
+use cairn_engine::Engine;
+
 use crate::tls::Connector;
 
 /// How long a request waits for the leader's client URLs to be known here.
@@ -39,14 +40,15 @@ impl Forwarder {
         }
     }
 
-    /// Whether `node` serves a leader-only request itself, or where to send it. A leader
+    /// Whether member `me` of `engine` serves a leader-only request itself, or where to send
+    /// it. A leader
     /// whose client URLs are not known here yet (a cluster just started: each member
     /// publishes them through the log once it runs) is waited for, for up to
     /// [`PUBLISH_PATIENCE`]; "no leader" after that.
-    pub async fn route(&self, node: &Node) -> Result<Route, Status> {
+    pub async fn route(&self, engine: &Engine, me: u64) -> Result<Route, Status> {
         let deadline = tokio::time::Instant::now() + PUBLISH_PATIENCE;
         loop {
-            match self.route_now(node) {
+            match self.route_now(engine, me) {
                 Ok(Some(route)) => return Ok(route),
                 Ok(None) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -59,18 +61,17 @@ impl Forwarder {
 
     /// [`Forwarder::route`] as things are now: `None` while the leader's client URLs are
     /// not known.
-    fn route_now(&self, node: &Node) -> Result<Option<Route>, Status> {
-        let Some(leader) = node.engine.leader() else {
+    fn route_now(&self, engine: &Engine, me: u64) -> Result<Option<Route>, Status> {
+        let Some(leader) = engine.leader() else {
             return Err(crate::errors::status(&cairn_engine::Error::NoLeader));
         };
-        if leader == node.member_id {
+        if leader == me {
             return Ok(Some(Route::Here));
         }
         if let Some(channel) = self.channels.lock().get(&leader) {
             return Ok(Some(Route::Leader(channel.clone())));
         }
-        let Some(url) = node
-            .engine
+        let Some(url) = engine
             .member_list()
             .into_iter()
             .find(|m| m.id == leader)

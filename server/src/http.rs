@@ -15,7 +15,8 @@ use axum::{Json, Router};
 use cairn_engine::Alarm;
 
 use crate::metrics::Metrics;
-use crate::node::{Node, API_VERSION};
+use crate::node::Node;
+use crate::pb::API_VERSION;
 
 /// How long the health check's linearizable read may take (etcd's 2 s deadline less a margin).
 const HEALTH_READ_TIMEOUT: Duration = Duration::from_secs(1);

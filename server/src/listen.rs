@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -12,7 +13,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
 
-use crate::access::ClientCert;
 use crate::flags::KeepAlive;
 use crate::http2::pings::PingPolicy;
 use crate::http2::Watched;
@@ -129,4 +129,60 @@ where
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The client certificate's common name, if the connection presented a verified one: the
+/// listener records it per connection (axum's `ConnectInfo`).
+#[derive(Clone, Debug, Default)]
+pub struct ClientCert(pub Option<Arc<str>>);
+
+impl ClientCert {
+    /// A plaintext connection has no certificate.
+    pub fn plain(_: &tokio::net::TcpStream) -> ClientCert {
+        ClientCert(None)
+    }
+
+    /// The common name of the certificate the client presented, verified in the handshake.
+    pub fn of_tls(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> ClientCert {
+        let (_, connection) = stream.get_ref();
+        let cn = connection
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|cert| crate::tls::common_name(cert));
+        ClientCert(cn.map(Arc::from))
+    }
+}
+
+/// A plaintext listener with Nagle's algorithm off on every connection it accepts: small
+/// responses (most gRPC answers) go out at once instead of waiting up to 40 ms for the
+/// client's ACK.
+#[derive(Debug)]
+pub struct Plain(pub TcpListener);
+
+impl axum::serve::Listener for Plain {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((tcp, remote)) => {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                    return (tcp, remote);
+                }
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before accept: pause
+                    // rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
 }

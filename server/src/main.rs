@@ -91,7 +91,7 @@ fn configuration() -> Result<(Cli, Notes), String> {
 
 /// `cairn check disk`: the report, and exit 0 only for a fit disk (2 when the check could not
 /// run).
-fn check_disk(args: &cairn_server::disk_check::DiskArgs) -> ExitCode {
+fn check_disk(args: &cairn_server::flags::DiskArgs) -> ExitCode {
     match cairn_server::disk_check::run(args) {
         Ok(report) => {
             if args.json {

@@ -9,10 +9,6 @@ use tonic::Status;
 use crate::errors::{IntoStatus, Refusal};
 use crate::pb::etcdserverpb::ResponseHeader;
 
-/// The etcd API version cairn implements fully (what `Status.version` reports; clients such as
-/// kube-apiserver parse it to decide what they may use).
-pub const API_VERSION: &str = "3.6.0";
-
 /// How far the applied index may lag behind the committed one before writes are refused with
 /// "too many requests" (etcd's `maxGapBetweenApplyAndCommitIndex`).
 const MAX_APPLY_LAG: u64 = 5000;
@@ -100,6 +96,12 @@ impl Node {
     /// The caller of `request` (see [`crate::access::caller`]).
     pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Option<crate::access::Caller>, Status> {
         crate::access::caller(&self.engine, &self.access, request).await
+    }
+
+    /// Whether this member serves a leader-only request itself, or where to send it
+    /// ([`crate::forward::Forwarder::route`]).
+    pub async fn leader_route(&self) -> Result<crate::forward::Route, Status> {
+        self.forward.route(&self.engine, self.member_id).await
     }
 
     /// The header of a response that reads no revision: the current one.

@@ -49,3 +49,7 @@ pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descrip
 pub mod peer {
     tonic::include_proto!("cairnpeer");
 }
+
+/// The etcd API version cairn implements fully (what `Status.version` reports; clients such as
+/// kube-apiserver parse it to decide what they may use).
+pub const API_VERSION: &str = "3.6.0";

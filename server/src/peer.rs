@@ -7,7 +7,7 @@
 //! messages are dropped (Raft sends again). A message from another cluster is refused. A member
 //! joining an existing cluster asks its peers for its ID and the cluster's ([`discover`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_engine::{Engine, Inbox, Transport};
+use cairn_engine::{Engine, HashKv, Inbox, Transport};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -408,12 +408,46 @@ async fn probe_loop(shared: Weak<Shared>, to: u64) {
     }
 }
 
+/// Compaction hashes a member keeps (etcd keeps ten too).
+const KEPT: usize = 10;
+
+/// The hashes this member took at its latest compactions, oldest first; the peer service
+/// answers the leader's compaction check from them.
+#[derive(Debug, Default)]
+pub struct Kept(Mutex<VecDeque<HashKv>>);
+
+impl Kept {
+    /// The hash kept for the compaction at `revision`.
+    pub fn get(&self, revision: i64) -> Option<HashKv> {
+        self.0.lock().iter().find(|h| h.hash_revision == revision).copied()
+    }
+
+    pub(crate) fn newest_revision(&self) -> i64 {
+        self.0.lock().back().map_or(0, |h| h.hash_revision)
+    }
+
+    pub(crate) fn keep(&self, hash: HashKv) {
+        let mut kept = self.0.lock();
+        if kept.back().is_some_and(|h| h.hash_revision >= hash.hash_revision) {
+            return;
+        }
+        kept.push_back(hash);
+        while kept.len() > KEPT {
+            kept.pop_front();
+        }
+    }
+
+    pub(crate) fn newest_first(&self) -> Vec<HashKv> {
+        self.0.lock().iter().rev().copied().collect()
+    }
+}
+
 /// The peer service: delivers what peers send to the engine.
 struct PeerService {
     inbox: InboxSlot,
     cluster: Arc<ClusterId>,
     /// This member's compaction hashes, for the leader's check.
-    kept: Arc<crate::corruption::Kept>,
+    kept: Arc<Kept>,
     /// Bytes and failures per peer.
     metrics: PeerMetrics,
 }
@@ -585,12 +619,13 @@ impl Peer for PeerService {
     }
 }
 
-/// Asks every other member one question (`ask`, given a client of its peer URL) all at
+/// Asks every member of `engine` but `me` one question (`ask`, given a client of its peer URL) all at
 /// once, each within the engine's request timeout (etcd's bound too: a partitioned peer must
 /// not hold anyone back for long). A member with several peer URLs is asked at the next one
 /// if one fails.
 pub async fn ask_every_peer<T, F, Fut>(
-    node: &crate::node::Node,
+    engine: &Engine,
+    me: u64,
     connector: &Connector,
     ask: F,
 ) -> Vec<(u64, Result<T, Status>)>
@@ -599,10 +634,10 @@ where
     F: Fn(PeerClient<tonic::transport::Channel>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<T, Status>> + Send,
 {
-    let patience = node.engine.request_timeout();
+    let patience = engine.request_timeout();
     let mut asking = tokio::task::JoinSet::new();
-    for member in node.engine.member_list() {
-        if member.id == node.member_id {
+    for member in engine.member_list() {
+        if member.id == me {
             continue;
         }
         let (connector, ask) = (connector.clone(), ask.clone());
@@ -691,12 +726,7 @@ pub fn store_member_id(dir: &Path, id: u64) -> std::io::Result<()> {
 }
 
 /// The peer listener's routes.
-pub fn router(
-    inbox: InboxSlot,
-    cluster: Arc<ClusterId>,
-    kept: Arc<crate::corruption::Kept>,
-    metrics: PeerMetrics,
-) -> axum::Router {
+pub fn router(inbox: InboxSlot, cluster: Arc<ClusterId>, kept: Arc<Kept>, metrics: PeerMetrics) -> axum::Router {
     let service = PeerServer::new(PeerService {
         inbox,
         cluster,

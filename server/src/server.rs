@@ -88,7 +88,7 @@ struct Plan {
     /// The peer port's TLS (also for dialing peers).
     peer_tls: Option<Tls>,
     /// The corruption checks asked for.
-    checks: crate::corruption::Checks,
+    checks: flags::CorruptionChecks,
     /// How often the leader asks the members' releases (--downgrade-check-time).
     version_checks: Duration,
     /// `--listen-client-http-urls`: when any, the client URLs serve gRPC alone.
@@ -298,7 +298,7 @@ fn log_settings(f: &Flags, plan: &Plan) {
     let c = &plan.config;
     tracing::info!(
         cairn_version = env!("CARGO_PKG_VERSION"),
-        etcd_api_version = crate::node::API_VERSION,
+        etcd_api_version = crate::pb::API_VERSION,
         name = %f.name,
         data_dir = %plan.dir.display(),
         wal_dir = %c.wal_dir.as_ref().map_or(String::new(), |d| d.display().to_string()),
@@ -436,40 +436,6 @@ fn socket_of(url: &str) -> Result<(String, u16), ServeError> {
     Ok((host, port))
 }
 
-/// A plaintext listener with Nagle's algorithm off on every connection it accepts: small
-/// responses (most gRPC answers) go out at once instead of waiting up to 40 ms for the
-/// client's ACK.
-#[derive(Debug)]
-pub struct Plain(tokio::net::TcpListener);
-
-impl axum::serve::Listener for Plain {
-    type Io = tokio::net::TcpStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.0.accept().await {
-                Ok((tcp, remote)) => {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                    }
-                    return (tcp, remote);
-                }
-                Err(e) => {
-                    // Out of file descriptors, or a connection reset before accept: pause
-                    // rather than spin.
-                    tracing::warn!(error = %e, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
-
 /// A listener bound to a URL's address, not yet serving.
 struct Bound {
     url: String,
@@ -510,7 +476,7 @@ fn serve_on(
     http2: crate::listen::Http2,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Serving, ServeError> {
-    use crate::access::ClientCert;
+    use crate::listen::{ClientCert, Plain};
     if !bound.url.starts_with("https://") {
         let serving = crate::listen::serve(Plain(bound.tcp), router, http2, ClientCert::plain, stop);
         return Ok(tokio::spawn(serving));
@@ -723,7 +689,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     // A new member of an existing cluster starts hearing from the leader only once its peer
     // listener is up: serve peers before opening the engine, which waits to catch up.
     let inbox = peers.inbox_slot();
-    let kept = Arc::new(crate::corruption::Kept::default());
+    let kept = Arc::new(crate::peer::Kept::default());
     for bound in peer_listeners {
         let router = crate::peer::router(inbox.clone(), cluster.clone(), kept.clone(), metrics.peers.clone());
         let serving = serve_on(

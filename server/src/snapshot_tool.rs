@@ -160,7 +160,7 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
                 "revision": info.revision,
                 "totalKey": info.keys,
                 "totalSize": total,
-                "version": crate::node::API_VERSION,
+                "version": crate::pb::API_VERSION,
             })
         ),
         "table" => {
@@ -172,7 +172,7 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
                 info.revision,
                 info.keys,
                 total,
-                crate::node::API_VERSION
+                crate::pb::API_VERSION
             );
             println!("+----------+----------+------------+------------+---------+");
         }
@@ -180,7 +180,7 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
             "{hash:x}, {}, {}, {total}, {}",
             info.revision,
             info.keys,
-            crate::node::API_VERSION
+            crate::pb::API_VERSION
         ),
     }
     Ok(())

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use crate::flags::Tracing as Settings;
 use crate::grpc_body::{trailers_only_status, Observed, Observer};
 use axum::extract::Request;
 use axum::http::HeaderMap;
@@ -41,20 +42,6 @@ pub const QUEUE_SPANS: usize = 2048;
 pub const FLUSH_PATIENCE: Duration = Duration::from_secs(5);
 /// etcd's sampling rates are samples per million.
 const PER_MILLION: u32 = 1_000_000;
-
-/// What the tracing flags ask for (`flags::Observability::tracing`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Settings {
-    /// The collector, `host:port` (or `http://host:port`), spoken to in plaintext gRPC as
-    /// etcd speaks to it.
-    pub address: String,
-    /// The `service.name` resource attribute.
-    pub service_name: String,
-    /// The `service.instance.id` resource attribute; none when empty, as in etcd.
-    pub instance_id: String,
-    /// Traces started here that are sampled, per million. Invariant: at most 1,000,000.
-    pub sampling_rate: u32,
-}
 
 /// Why spans cannot be exported as asked.
 #[derive(Debug, thiserror::Error)]

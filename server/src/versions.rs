@@ -26,10 +26,6 @@ use crate::node::Node;
 use crate::pb::peer as pb;
 use crate::tls::Connector;
 
-/// How often the leader asks the members, unless --downgrade-check-time says (etcd's default
-/// for it; its version monitor runs every 4 s).
-pub const EVERY: Duration = Duration::from_secs(5);
-
 /// How often the leader asks until every member has answered once.
 const FIRST: Duration = Duration::from_millis(500);
 
@@ -91,7 +87,7 @@ fn release_line(answer: Result<pb::VersionResponse, Status>) -> Option<Version> 
 
 /// Every member's release line, this one's included.
 async fn ask_members(node: &Node, connector: &Connector) -> Vec<(u64, Option<Version>)> {
-    let answers = crate::peer::ask_every_peer(node, connector, |mut client| async move {
+    let answers = crate::peer::ask_every_peer(&node.engine, node.member_id, connector, |mut client| async move {
         client
             .version(pb::VersionRequest {})
             .await

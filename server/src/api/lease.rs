@@ -125,7 +125,7 @@ impl Lease for LeaseService {
             access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseRead(r.id)])?;
         }
         // Only the leader's clocks count (a follower's restart on every election).
-        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
+        if let Route::Leader(channel) = self.node.leader_route().await? {
             return self
                 .node
                 .forwarded(LeaseClient::new(channel).lease_time_to_live(access::onward(&metadata, r)))
@@ -163,7 +163,7 @@ impl Lease for LeaseService {
 
 /// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
 async fn keep_alive(node: &Arc<Node>, id: i64, metadata: &tonic::metadata::MetadataMap) -> Result<i64, Status> {
-    match node.forward.route(node).await? {
+    match node.leader_route().await? {
         Route::Here => node.bounded(node.engine.lease_keep_alive_async(id)).await,
         Route::Leader(channel) => {
             node.forwarded(async {

@@ -7,9 +7,10 @@ use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status};
 
 use crate::access;
-use crate::node::{Node, API_VERSION};
+use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
+use crate::pb::API_VERSION;
 
 /// Bytes per Snapshot response.
 const SNAPSHOT_CHUNK: usize = 64 << 10;

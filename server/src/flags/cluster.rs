@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::{bad, go_duration, BadFlag};
+use super::value::{bad, go_duration, BadFlag};
 
 /// The flags of this module.
 // The discovery client's flags are documented a group at a time, as etcd's help does.
@@ -253,6 +253,16 @@ impl Cluster {
     }
 }
 
+/// Whether `url` is a URL etcd would accept for a peer: `http` or `https`, a host and a port.
+pub fn valid_peer_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https" | "unix" | "unixs"));
+    let path_ok = matches!(uri.path(), "" | "/");
+    scheme_ok && path_ok && uri.host().is_some_and(|h| !h.is_empty()) && uri.port_u16().is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +392,16 @@ mod tests {
         }
         assert!(parse(&["--discovery-password=pw"]).discovery_client().is_err());
         assert!(parse(&["--discovery-request-timeout=soon"]).check().is_err());
+    }
+
+    #[test]
+    fn peer_urls_are_checked_as_etcd_does() {
+        assert!(valid_peer_url("http://127.0.0.1:2380"));
+        assert!(valid_peer_url("https://node-1.example:12380"));
+        assert!(!valid_peer_url("127.0.0.1:2380"), "no scheme");
+        assert!(!valid_peer_url("http://127.0.0.1"), "no port");
+        assert!(!valid_peer_url("ftp://127.0.0.1:2380"));
+        assert!(!valid_peer_url("http://127.0.0.1:2380/path"));
+        assert!(!valid_peer_url(""));
     }
 }

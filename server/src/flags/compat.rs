@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{bad, BadFlag};
+use super::value::{bad, go_duration, BadFlag};
 
 /// etcd's server feature gates (3.6 and 3.7, `server/features`), with what cairn does with
 /// each: all are accepted; the hash checks' two ([`EFFECTIVE_GATES`]) turn them on, and none
@@ -135,15 +135,6 @@ pub struct Compat {
     pub experimental_distributed_tracing_instance_id: Option<String>,
 }
 
-/// A Go duration (`5s`, `1m30s`, `500ms`, `1.5h`), as etcd's duration flags take.
-pub fn go_duration(flag: &'static str, value: &str) -> Result<Duration, BadFlag> {
-    let nanos = go_parse_duration::parse_duration(value.trim())
-        .map_err(|_| bad(flag, format!("{value:?} is not a duration (for example 5s, 1m30s)")))?;
-    u64::try_from(nanos)
-        .map(Duration::from_nanos)
-        .map_err(|_| bad(flag, format!("{value:?} is negative")))
-}
-
 impl Compat {
     /// The progress notification interval: 10 minutes unless set (etcd's default); `None` for
     /// 0, which turns periodic notifications off.
@@ -179,13 +170,13 @@ impl Compat {
         match (&self.downgrade_check_time, &self.experimental_downgrade_check_time) {
             (Some(v), _) => go_duration("downgrade-check-time", v),
             (None, Some(v)) => go_duration("experimental-downgrade-check-time", v),
-            (None, None) => Ok(crate::versions::EVERY),
+            (None, None) => Ok(DOWNGRADE_CHECK_EVERY),
         }
     }
 
     /// The hash checks the flags and feature gates turn on; all are off unless asked for, as
     /// in etcd.
-    pub fn corruption_checks(&self) -> Result<crate::corruption::Checks, BadFlag> {
+    pub fn corruption_checks(&self) -> Result<CorruptionChecks, BadFlag> {
         let gates = self.feature_gates()?;
         let duration = |new: &'static str,
                         new_value: &Option<String>,
@@ -209,7 +200,7 @@ impl Compat {
         )?;
         let compaction_on =
             self.experimental_compact_hash_check_enabled == Some(true) || gates.get("CompactHashCheck") == Some(&true);
-        Ok(crate::corruption::Checks {
+        Ok(CorruptionChecks {
             initial: self.experimental_initial_corrupt_check == Some(true)
                 || gates.get("InitialCorruptCheck") == Some(&true),
             latest_every: latest.filter(|d| !d.is_zero()),
@@ -324,6 +315,21 @@ impl Compat {
         }
         Ok(())
     }
+}
+
+/// How often the leader asks the members their release, unless --downgrade-check-time says (etcd's default
+/// for it; its version monitor runs every 4 s).
+pub const DOWNGRADE_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// The divergence checks the flags turn on ([`Compat::corruption_checks`]; `corruption` runs them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CorruptionChecks {
+    /// Compare with the peers before serving.
+    pub initial: bool,
+    /// How often the leader compares the latest revision's hashes.
+    pub latest_every: Option<Duration>,
+    /// How often the leader compares compaction hashes (`None`: members keep none).
+    pub compaction_every: Option<Duration>,
 }
 
 #[cfg(test)]

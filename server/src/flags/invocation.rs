@@ -95,7 +95,7 @@ fn etcd_version() -> String {
          Go Version: none (cairn is written in Rust)\n\
          Go OS/Arch: {os}/{arch}\n\
          cairn Version: {cairn}\n",
-        api = crate::node::API_VERSION,
+        api = crate::pb::API_VERSION,
         os = std::env::consts::OS,
         arch = go_arch(std::env::consts::ARCH),
     )

@@ -3,8 +3,74 @@
 
 use clap::{ArgAction, Args, ValueEnum};
 
-use super::{bad, BadFlag, Compat};
-pub use crate::logging::Rotation;
+use super::value::{bad, BadFlag};
+use super::Compat;
+
+/// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
+// No variant docs: clap turns doc comments into help text, which would describe each value
+// in `--help`.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Panic,
+    Fatal,
+}
+
+/// `--log-format`: etcd's JSON lines, or lines for people.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Console,
+}
+
+/// The `--log-outputs` value that sends logs to journald, as etcd names it.
+pub const JOURNAL: &str = "systemd/journal";
+
+/// `--log-rotation-config-json`, as lumberjack takes it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rotation {
+    /// Megabytes a file may reach before it is rotated; 0 is lumberjack's default, 100.
+    #[serde(default = "Rotation::default_max_size")]
+    pub maxsize: u64,
+    /// Days a rotated file is kept; 0 keeps them all.
+    #[serde(default)]
+    pub maxage: u64,
+    /// Rotated files kept; 0 keeps them all.
+    #[serde(default)]
+    pub maxbackups: u64,
+    /// Rotated files are named by local time, not UTC.
+    #[serde(default)]
+    pub localtime: bool,
+    /// Rotated files are gzipped.
+    #[serde(default)]
+    pub compress: bool,
+}
+
+impl Rotation {
+    pub(crate) fn default_max_size() -> u64 {
+        100
+    }
+}
+
+/// What the tracing flags ask for ([`Observability::tracing`]; `tracing_export` sends them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracing {
+    /// The collector, `host:port` (or `http://host:port`), spoken to in plaintext gRPC as
+    /// etcd speaks to it.
+    pub address: String,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// The `service.instance.id` resource attribute; none when empty, as in etcd.
+    pub instance_id: String,
+    /// Traces started here that are sampled, per million. Invariant: at most 1,000,000.
+    pub sampling_rate: u32,
+}
 
 /// `--metrics`: how much detail `/metrics` gives.
 #[allow(missing_docs)] // clap turns variant docs into help text
@@ -62,7 +128,7 @@ impl Observability {
         }
         let files = log_outputs
             .iter()
-            .filter(|o| !matches!(o.as_str(), "default" | "stderr" | "stdout" | crate::logging::JOURNAL))
+            .filter(|o| !matches!(o.as_str(), "default" | "stderr" | "stdout" | JOURNAL))
             .count();
         if files != 1 || log_outputs.len() != 1 {
             return Err(bad(
@@ -83,7 +149,7 @@ impl Observability {
     /// etcd 3.5's `--experimental-enable-distributed-tracing`) turns it on. As in etcd 3.6, an
     /// `--experimental-distributed-tracing-*` flag given wins over the newer name, and the
     /// sampling rate is checked only when tracing is on.
-    pub fn tracing(&self, compat: &Compat) -> Result<Option<crate::tracing_export::Settings>, BadFlag> {
+    pub fn tracing(&self, compat: &Compat) -> Result<Option<Tracing>, BadFlag> {
         let on = compat
             .experimental_enable_distributed_tracing
             .or(compat.enable_distributed_tracing)
@@ -103,7 +169,7 @@ impl Observability {
             .filter(|rate| *rate <= 1_000_000)
             .ok_or_else(|| bad(flag, "must be between 0 and 1000000 samples per million"))?;
         let pick = |old: &Option<String>, new: &String| old.clone().unwrap_or_else(|| new.clone());
-        Ok(Some(crate::tracing_export::Settings {
+        Ok(Some(Tracing {
             address: pick(
                 &compat.experimental_distributed_tracing_address,
                 &self.distributed_tracing_address,
@@ -176,7 +242,7 @@ mod tests {
         let on = tracing(&["--enable-distributed-tracing"]).unwrap().unwrap();
         assert_eq!(
             on,
-            crate::tracing_export::Settings {
+            Tracing {
                 address: "localhost:4317".into(),
                 service_name: "etcd".into(),
                 instance_id: String::new(),

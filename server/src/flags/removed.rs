@@ -5,7 +5,7 @@
 
 use clap::Args;
 
-use super::{bad, BadFlag};
+use super::value::{bad, BadFlag};
 
 /// The removed flags, each with what an operator uses instead.
 pub const REMOVED: &[(&str, &str)] = &[

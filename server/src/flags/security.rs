@@ -5,62 +5,95 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args};
 
-use crate::tls::Files;
+/// One port's certificate files and rules (etcd's `TLSInfo`); `tls` builds its configurations.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// This member's certificate chain and key, as a server (and as a client, unless the
+    /// client pair is given).
+    pub cert: Option<PathBuf>,
+    /// The private key for `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+    /// The pair this member presents when it connects as a client, if not the server pair.
+    pub client_cert: Option<PathBuf>,
+    /// The private key for `client_cert`; the two are given together or not at all.
+    pub client_key: Option<PathBuf>,
+    /// The CAs that sign the certificates clients (or, dialing out, servers) present.
+    pub trusted_ca: Option<PathBuf>,
+    /// Whether clients must present a certificate (also implied by `trusted_ca`, as in etcd).
+    pub client_cert_auth: bool,
+    /// Revoked certificates: a client presenting one, or one signed by one, is refused.
+    pub crl: Option<PathBuf>,
+    /// A client certificate must have one of these common names (peers only).
+    pub allowed_cns: Vec<String>,
+    /// A client certificate must be valid for one of these hostnames or addresses.
+    pub allowed_hostnames: Vec<String>,
+    /// The certificate is self-signed (`--auto-tls`): dialing out trusts any server.
+    pub self_signed: bool,
+    /// A client certificate with SANs must name the address it connects from (peers).
+    pub check_client_san: bool,
+}
+
+impl TlsFiles {
+    /// Whether the port has a certificate to serve with.
+    pub fn has_cert(&self) -> bool {
+        self.cert.is_some() && self.key.is_some()
+    }
+}
 
 /// The flags of this module.
 #[derive(Debug, Args)]
 pub struct Security {
     /// The client port's certificate (PEM, the chain after it).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CERT_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_CERT_FILE")]
     pub cert_file: Option<PathBuf>,
     /// The client port's private key (PEM).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_KEY_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_KEY_FILE")]
     pub key_file: Option<PathBuf>,
     /// The certificate this member presents when it dials a client URL (default: --cert-file).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_CERT_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_CLIENT_CERT_FILE")]
     pub client_cert_file: Option<PathBuf>,
     /// The key for --client-cert-file.
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_KEY_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_CLIENT_KEY_FILE")]
     pub client_key_file: Option<PathBuf>,
     /// Clients must present a certificate signed by --trusted-ca-file.
     #[arg(long, env = "ETCD_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub client_cert_auth: bool,
     /// Revoked client certificates (a CRL, PEM or DER).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_CLIENT_CRL_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_CLIENT_CRL_FILE")]
     pub client_crl_file: Option<PathBuf>,
     /// Client certificates must be valid for one of these hostnames or addresses (comma-separated).
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", default_value = "")]
     pub client_cert_allowed_hostname: String,
     /// The CAs that sign client certificates (PEM).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_TRUSTED_CA_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_TRUSTED_CA_FILE")]
     pub trusted_ca_file: Option<PathBuf>,
     /// Serve clients with a generated self-signed certificate.
     #[arg(long, env = "ETCD_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub auto_tls: bool,
 
     /// The peer port's certificate (PEM), also presented when dialing peers.
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CERT_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<PathBuf>,
     /// The peer port's private key (PEM).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_KEY_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_KEY_FILE")]
     pub peer_key_file: Option<PathBuf>,
     /// The certificate presented when dialing peers (default: --peer-cert-file).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CLIENT_CERT_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_CLIENT_CERT_FILE")]
     pub peer_client_cert_file: Option<PathBuf>,
     /// The key for --peer-client-cert-file.
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CLIENT_KEY_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_CLIENT_KEY_FILE")]
     pub peer_client_key_file: Option<PathBuf>,
     /// Peers must present a certificate signed by --peer-trusted-ca-file.
     #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub peer_client_cert_auth: bool,
     /// The CAs that sign peer certificates (PEM).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_TRUSTED_CA_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
     /// Talk to peers with a generated self-signed certificate.
     #[arg(long, env = "ETCD_PEER_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub peer_auto_tls: bool,
     /// Revoked peer certificates (a CRL, PEM or DER).
-    #[arg(long, value_parser = crate::flags::path, env = "ETCD_PEER_CRL_FILE")]
+    #[arg(long, value_parser = super::value::path, env = "ETCD_PEER_CRL_FILE")]
     pub peer_crl_file: Option<PathBuf>,
     /// Peer certificates must have one of these common names (comma-separated).
     #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", default_value = "")]
@@ -117,8 +150,8 @@ fn list(value: &str) -> Vec<String> {
 
 impl Security {
     /// The client port's files and rules, as flags give them (before `--auto-tls`).
-    pub fn client_files(&self) -> Files {
-        Files {
+    pub fn client_files(&self) -> TlsFiles {
+        TlsFiles {
             cert: file(&self.cert_file),
             key: file(&self.key_file),
             client_cert: file(&self.client_cert_file),
@@ -134,8 +167,8 @@ impl Security {
     }
 
     /// The peer port's files and rules, as flags give them (before `--peer-auto-tls`).
-    pub fn peer_files(&self) -> Files {
-        Files {
+    pub fn peer_files(&self) -> TlsFiles {
+        TlsFiles {
             cert: file(&self.peer_cert_file),
             key: file(&self.peer_key_file),
             client_cert: file(&self.peer_client_cert_file),

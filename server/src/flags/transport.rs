@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::{bad, go_duration, BadFlag};
+use super::value::{bad, go_duration, BadFlag};
 
 /// The flags of this module.
 #[derive(Debug, Args)]

@@ -5,7 +5,6 @@
 
 use std::fmt;
 
-use clap::ValueEnum;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -15,29 +14,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 mod rotation;
 
-pub use rotation::Rotation;
-
-/// `--log-level`: the least severe events logged; `panic` and `fatal` log as `error`.
-// No variant docs: clap turns doc comments into help text, which would describe each value
-// in `--help`.
-#[allow(missing_docs)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    Debug,
-    Info,
-    Warn,
-    Error,
-    Panic,
-    Fatal,
-}
-
-/// `--log-format`: etcd's JSON lines, or lines for people.
-#[allow(missing_docs)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Json,
-    Console,
-}
+use crate::flags::{LogFormat, LogLevel, Rotation, JOURNAL};
 
 /// Logs at `level` in `format` into every one of `outputs`: stderr, stdout, default (stderr),
 /// `systemd/journal` (journald's native protocol, on its socket), or files appended to, each
@@ -138,9 +115,6 @@ where
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
         .and(filter_fn(|meta| !crate::tracing_export::is_call_span(meta)))
 }
-
-/// The `--log-outputs` value that sends logs to journald, as etcd names it.
-pub const JOURNAL: &str = "systemd/journal";
 /// Where journald listens for its native protocol.
 const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 

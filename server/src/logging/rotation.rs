@@ -27,32 +27,9 @@ use chrono::{DateTime, Local, NaiveDateTime, TimeDelta, Utc};
 use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::Mutex;
 
-/// `--log-rotation-config-json`, as lumberjack takes it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rotation {
-    /// Megabytes a file may reach before it is rotated; 0 is lumberjack's default, 100.
-    #[serde(default = "Rotation::default_max_size")]
-    pub maxsize: u64,
-    /// Days a rotated file is kept; 0 keeps them all.
-    #[serde(default)]
-    pub maxage: u64,
-    /// Rotated files kept; 0 keeps them all.
-    #[serde(default)]
-    pub maxbackups: u64,
-    /// Rotated files are named by local time, not UTC.
-    #[serde(default)]
-    pub localtime: bool,
-    /// Rotated files are gzipped.
-    #[serde(default)]
-    pub compress: bool,
-}
+use crate::flags::Rotation;
 
 impl Rotation {
-    fn default_max_size() -> u64 {
-        100
-    }
-
     /// Whether the mill has anything to do.
     fn prunes_or_compresses(&self) -> bool {
         self.maxbackups > 0 || self.maxage > 0 || self.compress

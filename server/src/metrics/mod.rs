@@ -170,7 +170,7 @@ impl Metrics {
             "etcd_server_version",
             "Always 1; the server_version label holds the etcd API version served.",
             "server_version",
-            crate::node::API_VERSION,
+            crate::pb::API_VERSION,
         ));
         let checkpoints = e.checkpoint_latency_us();
         if let Ok(wal) = e.wal_stats() {

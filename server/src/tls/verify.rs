@@ -38,7 +38,7 @@ pub struct ClientPolicy {
 impl ClientPolicy {
     fn allowed(&self, end_entity: &CertificateDer<'_>) -> Result<(), Error> {
         if !self.allowed_cns.is_empty() {
-            let cn = super::common_name(end_entity).unwrap_or_default();
+            let cn = common_name(end_entity).unwrap_or_default();
             if !self.allowed_cns.contains(&cn) {
                 return Err(Error::General(format!(
                     "client certificate authentication failed: common name {cn:?} is not one of {:?}",
@@ -148,4 +148,11 @@ impl ServerCertVerifier for AnyServer {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// The subject common name of a DER certificate, if it has one.
+pub fn common_name(cert: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
 }

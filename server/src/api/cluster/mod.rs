@@ -74,18 +74,8 @@ impl ClusterService {
     }
 }
 
-/// Whether `url` is a URL etcd would accept for a peer: `http` or `https`, a host and a port.
-pub fn valid_peer_url(url: &str) -> bool {
-    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
-        return false;
-    };
-    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https" | "unix" | "unixs"));
-    let path_ok = matches!(uri.path(), "" | "/");
-    scheme_ok && path_ok && uri.host().is_some_and(|h| !h.is_empty()) && uri.port_u16().is_some()
-}
-
 fn check_urls(urls: &[String]) -> Result<(), Status> {
-    if urls.is_empty() || !urls.iter().all(|u| valid_peer_url(u)) {
+    if urls.is_empty() || !urls.iter().all(|u| crate::flags::valid_peer_url(u)) {
         return Err(Refusal::InvalidMemberUrls.into());
     }
     Ok(())
@@ -107,7 +97,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
+        if let Route::Leader(channel) = self.node.leader_route().await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
@@ -151,7 +141,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
+        if let Route::Leader(channel) = self.node.leader_route().await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
@@ -198,7 +188,7 @@ impl Cluster for ClusterService {
         access::admin(&self.node.engine, caller.as_ref())?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if let Route::Leader(channel) = self.node.forward.route(&self.node).await? {
+        if let Route::Leader(channel) = self.node.leader_route().await? {
             let onward = access::onward(&metadata, r);
             return self
                 .node
@@ -208,21 +198,5 @@ impl Cluster for ClusterService {
         self.may(reconfig::Change::Promote(r.id))?;
         let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse { header, members }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peer_urls_are_checked_as_etcd_does() {
-        assert!(valid_peer_url("http://127.0.0.1:2380"));
-        assert!(valid_peer_url("https://node-1.example:12380"));
-        assert!(!valid_peer_url("127.0.0.1:2380"), "no scheme");
-        assert!(!valid_peer_url("http://127.0.0.1"), "no port");
-        assert!(!valid_peer_url("ftp://127.0.0.1:2380"));
-        assert!(!valid_peer_url("http://127.0.0.1:2380/path"));
-        assert!(!valid_peer_url(""));
     }
 }
