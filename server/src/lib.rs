@@ -1,37 +1,27 @@
 //! cairn's etcd-compatible server: a thin tonic layer over the embedded engine
 //! ([`cairn_engine`]), HTTP health and metrics, and the `cairn` binary's configuration.
+//!
+//! The crate is built in floors, each importing only its own and the ones below it
+//! (`tools/import-graph` checks it; docs/design.md draws them):
+//!
+//! - the ground: [`pb`] (the wire's messages), [`errors`] (etcd's errors), [`ids`];
+//! - [`config`]: the flags, their `ETCD_*` variables and the config file;
+//! - [`transport`]: listeners, TLS, the HTTP/2 layer, the peer transport, calls sent on to the
+//!   leader, discovery;
+//! - [`api`]: the services (the v3 API, the gateway, health and metrics) over the member they
+//!   share ([`api::node::Node`]);
+//! - [`job`]: what runs in the background (compaction, learner promotion, divergence checks,
+//!   the cluster version);
+//! - [`run`]: assembling and running a member from its flags, and the offline tools; the
+//!   `cairn` binary (`main.rs`) sits on top.
 
 #![warn(missing_docs)]
 
-pub mod access;
 pub mod api;
-pub mod compactor;
-pub mod convert;
-pub mod corruption;
-pub mod discovery;
-pub mod disk_check;
+pub mod config;
 pub mod errors;
-pub mod flags;
-pub mod forward;
-pub mod gateway;
-pub mod grpc_body;
-pub mod http;
-pub mod http2;
-pub mod http_access;
 pub mod ids;
-pub mod jwt;
-pub mod listen;
-pub mod logging;
-pub mod metrics;
-pub mod node;
+pub mod job;
 pub mod pb;
-pub mod peer;
-pub mod pprof;
-pub mod promoter;
-pub mod server;
-pub mod snapshot_tool;
-pub mod systemd;
-pub mod tls;
-pub mod tracing_export;
-pub mod validate;
-pub mod versions;
+pub mod run;
+pub mod transport;

@@ -5,11 +5,11 @@
 
 use std::process::ExitCode;
 
-use cairn_server::flags::{config_file, env, CheckCommand, Cli, Command, Invocation, SnapshotCommand};
+use cairn_server::config::{env, file as config_file, CheckCommand, Cli, Command, Invocation, SnapshotCommand};
 use clap::{CommandFactory, FromArgMatches};
 
 /// The allocator: jemalloc, with its sampling heap profiler built in but not sampling until
-/// `--enable-pprof` turns it on at startup (`cairn_server::pprof::start_heap_sampling`), so
+/// `--enable-pprof` turns it on at startup (`cairn_server::api::pprof::start_heap_sampling`), so
 /// that a member without the flag takes no stacks. It then samples an allocation every 2^19
 /// bytes (512 KiB) on average, as Go's runtime does (`runtime.MemProfileRate`).
 /// `_RJEM_MALLOC_CONF` in the environment overrides these options (`prof:false` for none).
@@ -91,8 +91,8 @@ fn configuration() -> Result<(Cli, Notes), String> {
 
 /// `cairn check disk`: the report, and exit 0 only for a fit disk (2 when the check could not
 /// run).
-fn check_disk(args: &cairn_server::flags::DiskArgs) -> ExitCode {
-    match cairn_server::disk_check::run(args) {
+fn check_disk(args: &cairn_server::config::DiskArgs) -> ExitCode {
+    match cairn_server::run::disk_check::run(args) {
         Ok(report) => {
             if args.json {
                 println!("{}", report.json());
@@ -129,7 +129,7 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string())
             .and_then(|settings| {
                 settings
-                    .map(|s| cairn_server::tracing_export::Exporter::start(s).map_err(|e| e.to_string()))
+                    .map(|s| cairn_server::run::tracing_export::Exporter::start(s).map_err(|e| e.to_string()))
                     .transpose()
             }),
         Some(_) => Ok(None),
@@ -139,7 +139,7 @@ fn main() -> ExitCode {
             .rotation(&f.log_outputs)
             .map_err(|e| e.to_string())
             .and_then(|rotation| {
-                cairn_server::logging::init(
+                cairn_server::run::logging::init(
                     f.log_level,
                     f.log_format,
                     &f.log_outputs,
@@ -184,15 +184,15 @@ fn main() -> ExitCode {
     }
     let outcome = match &cli.command {
         Some(Command::Snapshot(SnapshotCommand::Restore(args))) => {
-            cairn_server::snapshot_tool::restore(args).map_err(|e| e.to_string())
+            cairn_server::run::snapshot_tool::restore(args).map_err(|e| e.to_string())
         }
         Some(Command::Snapshot(SnapshotCommand::Status(args))) => {
-            cairn_server::snapshot_tool::status(args).map_err(|e| e.to_string())
+            cairn_server::run::snapshot_tool::status(args).map_err(|e| e.to_string())
         }
         Some(Command::Check(CheckCommand::Disk(args))) => return check_disk(args),
         None => match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
             Ok(runtime) => runtime
-                .block_on(cairn_server::server::serve(cli.flags))
+                .block_on(cairn_server::run::server::serve(cli.flags))
                 .map_err(|e| e.to_string()),
             Err(e) => Err(format!("cannot start the runtime: {e}")),
         },

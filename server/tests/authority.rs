@@ -1,5 +1,5 @@
 //! Any HTTP/2 `:authority` is accepted, as Go's server (and so etcd) accepts it
-//! (`server/src/http2/authority.rs`), over plaintext, TLS and mutual TLS:
+//! (`server/src/transport/http2/authority.rs`), over plaintext, TLS and mutual TLS:
 //!
 //! - etcd's Go client 3.5.0, which sends `#initially=[<endpoints>]`, 3.5.9, which sends it for
 //!   several endpoints, and (over plaintext) 3.6 with grpc-go's `WithAuthority` set to such a
@@ -25,8 +25,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_server::http2::frame::frame;
 use cairn_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
+use cairn_server::transport::http2::frame::frame;
 use common::Member;
 use pki::{Ca, Pair, Usage};
 use prost::Message;

@@ -347,9 +347,9 @@ fn etcds_sample_file() -> String {
 fn etcds_own_sample_configuration_file_is_read_as_etcd_reads_it_and_serves() {
     use clap::CommandFactory;
     let sample = etcds_sample_file();
-    let command = cairn_server::flags::Cli::command();
+    let command = cairn_server::config::Cli::command();
     let known = |flag: &str| command.get_arguments().any(|a| a.get_long() == Some(flag));
-    let read = cairn_server::flags::config_file::parse(&sample, known).unwrap();
+    let read = cairn_server::config::file::parse(&sample, known).unwrap();
     for expected in [
         "--name=default",
         "--heartbeat-interval=100",

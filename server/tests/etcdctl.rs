@@ -645,7 +645,7 @@ fn alarm_defrag_and_move_leader() {
 
 /// etcdctl 3.4 sends a URL endpoint as the HTTP/2 `:authority` of its per-endpoint commands
 /// (`http://127.0.0.1:port`), which is not a URI authority; Go's server accepts it, and so
-/// must cairn's (server/src/http2/authority.rs).
+/// must cairn's (server/src/transport/http2/authority.rs).
 #[test]
 fn endpoint_commands_accept_an_endpoint_url() {
     let m = Member::start("url", &[]);

@@ -1,4 +1,4 @@
-//! The versions members agree (`cairn_engine::version`, `server/src/versions.rs`), seen from
+//! The versions members agree (`cairn_engine::version`, `server/src/job/versions.rs`), seen from
 //! outside: `/version`, etcdctl 3.7's `downgrade validate|enable|cancel` with etcd's answers,
 //! and a cluster mixing this build with one from before alarms had a member, where the newer
 //! member must write only what the older ones decode (tests/upgrade/README.md).

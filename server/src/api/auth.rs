@@ -7,9 +7,9 @@ use std::sync::Arc;
 use cairn_engine::{Access, AuthChange, AuthError, Permission};
 use tonic::{Request, Response, Status};
 
-use crate::access::{self, Caller};
+use crate::api::access::{self, Caller};
+use crate::api::node::Node;
 use crate::errors::{auth_status, IntoStatus};
-use crate::node::Node;
 use crate::pb::authpb;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::auth_server::Auth;

@@ -6,12 +6,12 @@ use std::time::Instant;
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
-use crate::access::{self, Caller};
+use crate::api::access::{self, Caller};
+use crate::api::node::Node;
+use crate::api::{convert, validate};
 use crate::errors::{IntoStatus, Refusal};
-use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::kv_server::Kv;
-use crate::{convert, validate};
 
 /// Keys in a RangeStream's first chunk (etcd 3.7's `initialStreamChunkLimit`).
 const FIRST_CHUNK: i64 = 10;

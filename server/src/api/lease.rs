@@ -6,12 +6,12 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::async_stream;
-use crate::access::{self, Need};
-use crate::forward::Route;
-use crate::node::Node;
+use crate::api::access::{self, Need};
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::lease_client::LeaseClient;
 use crate::pb::etcdserverpb::lease_server::Lease;
+use crate::transport::forward::Route;
 
 /// The Lease service over a [`Node`].
 #[derive(Debug, Clone)]

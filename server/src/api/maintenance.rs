@@ -6,8 +6,8 @@ use cairn_engine::Alarm;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status};
 
-use crate::access;
-use crate::node::Node;
+use crate::api::access;
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::pb::API_VERSION;
@@ -218,7 +218,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
-        use crate::versions::{validate, Refusal};
+        use crate::api::downgrade::{validate, Refusal};
         use pb::downgrade_request::DowngradeAction;
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let request = request.into_inner();

@@ -1,16 +1,29 @@
-//! The etcd v3 gRPC services, one module each, over a shared [`crate::node::Node`].
+//! The services floor: the etcd v3 gRPC services, one module each, over the member they
+//! share ([`node::Node`]); who may call them ([`access`]); the HTTP/JSON gateway; health,
+//! metrics and profiles over HTTP. Imports the transports and configuration floors and the
+//! ground, never the jobs or the binary.
 
 use std::pin::Pin;
 
 use tokio_stream::Stream;
 use tonic::Status;
 
+pub mod access;
 pub mod auth;
 pub mod cluster;
 pub mod concurrency;
+pub mod convert;
+pub mod downgrade;
+pub mod gateway;
+pub mod http;
+pub mod jwt;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod metrics;
+pub mod node;
+pub mod pprof;
+pub mod validate;
 pub mod watch;
 
 /// A boxed response stream.
@@ -23,11 +36,11 @@ pub fn wants_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
 }
 
 /// `stream`, ended with etcd's "no leader" once the member has had none for
-/// [`crate::node::NO_LEADER_TIMEOUTS`] election timeouts, if the call asked for a leader (as
+/// [`crate::api::node::NO_LEADER_TIMEOUTS`] election timeouts, if the call asked for a leader (as
 /// etcd's stream interceptor ends them): a client watching through a member cut off from the
 /// others learns it and goes to another, instead of waiting for events that never come.
 pub fn leader_bound<T: Send + 'static>(
-    node: &crate::node::Node,
+    node: &node::Node,
     metadata: &tonic::metadata::MetadataMap,
     stream: ResponseStream<T>,
 ) -> ResponseStream<T> {

@@ -487,7 +487,7 @@ mod tests {
             format!("http://127.0.0.1:{}", port()),
             format!("http://127.0.0.1:{}", port()),
         );
-        let cli = cairn_server::flags::Cli::parse_from([
+        let cli = cairn_server::config::Cli::parse_from([
             "cairn",
             "--data-dir",
             dir.to_str().unwrap(),
@@ -502,7 +502,7 @@ mod tests {
         ]);
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Runtime::new().unwrap();
-            runtime.block_on(cairn_server::server::serve(cli.flags)).unwrap();
+            runtime.block_on(cairn_server::run::server::serve(cli.flags)).unwrap();
         });
         client
     }

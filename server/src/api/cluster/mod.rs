@@ -8,15 +8,15 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::access;
-use crate::convert;
+use crate::api::access;
+use crate::api::convert;
+use crate::api::node::Node;
 use crate::errors::Refusal;
-use crate::forward::Route;
 use crate::ids;
-use crate::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::cluster_client::ClusterClient;
 use crate::pb::etcdserverpb::cluster_server::Cluster;
+use crate::transport::forward::Route;
 
 /// The Cluster service over a [`Node`].
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ impl ClusterService {
 }
 
 fn check_urls(urls: &[String]) -> Result<(), Status> {
-    if urls.is_empty() || !urls.iter().all(|u| crate::flags::valid_peer_url(u)) {
+    if urls.is_empty() || !urls.iter().all(|u| crate::config::valid_peer_url(u)) {
         return Err(Refusal::InvalidMemberUrls.into());
     }
     Ok(())

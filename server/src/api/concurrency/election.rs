@@ -8,8 +8,8 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
 
 use super::{compare_created, contender_key, delete_op, get_op, prefix_of, put_op, range_kvs, top_of, Client, Undo};
-use crate::convert;
-use crate::node::Node;
+use crate::api::convert;
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::v3electionpb::election_server::Election;
 use crate::pb::v3electionpb::{

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{compare_created, contender_key, delete_op, get_op, prefix_of, put_op, range_kvs, top_of, Client, Undo};
-use crate::node::Node;
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::v3lockpb::lock_server::Lock;
 use crate::pb::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};

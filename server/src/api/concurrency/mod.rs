@@ -21,7 +21,7 @@ use tonic::{Extensions, Request, Status};
 
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
-use crate::node::Node;
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::kv_server::Kv as _;
 use crate::pb::etcdserverpb::lease_server::Lease as _;

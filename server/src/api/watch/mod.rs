@@ -20,8 +20,8 @@ use tokio::sync::Notify;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::convert;
-use crate::node::Node;
+use crate::api::convert;
+use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::watch_wire::watch_server::Watch as WatchApi;
 use wire::WireResponse;
@@ -233,12 +233,12 @@ impl StreamState {
     async fn permitted(&self, create: &pb::WatchCreateRequest) -> Result<(), Status> {
         let (metadata, extensions) = &self.identity;
         let engine = &self.node.engine;
-        let caller = crate::access::caller_of(engine, &self.node.access, metadata, extensions).await?;
+        let caller = crate::api::access::caller_of(engine, &self.node.access, metadata, extensions).await?;
         let key: &[u8] = if create.key.is_empty() { &[0] } else { &create.key };
-        crate::access::check(
+        crate::api::access::check(
             engine,
             caller.as_ref(),
-            &[crate::access::Need::Read(key, &create.range_end)],
+            &[crate::api::access::Need::Read(key, &create.range_end)],
         )
     }
 

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 
-use crate::convert;
+use crate::api::convert;
 use crate::pb::etcdserverpb as pb;
 
 /// `WatchResponse` field numbers (rpc.proto).
