@@ -58,6 +58,9 @@ rustfmt --edition 2021 --check tests/outside/src/main.rs
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the server's floors: no loop of files, no import of a floor above (tools/import-graph, server/FLOORS)"
+tools/import-graph server/src --crate cairn_server --floors server/FLOORS --check
+
 step "cargo test"
 cargo test --workspace --locked
 

@@ -1,5 +1,5 @@
 //! Fuzzes the checks every client request passes before it reaches the engine
-//! (`cairn_server::api::validate`), on arbitrary wire bytes.
+//! (`cairn_server::internals::validate`), on arbitrary wire bytes.
 //!
 //! Each input is a request of one kind (Range, Put, DeleteRange or Txn) as protobuf bytes, and
 //! the limits to check it against. For every input: decoding, validation and conversion never
@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use arbitrary::Arbitrary;
 use cairn_engine::{Error, Store};
 use cairn_server::pb::etcdserverpb as pb;
-use cairn_server::api::validate::{self, Limits};
+use cairn_server::internals::validate::{self, Limits};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
@@ -109,7 +109,7 @@ fuzz_target!(|input: Input| {
                 !caught_by_validation(&e),
                 "validation let through a request that fails with {e:?}"
             );
-            check_status(&cairn_server::errors::status(&e));
+            check_status(&cairn_server::internals::errors::status(&e));
         }
     });
 });

@@ -1,4 +1,4 @@
-//! Fuzzes what a client sends through `cairn_server::transport::http2::inbound::Inbound`, the layer that
+//! Fuzzes what a client sends through `cairn_server::internals::http2::inbound::Inbound`, the layer that
 //! rewrites header blocks with an `:authority` h2 would refuse, on frame sequences cut into
 //! arbitrary reads.
 //!
@@ -14,9 +14,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use cairn_server::transport::http2::authority::is_valid;
-use cairn_server::transport::http2::frame::{frame, Header, PREFACE};
-use cairn_server::transport::http2::inbound::{Inbound, MAX_FRAME};
+use cairn_server::internals::http2::authority::is_valid;
+use cairn_server::internals::http2::frame::{frame, Header, PREFACE};
+use cairn_server::internals::http2::inbound::{Inbound, MAX_FRAME};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -1,6 +1,10 @@
 //! cairn's etcd-compatible server: a thin tonic layer over the embedded engine
 //! ([`cairn_engine`]), HTTP health and metrics, and the `cairn` binary's configuration.
 //!
+//! An embedder runs a member with [`serve`] and a [`config::Flags`] (what etcd's flags and
+//! config file set), and talks to it with the clients in [`pb`]. The rest is the member's
+//! own, private; docs/releases.md says what is stable.
+//!
 //! The crate is built in floors, each importing only its own and the ones below it
 //! (`tools/import-graph` checks it; docs/design.md draws them):
 //!
@@ -17,11 +21,28 @@
 
 #![warn(missing_docs)]
 
-pub mod api;
+mod api;
 pub mod config;
-pub mod errors;
-pub mod ids;
-pub mod job;
+mod errors;
+mod ids;
+mod job;
 pub mod pb;
-pub mod run;
-pub mod transport;
+mod run;
+mod transport;
+
+pub use run::run_command_line;
+pub use run::server::{serve, ServeError};
+
+/// The server's internals, for its own tests and fuzz targets (the `internals` feature). Not
+/// a stable API: they change in any release.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::api::{pprof, validate};
+    /// etcd's errors on the wire.
+    pub mod errors {
+        pub use crate::errors::status;
+    }
+    pub use crate::run::{disk_check, logging, snapshot_tool, tracing_export};
+    pub use crate::transport::{http2, tls};
+}

@@ -25,8 +25,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_server::internals::http2::frame::frame;
 use cairn_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
-use cairn_server::transport::http2::frame::frame;
 use common::Member;
 use pki::{Ca, Pair, Usage};
 use prost::Message;

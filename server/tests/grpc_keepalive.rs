@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use cairn_server::transport::http2::frame::frame;
+use cairn_server::internals::http2::frame::frame;
 use common::Member;
 
 const PING: u8 = 6;

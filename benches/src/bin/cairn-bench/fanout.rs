@@ -502,7 +502,7 @@ mod tests {
         ]);
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Runtime::new().unwrap();
-            runtime.block_on(cairn_server::run::server::serve(cli.flags)).unwrap();
+            runtime.block_on(cairn_server::serve(cli.flags)).unwrap();
         });
         client
     }

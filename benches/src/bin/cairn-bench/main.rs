@@ -170,7 +170,7 @@ impl tonic::service::Interceptor for Token {
 
 /// How connections are made: TLS for https endpoints, and the token, settled once.
 pub(crate) struct Dialer {
-    connector: cairn_server::transport::tls::Connector,
+    connector: cairn_server::internals::tls::Connector,
     token: Token,
 }
 
@@ -182,19 +182,19 @@ pub(crate) async fn dialer(g: &Global) -> Result<&'static Dialer, Failure> {
         return Ok(d);
     }
     let tls = if g.cacert.is_some() || g.cert.is_some() {
-        let files = cairn_server::transport::tls::Files {
+        let files = cairn_server::internals::tls::Files {
             client_cert: g.cert.clone(),
             client_key: g.key.clone(),
             trusted_ca: g.cacert.clone(),
             ..Default::default()
         };
         let protocols =
-            cairn_server::transport::tls::Protocols::new("", "TLS1.2", "").map_err(|e| Failure(e.to_string()))?;
-        Some(cairn_server::transport::tls::Tls::new(files, protocols).map_err(|e| Failure(format!("TLS: {e}")))?)
+            cairn_server::internals::tls::Protocols::new("", "TLS1.2", "").map_err(|e| Failure(e.to_string()))?;
+        Some(cairn_server::internals::tls::Tls::new(files, protocols).map_err(|e| Failure(format!("TLS: {e}")))?)
     } else {
         None
     };
-    let connector = cairn_server::transport::tls::Connector::new(tls);
+    let connector = cairn_server::internals::tls::Connector::new(tls);
     let token = match &g.user {
         None => Token::default(),
         Some(user) => {

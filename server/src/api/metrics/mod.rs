@@ -9,10 +9,10 @@ mod grpc;
 use std::sync::Arc;
 
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, IntCounter, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntGauge, Opts, Registry, TextEncoder};
 
 pub use crate::transport::peer_metrics::{PeerMetrics, PROBE_EVERY};
-pub use grpc::{layer as grpc_layer, GrpcMetrics, METHODS};
+pub use grpc::{layer as grpc_layer, GrpcMetrics};
 
 use crate::api::node::Node;
 
@@ -34,8 +34,6 @@ pub struct Metrics {
     current_revision: IntGauge,
     compact_revision: IntGauge,
     snapshots_installed: IntGauge,
-    /// gRPC requests refused before reaching the engine (too large, too many).
-    pub refused: IntCounter,
     /// gRPC calls, as go-grpc-prometheus counts them.
     pub grpc: Arc<GrpcMetrics>,
     /// The peer transport's traffic.
@@ -54,11 +52,6 @@ impl Metrics {
     /// help is invalid, or two share a name: a bug, not a condition to handle.
     pub fn new(extensive: bool) -> Result<Metrics, prometheus::Error> {
         let r = Registry::new();
-        let refused = IntCounter::with_opts(Opts::new(
-            "cairn_grpc_requests_refused_total",
-            "Requests refused before reaching the engine.",
-        ))?;
-        r.register(Box::new(refused.clone()))?;
         r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(Metrics {
             has_leader: gauge(
@@ -119,7 +112,6 @@ impl Metrics {
                 "etcd_network_snapshot_receive_success",
                 "Snapshots received from the leader and installed since this member started.",
             )?,
-            refused,
             grpc: Arc::new(GrpcMetrics::new(&r, extensive)?),
             peers: PeerMetrics::new(&r)?,
             registry: r,

@@ -178,13 +178,9 @@ impl Registrations {
     }
 
     /// How many members registered.
+    #[allow(clippy::len_without_is_empty)] // emptiness is never asked
     pub fn len(&self) -> usize {
         self.members.len()
-    }
-
-    /// Whether none did.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
     }
 
     /// Whether `size` members registered before the one with key `own` (or, if it has not

@@ -84,6 +84,7 @@ impl Default for Inbound {
 impl Inbound {
     /// Takes bytes the client sent, from its first (the preface, which the caller has
     /// matched, and which is passed on too), and shows `on_frame` each frame header taken.
+    #[cfg(any(test, feature = "internals"))]
     pub fn push(&mut self, bytes: &[u8], on_frame: impl FnMut(Header)) {
         self.raw.extend_from_slice(bytes);
         self.process(on_frame);
@@ -115,6 +116,7 @@ impl Inbound {
     }
 
     /// Whether nothing is ready for hyper.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.ready.is_empty()
     }
