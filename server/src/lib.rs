@@ -5,6 +5,15 @@
 //! config file set), and talks to it with the clients in [`pb`]. The rest is the member's
 //! own, private; docs/releases.md says what is stable.
 //!
+//! ```no_run
+//! use clap::Parser;
+//!
+//! # async fn run() -> Result<(), cairn_server::ServeError> {
+//! let cli = cairn_server::config::Cli::parse_from(["cairn", "--data-dir", "my.cairn"]);
+//! cairn_server::serve(cli.flags).await // until SIGTERM or SIGINT
+//! # }
+//! ```
+//!
 //! The crate is built in floors, each importing only its own and the ones below it
 //! (`tools/import-graph` checks it; docs/design.md draws them):
 //!
