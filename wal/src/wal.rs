@@ -177,6 +177,21 @@ impl Wal {
         self.append(records, durability)
     }
 
+    /// Waits until the writer's thread has taken everything queued so far and let go of the
+    /// log, so that [`Wal::append_here`] finds it idle (tests that need an idle writer: a
+    /// request is answered before the writer lets go).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn wait_until_idle(&self) {
+        loop {
+            let writer = self.writer_state.lock();
+            if writer.taken == self.queued.load(Ordering::SeqCst) {
+                return;
+            }
+            drop(writer);
+            std::thread::yield_now();
+        }
+    }
+
     /// Queues entries that continue the log, the writer assigning their indexes (the first
     /// entry of an empty log gets index 1). The ticket reports the indexes assigned.
     pub fn append_next(&self, payloads: Vec<Bytes>, durability: Durability) -> Result<Ticket> {

@@ -469,6 +469,8 @@ fn an_append_here_on_an_idle_log_is_written_and_synced_by_the_caller() {
     let fs = SimFs::new();
     let (_, wal) = open(&fs, small());
     append(&wal, vec![entry(1, "queued")]);
+    // Answered before the writer's thread lets go of the log: wait until it has.
+    wal.wait_until_idle();
     let ticket = on_thread("appender", || {
         wal.append_here(vec![entry(2, "here")], Durability::Durable).unwrap()
     });
