@@ -142,7 +142,9 @@ mod kv;
 mod lease;
 mod mvcc;
 mod request;
+mod revision;
 mod snapshot;
+mod thread;
 pub mod version;
 mod watch;
 
@@ -150,8 +152,8 @@ pub use auth::{Access, AuthChange, AuthError, AuthStore, Permission, Role, User}
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
+pub use consensus::interface::Transport;
 pub use consensus::local::LocalNetwork;
-pub use consensus::node::Transport;
 pub use consensus::MemberAttributes;
 pub use engine::{
     Applied, Defragmented, Engine, EngineBuilder, Inbox, LeaseGrant, Member, Members, Peer, Pending, PendingFuture,
@@ -166,11 +168,11 @@ pub use kv::txn::{
 };
 pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use mvcc::index::prefix_end;
-pub use mvcc::revision::Revision;
 pub use mvcc::store::{Event, EventKind, HashKv, KeyValue};
 /// The MVCC core on its own, without log, files or threads: for model tests and benchmarks
 /// (the `testing` feature).
 #[cfg(feature = "testing")]
 pub use mvcc::store::{RangeResult, ReadOptions, Store, WriteTxn};
 pub use request::Alarm;
+pub use revision::Revision;
 pub use watch::hub::{fragment as fragment_events, Delivery, Wake, WatchRequest, WatchResponse};

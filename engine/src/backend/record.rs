@@ -19,7 +19,7 @@
 //! be rebuilt from the records that survive compaction and defragmentation: the versions of
 //! the puts dropped before them are not there to count.
 
-use crate::mvcc::revision::Revision;
+use crate::revision::Revision;
 
 /// Bytes before the key.
 pub(crate) const HEADER_LEN: usize = 64;

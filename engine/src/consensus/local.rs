@@ -13,7 +13,7 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::node::Transport;
+use super::interface::Transport;
 use crate::engine::Inbox;
 
 /// The faults in force.
@@ -96,10 +96,9 @@ impl LocalNetwork {
             later,
         });
         let weak = Arc::downgrade(&net);
-        let spawned = std::thread::Builder::new()
-            .name("cairn-local-net".into())
-            .spawn(move || delivery_loop(weak, rx));
-        if let Err(e) = spawned {
+        // Not joined: it ends by itself within 100 ms of the network going (the last handle may
+        // be an engine's transport, dropped on any thread, this one included).
+        if let Err(e) = crate::thread::start("cairn-local-net", move || delivery_loop(weak, rx)) {
             tracing::error!(error = %e, "no delivery thread: delayed messages are lost");
         }
         LocalNetwork { net }

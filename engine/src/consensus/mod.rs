@@ -1,6 +1,7 @@
 //! Replication with raft-rs: the Raft log over the WAL, and the node thread that owns the
 //! `RawNode` (see docs/design.md, "Raft").
 
+pub(crate) mod interface;
 pub(crate) mod local;
 pub(crate) mod log;
 mod logging;

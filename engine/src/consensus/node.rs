@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
@@ -33,156 +32,21 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
+use super::interface::{
+    send_all, ApplyQueue, Input, MemberChange, NodeConfig, Staged, Status, ToApply, Transferee, Transport,
+};
 use super::log::{encode_state, entry_record, RaftLog};
-use super::transfer::{self, SnapshotSource, Staged};
-use super::{ConfApplied, MemberAttributes};
+use super::transfer::{self, SnapshotSource};
+use super::ConfApplied;
 use crate::error::{Error, Failure, Result};
-
-/// Where Raft messages for the other members of a group go: the seam for the network. A
-/// message is opaque bytes, delivered to the member `to` with [`crate::Engine::receive`] (or an
-/// [`crate::Inbox`]).
-///
-/// Delivery is best effort: Raft retries what is lost, and tolerates duplicates and reordering.
-/// `send` is called on the node thread and must not block.
-pub trait Transport: Send + Sync {
-    /// Sends `message` to member `to`.
-    fn send(&self, to: u64, message: bytes::Bytes);
-
-    /// Streams a snapshot to member `to`: `message` is the raft message that carries its
-    /// metadata, `data` the engine's state; the receiver hands both to
-    /// [`crate::Inbox::deliver_snapshot`]. Returns once the receiver has installed it, or with
-    /// the reason it failed (raft then tries again later). Called on a thread of its own: it
-    /// may take as long as the transfer does. `data` is read to its end, in order, once.
-    fn send_snapshot(&self, to: u64, message: bytes::Bytes, data: &mut dyn std::io::Read) -> std::io::Result<()>;
-}
-
-/// The transport of a group of one: there is no one to send to.
-pub(crate) struct NoPeers;
-
-impl Transport for NoPeers {
-    fn send(&self, to: u64, _message: bytes::Bytes) {
-        tracing::warn!(to, "a raft message for a peer in a group of one");
-    }
-
-    fn send_snapshot(&self, to: u64, _message: bytes::Bytes, _data: &mut dyn std::io::Read) -> std::io::Result<()> {
-        Err(std::io::Error::other(format!("a group of one has no member {to}")))
-    }
-}
-
-fn send_all(transport: &dyn Transport, messages: Vec<Message>) {
-    for m in messages {
-        match m.write_to_bytes() {
-            Ok(bytes) => transport.send(m.to, bytes::Bytes::from(bytes)),
-            Err(e) => tracing::error!(error = %e, "cannot encode a raft message"),
-        }
-    }
-}
-
-/// A membership change, as the engine asks for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum MemberChange {
-    AddVoter(u64, MemberAttributes),
-    AddLearner(u64, MemberAttributes),
-    /// A learner becomes a voter; it must have caught up with the leader.
-    Promote(u64),
-    Remove(u64),
-}
+use crate::thread::Worker;
 
 /// A learner is caught up once it has matched this fraction of the leader's log (etcd's
 /// rule for promotion).
 const LEARNER_READY: f64 = 0.9;
 
-/// What the node thread publishes about itself, for the engine to read without asking.
-#[derive(Debug, Default)]
-pub(crate) struct Status {
-    /// The leader this member knows of (0: none).
-    pub(crate) leader: std::sync::atomic::AtomicU64,
-    /// The current term.
-    pub(crate) term: std::sync::atomic::AtomicU64,
-    /// The term in which this member, as leader, restarted its leases' clocks: it may expire
-    /// leases only while this is the current term.
-    pub(crate) leases_term: std::sync::atomic::AtomicU64,
-    /// How many times this member has seen a new leader (etcd's `leader_changes_seen_total`).
-    pub(crate) leader_changes: std::sync::atomic::AtomicU64,
-    /// Proposals dropped before they were committed (etcd's `proposals_failed_total`).
-    pub(crate) proposals_failed: std::sync::atomic::AtomicU64,
-    /// Whether this member is a learner in the membership it has applied (kept by the apply
-    /// thread; the server refuses most calls on a learner, as etcd does).
-    pub(crate) learner: std::sync::atomic::AtomicBool,
-    /// Notified when the leader changes.
-    changed: (parking_lot::Mutex<()>, parking_lot::Condvar),
-    /// Why this member stopped accepting writes for good (its WAL failed), once it has.
-    pub(crate) failed: parking_lot::Mutex<Option<Error>>,
-}
-
-impl Status {
-    fn set_leader(&self, leader: u64) {
-        let _guard = self.changed.0.lock();
-        let before = self.leader.swap(leader, std::sync::atomic::Ordering::Relaxed);
-        if leader != 0 && leader != before {
-            self.leader_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.changed.1.notify_all();
-    }
-
-    /// Waits until `leader` leads, as far as this member knows; false on timeout.
-    pub(crate) fn wait_leader(&self, leader: u64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut guard = self.changed.0.lock();
-        while self.leader.load(std::sync::atomic::Ordering::Relaxed) != leader {
-            if self.changed.1.wait_until(&mut guard, deadline).timed_out() {
-                return self.leader.load(std::sync::atomic::Ordering::Relaxed) == leader;
-            }
-        }
-        true
-    }
-}
-
-/// What the node thread is asked to do.
-pub(crate) enum Input {
-    /// Propose `data`; `id` identifies its waiter when the entry is applied.
-    Propose { id: u64, data: Vec<u8> },
-    /// Propose `data` only as the leader of `term`, which decided it (an expired lease's
-    /// revoke, a lease checkpoint): never forwarded, nor held. A member that led an earlier
-    /// term and decided by its own clock (a paused leader resuming) must not have its decision
-    /// carried to the new leader, which renewed the lease meanwhile. Answered
-    /// [`Error::NotLeader`] otherwise.
-    ProposeAsLeader { id: u64, data: Vec<u8>, term: u64 },
-    /// Start (or join) a ReadIndex round; the answer is the index to wait for.
-    ReadIndex { reply: oneshot::Sender<Result<u64>> },
-    /// The apply thread applied everything up to this index.
-    Applied(u64),
-    /// A checkpoint covers the log up to this index (less a catch-up margin): the in-memory
-    /// copy can go.
-    Compact { index: u64 },
-    /// Propose a membership change (joint consensus); `id` identifies its waiter.
-    ConfChange { id: u64, change: MemberChange },
-    /// Hand leadership to `to`; the answer (the transferee) comes once the request is stepped.
-    TransferLeader { to: Transferee, reply: Sender<Result<u64>> },
-    /// A message from a peer.
-    Step(Message),
-    /// A snapshot from the leader (`message`), its state staged beside the live one; the
-    /// answer says whether raft accepted and the state was installed.
-    Snapshot {
-        message: Message,
-        staged: Staged,
-        reply: Sender<Result<bool>>,
-    },
-    /// How streaming a snapshot to member `to` ended.
-    SnapshotSent { to: u64, delivered: bool },
-    /// Stop the node thread.
-    Stop,
-}
-
-/// Whom a leader hands its leadership to.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Transferee {
-    /// This voter.
-    Member(u64),
-    /// The voter whose log matches the leader's furthest, among those recently heard from
-    /// (a leader stepping down as it shuts down).
-    MostCaughtUp,
-}
+/// How long a stopping node waits for snapshots still being sent.
+const SENDERS_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A Ready whose WAL append is not known durable yet.
 struct Persisting {
@@ -218,18 +82,6 @@ impl std::task::Wake for Nudge {
     }
 }
 
-/// Where the node thread hands what it has to apply, in order: to the apply thread, which may
-/// lend the node thread its state for a small batch (the engine's `Handoff`).
-pub(crate) trait ApplyQueue: Send {
-    /// Hands `work` over, after everything handed before; fails once the apply side is gone.
-    fn send(&self, work: ToApply) -> Result<()>;
-
-    /// As `send`, but a small batch of entries may be applied on the calling thread, if the
-    /// apply side is idle: for the node thread of a group's sole member with nothing else to
-    /// do.
-    fn send_or_apply(&self, work: ToApply) -> Result<()>;
-}
-
 /// How a Ready's records go to the WAL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Append {
@@ -239,64 +91,41 @@ enum Append {
     Here,
 }
 
-/// What the apply thread is handed.
-pub(crate) enum ToApply {
-    /// Committed entries, in order, each with the membership change it applied, if any.
-    Entries(Vec<(Entry, Option<ConfApplied>)>),
-    /// A proposal that will never be applied.
-    Dropped { id: u64, error: Error },
-    /// This member became the leader in `term`: leases restart their clocks (never expiring
-    /// early), and only then may this member expire them.
-    BecameLeader { term: u64 },
-    /// A snapshot raft accepted: the staged state replaces the live one (after everything
-    /// handed over before it is applied), durably, before the answer.
-    Install { staged: Staged, reply: Sender<Result<()>> },
-    /// Nothing to apply: a batch applied on the node thread left a compaction unfinished, for
-    /// the apply thread to sweep.
-    Sweep,
-}
-
-/// Tunables of the node.
-#[derive(Clone, Debug)]
-pub(crate) struct NodeConfig {
-    pub(crate) id: u64,
-    pub(crate) tick: Duration,
-    pub(crate) election_ticks: usize,
-    pub(crate) heartbeat_ticks: usize,
-    /// The last index the state machine has applied (from the checkpoint and what open
-    /// replayed).
-    pub(crate) applied: u64,
-    /// A ReadIndex round not answered in this long fails: a request's timeout. A proposal
-    /// is held ([`Held`]) for half of it.
-    pub(crate) read_timeout: Duration,
-    /// Raft's pre-vote (etcd's `--pre-vote`).
-    pub(crate) pre_vote: bool,
-    /// A member of several starts with its election clock nearly run out (etcd's
-    /// `--initial-election-tick-advance`).
-    pub(crate) advance_election_ticks: bool,
-}
-
 /// A running node thread.
 pub(crate) struct NodeHandle {
     pub(crate) tx: Sender<Input>,
-    threads: Vec<JoinHandle<()>>,
+    thread: Worker,
+}
+
+/// What the node thread owns, handed over when it starts.
+pub(crate) struct NodeParts {
+    pub(crate) config: NodeConfig,
+    /// Its input, made by the caller, so that what the node feeds can hold the sender before
+    /// it starts.
+    pub(crate) inputs: (Sender<Input>, Receiver<Input>),
+    pub(crate) log: RaftLog,
+    pub(crate) wal: Arc<Wal>,
+    pub(crate) transport: Arc<dyn Transport>,
+    /// Where committed entries go.
+    pub(crate) apply: Box<dyn ApplyQueue>,
+    pub(crate) status: Arc<Status>,
+    /// What a follower far behind is sent.
+    pub(crate) snapshots: SnapshotSource,
 }
 
 impl NodeHandle {
-    /// Starts the node thread over `log` and `wal`, taking its input from `inputs` (made by
-    /// the caller, so that what the node feeds can hold the sender before it starts);
-    /// committed entries go to `apply`; a follower far behind is sent what `snapshots` writes.
-    #[allow(clippy::too_many_arguments)] // each is a distinct part the node thread owns
-    pub(crate) fn spawn(
-        config: NodeConfig,
-        (tx, rx): (Sender<Input>, Receiver<Input>),
-        log: RaftLog,
-        wal: Arc<Wal>,
-        transport: Arc<dyn Transport>,
-        apply: Box<dyn ApplyQueue>,
-        status: Arc<Status>,
-        snapshots: SnapshotSource,
-    ) -> Result<NodeHandle> {
+    /// Starts the node thread with its `parts`.
+    pub(crate) fn spawn(parts: NodeParts) -> Result<NodeHandle> {
+        let NodeParts {
+            config,
+            inputs: (tx, rx),
+            log,
+            wal,
+            transport,
+            apply,
+            status,
+            snapshots,
+        } = parts;
         let raft_config = raft::Config {
             id: config.id,
             election_tick: config.election_ticks,
@@ -346,35 +175,22 @@ impl NodeHandle {
             campaign_when_applied: false,
             snapshots,
             inputs: tx.clone(),
+            senders: Vec::new(),
             staged: None,
             engine_applied: config.applied,
             proposals: Proposals::default(),
             held: Held::default(),
             config,
         };
-        let thread = std::thread::Builder::new()
-            .name("cairn-raft".into())
-            .spawn({
-                let span = tracing::Span::current();
-                move || {
-                    let _span = span.enter();
-                    node.run(rx, nudges)
-                }
-            })
-            .map_err(|e| Error::Internal(Failure::caused_by("spawn raft thread", e)))?;
-        Ok(NodeHandle {
-            tx,
-            threads: vec![thread],
-        })
+        let thread = crate::thread::start("cairn-raft", move || node.run(rx, nudges))?;
+        Ok(NodeHandle { tx, thread })
     }
 
     /// Stops the node: what was handed to the apply thread stays handed; proposals not yet
-    /// committed are dropped with their waiters.
-    pub(crate) fn stop(self) {
+    /// committed are dropped with their waiters. An error if the node thread panicked.
+    pub(crate) fn stop(self) -> Result<()> {
         let _ = self.tx.send(Input::Stop);
-        for t in self.threads {
-            let _ = t.join();
-        }
+        self.thread.join()
     }
 }
 
@@ -494,6 +310,8 @@ struct NodeThread {
     snapshots: SnapshotSource,
     /// This thread's own inputs, for snapshot senders to report to.
     inputs: Sender<Input>,
+    /// Snapshots being sent, each on a thread of its own.
+    senders: Vec<Worker>,
     /// A snapshot from the leader stepped into raft, until its Ready installs it.
     staged: Option<(Staged, Sender<Result<bool>>)>,
     /// The last index the apply thread reported applied; raft is told as much of it as it
@@ -594,6 +412,12 @@ impl NodeThread {
             }
             if stop {
                 break;
+            }
+        }
+        let deadline = Instant::now() + SENDERS_PATIENCE;
+        for sender in std::mem::take(&mut self.senders) {
+            if let Err(e) = sender.join_by(deadline) {
+                tracing::error!(error = %e, "a snapshot sender failed");
             }
         }
     }
@@ -718,6 +542,7 @@ impl NodeThread {
                 }
             }
             Input::SnapshotSent { to, delivered } => {
+                self.join_finished_senders();
                 let status = if delivered {
                     raft::SnapshotStatus::Finish
                 } else {
@@ -914,21 +739,36 @@ impl NodeThread {
         Ok(())
     }
 
+    /// Joins the snapshot senders that have ended.
+    fn join_finished_senders(&mut self) {
+        let (done, running) = std::mem::take(&mut self.senders)
+            .into_iter()
+            .partition::<Vec<_>, _>(Worker::is_finished);
+        self.senders = running;
+        for sender in done {
+            if let Err(e) = sender.join() {
+                tracing::error!(error = %e, "a snapshot sender failed");
+            }
+        }
+    }
+
     /// Sends a Ready's messages; snapshots are streamed on threads of their own.
-    fn dispatch(&self, messages: Vec<Message>) {
+    fn dispatch(&mut self, messages: Vec<Message>) {
         let (snapshots, rest): (Vec<_>, Vec<_>) = messages
             .into_iter()
             .partition(|m| m.get_msg_type() == MessageType::MsgSnapshot);
         send_all(&*self.transport, rest);
         for m in snapshots {
             match m.write_to_bytes() {
-                Ok(bytes) => transfer::send(
-                    m.to,
-                    bytes::Bytes::from(bytes),
-                    self.snapshots.clone(),
-                    self.transport.clone(),
-                    self.inputs.clone(),
-                ),
+                Ok(bytes) => {
+                    let route = transfer::Route {
+                        source: self.snapshots.clone(),
+                        transport: self.transport.clone(),
+                        report: self.inputs.clone(),
+                    };
+                    self.senders
+                        .extend(transfer::send(m.to, bytes::Bytes::from(bytes), route));
+                }
                 Err(e) => tracing::error!(error = %e, "cannot encode a snapshot message"),
             }
         }

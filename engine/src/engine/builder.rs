@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Engine, NoPeers};
 use crate::config::Config;
-use crate::consensus::node::Transport;
+use crate::consensus::interface::Transport;
 use crate::consensus::MemberAttributes;
 use crate::error::{Error, Result};
 

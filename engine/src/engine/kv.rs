@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::propose::Pending;
 use super::{Core, Engine};
-use crate::consensus::node::Input;
+use crate::consensus::interface::Input;
 use crate::error::{Error, Result};
 use crate::kv::range::{RangeRequest, RangeResponse};
 use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};

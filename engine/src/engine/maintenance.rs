@@ -141,28 +141,25 @@ fn export_state<W>(
     let mut writer = begin(meta)?;
     std::thread::scope(|scope| {
         let (tx, rx) = crossbeam_channel::bounded(EXPORT_AHEAD);
-        let reader = std::thread::Builder::new()
-            .name("snapshot-read".into())
-            .spawn_scoped(scope, move || -> Result<()> {
-                let mut after = None;
-                loop {
-                    let (records, last) = {
-                        let st = state.read();
-                        if st.installs != installs {
-                            return Err(Error::Snapshot(Failure::new(
-                                "a snapshot from the leader replaced the state while this one was taken",
-                            )));
-                        }
-                        st.store.export_chunk(after, current, compacted, SNAPSHOT_CHUNK)?
-                    };
-                    // The end, or the writer gave up (it tells why).
-                    if last.is_none() || tx.send(records).is_err() {
-                        return Ok(());
+        let reader = crate::thread::start_scoped(scope, "cairn-snapshot-read", move || -> Result<()> {
+            let mut after = None;
+            loop {
+                let (records, last) = {
+                    let st = state.read();
+                    if st.installs != installs {
+                        return Err(Error::Snapshot(Failure::new(
+                            "a snapshot from the leader replaced the state while this one was taken",
+                        )));
                     }
-                    after = last;
+                    st.store.export_chunk(after, current, compacted, SNAPSHOT_CHUNK)?
+                };
+                // The end, or the writer gave up (it tells why).
+                if last.is_none() || tx.send(records).is_err() {
+                    return Ok(());
                 }
-            })
-            .map_err(|e| Error::Internal(Failure::caused_by("spawn the snapshot's reader", e)))?;
+                after = last;
+            }
+        })?;
         // The receiver goes with this closure: a reader still sending then stops.
         let written = (move || {
             for records in rx {
@@ -170,9 +167,7 @@ fn export_state<W>(
             }
             Ok(writer)
         })();
-        let read = reader
-            .join()
-            .map_err(|_| Error::Internal(Failure::new("the snapshot's reader panicked")))?;
+        let read = reader.join()?;
         // A failed read ends the chunks early: its error tells why, not the writer's.
         read.and(written)
     })

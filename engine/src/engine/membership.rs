@@ -9,12 +9,12 @@ use crossbeam_channel::{bounded, Sender};
 use super::propose::wait_answer;
 use super::Core;
 use super::Engine;
-use crate::consensus::node::{Input, MemberChange, Transferee};
-use crate::consensus::transfer::Staged;
+use crate::consensus::interface::{Input, MemberChange, Transferee};
 use crate::consensus::MemberAttributes;
 use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
 use crate::request::Request;
+use crate::snapshot::Staged;
 
 /// The members of a group (etcd's `MemberList`, by ID).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl Inbox {
         }
         let lessor = Lessor::new(core.config.min_lease_ttl, core.config.clock.clone());
         drop(core);
-        let staged = Staged::read(data, maker, lessor)?;
+        let staged: crate::consensus::interface::Staged = Box::new(Staged::read(data, maker, lessor)?);
         if staged.index() < index {
             return Err(Error::Snapshot(Failure::new(format!(
                 "the snapshot's data is at index {}, its message says {index}",

@@ -42,10 +42,9 @@ mod watch;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use cairn_wal::Wal;
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::bounded;
 use parking_lot::{Mutex, RwLock};
 
 use apply::{AppliedIndex, ApplyThread, Applying, Handoff, Publisher, Swept};
@@ -55,16 +54,18 @@ use leases::checker_loop;
 use maintenance::write_snapshot;
 use open::Recovered;
 use propose::Waiters;
-use watch::watch_loop;
+use watch::{watch_loop, WatchThread};
 
 use crate::config::Config;
+use crate::consensus::interface::{NoPeers, NodeConfig, Status, Transport};
 use crate::consensus::log::RaftLog;
-use crate::consensus::node::{NoPeers, NodeConfig, NodeHandle, Status, Transport};
+use crate::consensus::node::{NodeHandle, NodeParts};
 use crate::consensus::{Membership, RecentRequests};
 use crate::error::{Error, Result};
 use crate::lease::lessor::Lessor;
 use crate::mvcc::store::Store;
 use crate::request::Alarm;
+use crate::thread::{self, Stoppable, Worker};
 use crate::watch::hub::WatchHub;
 
 pub use builder::{EngineBuilder, Peer};
@@ -192,11 +193,10 @@ struct Core {
 /// An open engine. `Engine` is `Send + Sync`: share it between threads.
 pub struct Engine {
     core: Arc<Core>,
-    apply_thread: Mutex<Option<JoinHandle<()>>>,
-    /// Dropping the sender stops the lease checker.
-    checker: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
-    /// Dropping the sender stops the watch thread.
-    watch_thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    apply_thread: Mutex<Option<Worker<Result<()>>>>,
+    /// The lease checker, when leases expire on their own.
+    checker: Mutex<Option<Stoppable>>,
+    watch_thread: Mutex<Option<Stoppable>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -283,32 +283,33 @@ impl Engine {
             let state = core.state.clone();
             Arc::new(move |out: &mut dyn std::io::Write| write_snapshot(&state, out))
         };
-        let node = NodeHandle::spawn(
-            node_config,
-            node_inputs,
-            core.log.clone(),
-            wal.clone(),
+        let node = NodeHandle::spawn(NodeParts {
+            config: node_config,
+            inputs: node_inputs,
+            log: core.log.clone(),
+            wal: wal.clone(),
             transport,
-            Box::new(handoff),
-            core.status.clone(),
+            apply: Box::new(handoff),
+            status: core.status.clone(),
             snapshots,
-        )?;
+        })?;
         *core.replica.lock() = Some(Replica { node, wal });
         let apply_thread = {
             let thread = ApplyThread {
                 rx: apply_rx,
                 shared: apply_shared,
             };
-            open::spawn("cairn-apply", move || thread.run())?
+            thread::start("cairn-apply", move || thread.run())?
         };
         let watch_thread = {
-            let (state, hub) = (core.state.clone(), core.hub.clone());
-            let (stop_tx, stop_rx) = bounded(0);
-            let (every, progress_every) = (core.config.watch_sync_interval, core.config.watch_progress_interval);
-            let thread = open::spawn("cairn-watch", move || {
-                watch_loop(state, hub, fed, stop_rx, every, progress_every)
-            })?;
-            (stop_tx, thread)
+            let watching = WatchThread {
+                state: core.state.clone(),
+                hub: core.hub.clone(),
+                feed: fed,
+                every: core.config.watch_sync_interval,
+                progress_every: core.config.watch_progress_interval,
+            };
+            thread::start_stoppable("cairn-watch", move |stop| watch_loop(watching, stop))?
         };
         let engine = Engine {
             core,
@@ -326,10 +327,9 @@ impl Engine {
         // Lease clocks restart now: a restart can delay expiry, never hasten it.
         engine.core.state.write().lessor.restart_clocks();
         if let Some(every) = engine.core.config.lease_check_interval {
-            let (stop_tx, stop_rx) = bounded(0);
             let core = engine.core.clone();
-            let thread = open::spawn("cairn-lease-check", move || checker_loop(core, stop_rx, every))?;
-            *engine.checker.lock() = Some((stop_tx, thread));
+            let thread = thread::start_stoppable("cairn-lease-check", move |stop| checker_loop(core, stop, every))?;
+            *engine.checker.lock() = Some(thread);
         }
         engine.agree_alone();
         Ok(engine)
@@ -345,21 +345,23 @@ impl Engine {
         self.shutdown()
     }
 
+    /// Stops the threads, checkpoints and closes the log. A thread that panicked is the error
+    /// (after everything else is done), unless closing failed first.
     fn shutdown(&self) -> Result<()> {
+        let mut panicked = Ok(());
         for stopper in [&self.checker, &self.watch_thread] {
-            if let Some((stop, thread)) = stopper.lock().take() {
-                drop(stop);
-                let _ = thread.join();
+            if let Some(thread) = stopper.lock().take() {
+                panicked = panicked.and(thread.stop());
             }
         }
         let replica = self.core.replica.lock().take();
         let Some(Replica { node, wal }) = replica else {
-            return Ok(());
+            return panicked;
         };
         // The node stops first; the apply thread then applies what it was handed and ends.
-        node.stop();
+        panicked = panicked.and(node.stop());
         if let Some(t) = self.apply_thread.lock().take() {
-            let _ = t.join();
+            panicked = panicked.and(t.join().and_then(|checkpointer| checkpointer));
         }
         // Proposals never committed: their callers get `Closed`.
         self.core.waiters.clear();
@@ -376,7 +378,7 @@ impl Engine {
                 shared.sync()?.wait()?;
             }
         }
-        Ok(())
+        panicked
     }
 }
 

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use cairn_wal::Wal;
 
@@ -118,16 +117,4 @@ pub(super) fn catch_up_target(state: &State, log: &RaftLog, identity: &Identity)
     } else {
         log.hard_state().commit
     }
-}
-
-/// Starts a thread named `name` whose log events carry the current span (the member's).
-pub(super) fn spawn(name: &str, run: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    let span = tracing::Span::current();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let _span = span.enter();
-            run()
-        })
-        .map_err(|e| Error::Internal(Failure::caused_by(format!("start the {name} thread"), e)))
 }

@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use super::Core;
-use crate::consensus::node::Input;
+use crate::consensus::interface::Input;
 use crate::error::{Error, Result};
 use crate::request::{Alarm, Request, Response};
 

@@ -26,17 +26,29 @@ const NOTIFY_BATCH: usize = 64;
 /// A newly applied revision and its events, for the watchers.
 pub(super) type Fed = (i64, Vec<Event>);
 
-/// The watch thread: hands each revision `feed` brings to the synced watchers, catches lagging
-/// watchers up every `every` (at once again while a pass moves some forward), and sends
-/// progress notifications every `progress_every`, until told to stop.
-pub(super) fn watch_loop(
-    state: Arc<RwLock<State>>,
-    hub: Arc<Mutex<WatchHub>>,
-    feed: Receiver<Fed>,
-    stop: Receiver<()>,
-    every: Duration,
-    progress_every: Option<Duration>,
-) {
+/// What the watch thread works with.
+pub(super) struct WatchThread {
+    pub(super) state: Arc<RwLock<State>>,
+    pub(super) hub: Arc<Mutex<WatchHub>>,
+    /// Each applied revision and its events.
+    pub(super) feed: Receiver<Fed>,
+    /// How often lagging watchers are caught up.
+    pub(super) every: Duration,
+    /// How often progress notifications go out, if at all.
+    pub(super) progress_every: Option<Duration>,
+}
+
+/// The watch thread: hands each revision the feed brings to the synced watchers, catches
+/// lagging watchers up every `every` (at once again while a pass moves some forward), and
+/// sends progress notifications every `progress_every`, until `stop` disconnects.
+pub(super) fn watch_loop(thread: WatchThread, stop: Receiver<()>) {
+    let WatchThread {
+        state,
+        hub,
+        feed,
+        every,
+        progress_every,
+    } = thread;
     let mut last_progress = Instant::now();
     let mut next_pass = Instant::now() + every;
     loop {

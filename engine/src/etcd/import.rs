@@ -18,7 +18,7 @@ use crate::auth::{Access, AuthStore, Permission, Role, User};
 use crate::backend::record::Record;
 use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::LeaseRecord;
-use crate::mvcc::revision::Revision;
+use crate::revision::Revision;
 
 /// What an etcd database holds besides its history.
 #[derive(Debug)]
@@ -55,7 +55,7 @@ pub(crate) fn is_etcd_db(file: &mut File) -> Result<bool> {
 pub(crate) struct Opened {
     pub(crate) db: Db,
     /// The trailer's check, running; `None` when skipped.
-    check: Option<std::thread::JoinHandle<Result<()>>>,
+    check: Option<crate::thread::Worker<Result<()>>>,
 }
 
 impl Opened {
@@ -64,9 +64,7 @@ impl Opened {
     /// it tells why.
     pub(crate) fn checked<T>(self, outcome: Result<T>) -> Result<T> {
         if let Some(check) = self.check {
-            check
-                .join()
-                .map_err(|_| Error::Internal(Failure::new("the snapshot's hash check panicked")))??;
+            check.join()??;
         }
         outcome
     }
@@ -90,10 +88,7 @@ pub(crate) fn open(path: &Path, skip_hash_check: bool) -> Result<Opened> {
     let check = if trailer && !skip_hash_check {
         let hashed = file.try_clone().map_err(io)?;
         let path = path.to_path_buf();
-        let check = std::thread::Builder::new()
-            .name("snapshot-hash".into())
-            .spawn(move || check_trailer(&hashed, len - 32, &path))
-            .map_err(|e| Error::Internal(Failure::caused_by("spawn the snapshot's hash check", e)))?;
+        let check = crate::thread::start("cairn-snapshot-hash", move || check_trailer(&hashed, len - 32, &path))?;
         Some(check)
     } else {
         None

@@ -23,10 +23,10 @@ use std::collections::VecDeque;
 use std::ops::Bound;
 use std::path::PathBuf;
 
-use super::revision::Revision;
 use super::store::Store;
 use crate::backend::{Active, FileMaker, Loc, Sealed};
 use crate::error::{Error, Result};
+use crate::revision::Revision;
 
 /// A defragmentation syncs its copies every this many bytes.
 const SYNC_BYTES: u64 = 512 << 10;

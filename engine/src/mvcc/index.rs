@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::key_index::{Found, KeyIndex, KeyIndexError};
-use super::revision::Revision;
+use crate::revision::Revision;
 
 /// The keys a request names, in etcd's encoding of `(key, range_end)`:
 /// an empty `range_end` is the single key, `range_end == [0]` is every key `>= key`, anything

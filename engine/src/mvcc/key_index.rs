@@ -20,7 +20,7 @@
 
 use smallvec::{smallvec, SmallVec};
 
-use super::revision::Revision;
+use crate::revision::Revision;
 
 /// One life of a key.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

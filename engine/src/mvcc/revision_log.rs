@@ -15,8 +15,8 @@
 
 use std::ops::Bound;
 
-use super::revision::Revision;
 use crate::backend::Loc;
+use crate::revision::Revision;
 
 /// Entries a chunk holds before a new one is started.
 const CHUNK: usize = 1024;

@@ -17,11 +17,11 @@ use bytes::Bytes;
 
 use super::index::{KeyRange, TreeIndex};
 use super::key_index::{Found, KeyIndexError};
-use super::revision::Revision;
 use super::revision_log::RevisionLog;
 use crate::backend::record::{self, Record};
 use crate::backend::{Backend, FileLen, FileMaker, Mark};
 use crate::error::{Error, Failure, Result};
+use crate::revision::Revision;
 
 /// A key as a read returns it (etcd's `mvccpb.KeyValue`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use super::{Applying, Entries};
-use crate::consensus::node::{ApplyQueue, ToApply};
+use crate::consensus::interface::{ApplyQueue, ToApply};
 use crate::engine::State;
 use crate::error::{Error, Result};
 

@@ -30,9 +30,10 @@ use transition::{Entries, Outcome, Schedule, Step};
 use super::checkpointing::{write_and_release, Checkpointing, Encoded};
 use super::watch::Fed;
 use super::{Core, State};
-use crate::consensus::node::{Input, ToApply};
-use crate::consensus::transfer::Staged;
+use crate::consensus::interface::Staged;
+use crate::consensus::interface::{Input, ToApply};
 use crate::error::{Error, Result};
+use crate::snapshot;
 use crate::watch::hub::WatchHub;
 
 /// How often the apply thread answers proposals past their deadline ([`Waiters::expire`]).
@@ -186,6 +187,9 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
             st.applied_index
         )));
     }
+    let Ok(staged) = staged.into_any().downcast::<snapshot::Staged>() else {
+        return Err(Error::internal("a staged state that is not a snapshot's"));
+    };
     let Some((mut store, mut lessor, meta)) = staged.take() else {
         return Err(Error::internal("a staged snapshot was installed twice"));
     };
@@ -410,7 +414,9 @@ pub(in crate::engine) struct ApplyThread {
 }
 
 impl ApplyThread {
-    pub(in crate::engine) fn run(self) {
+    /// Runs until the node thread's end of the queue is gone; an error if the checkpointer
+    /// thread panicked.
+    pub(in crate::engine) fn run(self) -> Result<()> {
         let ApplyThread { rx, shared } = self;
         let checkpointer = start_checkpointer(&shared);
         let core = shared.applying.lock().publisher.core.clone();
@@ -477,15 +483,13 @@ impl ApplyThread {
         }
         // Let a checkpoint being written finish before the final one is taken.
         shared.applying.lock().to_write = None;
-        if let Some(thread) = checkpointer {
-            let _ = thread.join();
-        }
+        checkpointer.map_or(Ok(()), crate::thread::Worker::join)
     }
 }
 
 /// Starts the checkpointer thread and gives the apply path its queue; without one (it could
 /// not start), checkpoints are only written on close.
-fn start_checkpointer(shared: &Shared) -> Option<std::thread::JoinHandle<()>> {
+fn start_checkpointer(shared: &Shared) -> Option<crate::thread::Worker> {
     let mut applying = shared.applying.lock();
     let (to_write, written) = bounded::<Encoded>(1);
     let p = &applying.publisher;
@@ -496,13 +500,7 @@ fn start_checkpointer(shared: &Shared) -> Option<std::thread::JoinHandle<()>> {
         writing: applying.writing.clone(),
         written,
     };
-    let span = tracing::Span::current();
-    let spawned = std::thread::Builder::new()
-        .name("cairn-checkpoint".into())
-        .spawn(move || {
-            let _span = span.enter();
-            checkpointer.run()
-        });
+    let spawned = crate::thread::start("cairn-checkpoint", move || checkpointer.run());
     match spawned {
         Ok(thread) => {
             applying.to_write = Some(to_write);
