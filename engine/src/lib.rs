@@ -140,6 +140,7 @@ mod etcd;
 mod format;
 mod kv;
 mod lease;
+mod membership;
 mod mvcc;
 mod request;
 mod revision;
@@ -154,7 +155,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
 pub use consensus::interface::Transport;
 pub use consensus::local::LocalNetwork;
-pub use consensus::MemberAttributes;
 pub use engine::{
     Applied, Defragmented, Engine, EngineBuilder, Inbox, LeaseGrant, Member, Members, Peer, Pending, PendingFuture,
     RaftStatus, SnapshotInfo, Watch, WatchGroup, WriteRequest,
@@ -167,6 +167,7 @@ pub use kv::txn::{
     ResponseOp, TxnRequest, TxnResponse,
 };
 pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
+pub use membership::MemberAttributes;
 pub use mvcc::index::prefix_end;
 pub use mvcc::store::{Event, EventKind, HashKv, KeyValue};
 /// The MVCC core on its own, without log, files or threads: for model tests and benchmarks

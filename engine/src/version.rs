@@ -21,8 +21,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
 /// This build's release, as Cargo knows it (`0.2.0-dev`, say).
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
@@ -30,7 +28,7 @@ pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 pub const UNVERSIONED: Version = Version::new(0, 1);
 
 /// A release line: `major.minor`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
     /// The major version.
     pub major: u32,
@@ -115,7 +113,7 @@ impl Feature {
 
 /// The versions the members have agreed through the log: part of the replicated state, kept
 /// in checkpoints and snapshots.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClusterVersions {
     /// The agreed cluster version; `None` before any was agreed ([`UNVERSIONED`]).
     pub cluster: Option<Version>,

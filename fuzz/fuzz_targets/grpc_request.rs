@@ -13,8 +13,8 @@ use std::cell::RefCell;
 
 use arbitrary::Arbitrary;
 use cairn_engine::{Error, Store};
-use cairn_server::pb::etcdserverpb as pb;
 use cairn_server::internals::validate::{self, Limits};
+use cairn_server::pb::etcdserverpb as pb;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

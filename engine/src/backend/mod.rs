@@ -74,7 +74,7 @@ pub(crate) struct Mark {
 }
 
 /// One data file of a layout, as a checkpoint records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FileLen {
     pub(crate) id: u32,
     /// Bytes of records in the file; anything after is not part of the state.

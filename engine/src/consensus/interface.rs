@@ -9,8 +9,8 @@ use crossbeam_channel::Sender;
 use protobuf::Message as _;
 use raft::eraftpb::{Entry, Message};
 
-use super::{ConfApplied, MemberAttributes};
 use crate::error::{Error, Result};
+use crate::membership::{ConfApplied, MemberAttributes};
 
 /// Where Raft messages for the other members of a group go: the seam for the network. A
 /// message is opaque bytes, delivered to the member `to` with [`crate::Engine::receive`] (or an

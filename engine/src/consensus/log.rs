@@ -120,7 +120,7 @@ pub(crate) fn bootstrap(
     log: &RaftLog,
     wal: &cairn_wal::Wal,
     members: &[u64],
-    attributes: &std::collections::BTreeMap<u64, super::MemberAttributes>,
+    attributes: &std::collections::BTreeMap<u64, crate::membership::MemberAttributes>,
 ) -> Result<()> {
     use raft::eraftpb::{ConfChange, ConfChangeType, EntryType};
     let mut entries = Vec::with_capacity(members.len());

@@ -37,8 +37,8 @@ use super::interface::{
 };
 use super::log::{encode_state, entry_record, RaftLog};
 use super::transfer::{self, SnapshotSource};
-use super::ConfApplied;
 use crate::error::{Error, Failure, Result};
+use crate::membership::ConfApplied;
 use crate::thread::Worker;
 
 /// A learner is caught up once it has matched this fraction of the leader's log (etcd's

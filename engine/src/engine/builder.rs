@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::{Engine, NoPeers};
 use crate::config::Config;
 use crate::consensus::interface::Transport;
-use crate::consensus::MemberAttributes;
 use crate::error::{Error, Result};
+use crate::membership::MemberAttributes;
 
 /// Opens an [`Engine`]: `Engine::builder(dir).member(id).peers(..).transport(t).open()`.
 ///

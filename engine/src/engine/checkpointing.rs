@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 
 use super::{Engine, State};
 use crate::backend::{FileLen, FileMaker, DATA_DIR};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::format::checkpoint;
 
 /// A checkpoint encoded under the state lock, to write without it.
 #[derive(Debug)]

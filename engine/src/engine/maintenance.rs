@@ -11,13 +11,16 @@ use super::checkpointing::write_and_release;
 use super::kv::Applied;
 use super::{Engine, State};
 use crate::backend::{FileMaker, DATA_DIR};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::consensus::{MemberAttributes, Membership, RecentRequests};
+use crate::consensus::RecentRequests;
 use crate::error::{Error, Failure, Result};
+use crate::format::checkpoint;
+use crate::format::snapshot::{self, SnapshotWriter};
+use crate::membership::{MemberAttributes, Membership};
 use crate::mvcc::store::{HashKv, StoreMeta};
 use crate::request::{Alarm, Request, Response};
-use crate::snapshot::{self, SnapshotMeta, SnapshotWriter};
+use crate::snapshot::SnapshotMeta;
 
 /// What [`Engine::inspect_snapshot`] found in a snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

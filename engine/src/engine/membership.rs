@@ -10,11 +10,11 @@ use super::propose::wait_answer;
 use super::Core;
 use super::Engine;
 use crate::consensus::interface::{Input, MemberChange, Transferee};
-use crate::consensus::MemberAttributes;
+use crate::engine::staged::Staged;
 use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
+use crate::membership::MemberAttributes;
 use crate::request::Request;
-use crate::snapshot::Staged;
 
 /// The members of a group (etcd's `MemberList`, by ID).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

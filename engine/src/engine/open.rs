@@ -12,10 +12,10 @@ use cairn_wal::Wal;
 use super::builder::Identity;
 use super::State;
 use crate::backend::DATA_DIR;
-use crate::checkpoint;
 use crate::config::Config;
 use crate::consensus::log::RaftLog;
 use crate::error::{Error, Failure, Result};
+use crate::format::checkpoint;
 use crate::mvcc::store::Store;
 
 /// What opening recovered: the state as of the checkpoint, and the log after it, in memory

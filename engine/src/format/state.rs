@@ -1,24 +1,25 @@
-//! The replicated state as checkpoints (format 6) and snapshots (format 5) hold it, and the
-//! member attributes a membership change carries in its context.
-//!
-//! The checkpoint and snapshot bodies are private structs of `checkpoint.rs` and
-//! `snapshot.rs`; the API types inside them ([`AuthStore`], [`Alarm`], [`MemberAttributes`])
-//! are written through the adapters here (`#[serde(with = ...)]`), as this module's own
-//! types. The private types they also hold (the membership, leases, the store's layout) are
-//! written as they are: changing one is changing the format, which the golden test below and
-//! the fixtures in `tests/fixtures/format/` catch.
+//! The replicated state as checkpoints and snapshots hold it, as private types of this module:
+//! the auth store, member attributes (also a membership change's context), the membership,
+//! the recent request IDs, leases, the store's layout, alarms and the agreed versions. Each
+//! mirrors the engine's type as it was when the format was fixed; `checkpoint` and `snapshot`
+//! put them together into their bodies. The golden test below pins their bytes.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use super::entry::{self, Permission};
 use crate::auth::AuthStore;
-use crate::consensus::MemberAttributes;
+use crate::backend::FileLen;
+use crate::consensus::RecentRequests;
+use crate::lease::lessor::LeaseRecord;
+use crate::membership::{MemberAttributes, Membership};
+use crate::mvcc::store::StoreMeta;
 use crate::request::Alarm;
+use crate::version::{ClusterVersions, Version};
 
 #[derive(Serialize, Deserialize)]
-struct Auth {
+pub(super) struct Auth {
     enabled: bool,
     revision: u64,
     users: BTreeMap<String, User>,
@@ -40,7 +41,7 @@ struct Role {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Attributes {
+pub(super) struct Attributes {
     name: String,
     peer_urls: Vec<String>,
     client_urls: Vec<String>,
@@ -115,82 +116,211 @@ impl From<Attributes> for MemberAttributes {
     }
 }
 
-/// `#[serde(with)]` for an [`AuthStore`] (its permission cache is rebuilt on load).
-pub(crate) mod auth_store {
-    use super::*;
+/// The membership: raft's configuration and each member's attributes, by ID.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Members {
+    voters: Vec<u64>,
+    learners: Vec<u64>,
+    voters_outgoing: Vec<u64>,
+    learners_next: Vec<u64>,
+    auto_leave: bool,
+    attributes: BTreeMap<u64, Attributes>,
+}
 
-    pub(crate) fn serialize<S: Serializer>(store: &AuthStore, s: S) -> Result<S::Ok, S::Error> {
-        Auth::from(store).serialize(s)
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<AuthStore, D::Error> {
-        Auth::deserialize(d).map(AuthStore::from)
-    }
-
-    /// An empty store's bytes: what an older format without the auth store reads as.
-    pub(crate) fn empty() -> Vec<u8> {
-        postcard::to_allocvec(&Auth::from(&AuthStore::default())).unwrap_or_default()
+impl From<&Membership> for Members {
+    fn from(m: &Membership) -> Members {
+        Members {
+            voters: m.voters.clone(),
+            learners: m.learners.clone(),
+            voters_outgoing: m.voters_outgoing.clone(),
+            learners_next: m.learners_next.clone(),
+            auto_leave: m.auto_leave,
+            attributes: m.attributes.iter().map(|(id, a)| (*id, a.into())).collect(),
+        }
     }
 }
 
-/// `#[serde(with)]` for the raised alarms, each with its member (checkpoints from version 7,
-/// snapshots from version 6).
-pub(crate) mod alarms {
-    use super::*;
-
-    pub(crate) fn serialize<S: Serializer>(alarms: &[(u64, Alarm)], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(alarms.iter().map(|(member, a)| (*member, entry::Alarm::from(*a))))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u64, Alarm)>, D::Error> {
-        Vec::<(u64, entry::Alarm)>::deserialize(d).map(|v| v.into_iter().map(|(m, a)| (m, Alarm::from(a))).collect())
-    }
-}
-
-/// `#[serde(with)]` for the raised alarms as older versions wrote them, without a member:
-/// read as member 0's.
-pub(crate) mod alarms_without_member {
-    use super::*;
-
-    #[cfg(test)]
-    pub(crate) fn serialize<S: Serializer>(alarms: &[(u64, Alarm)], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(alarms.iter().map(|(_, a)| entry::Alarm::from(*a)))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u64, Alarm)>, D::Error> {
-        Vec::<entry::Alarm>::deserialize(d).map(|v| v.into_iter().map(|a| (0, Alarm::from(a))).collect())
+impl From<Members> for Membership {
+    fn from(m: Members) -> Membership {
+        Membership {
+            voters: m.voters,
+            learners: m.learners,
+            voters_outgoing: m.voters_outgoing,
+            learners_next: m.learners_next,
+            auto_leave: m.auto_leave,
+            attributes: m.attributes.into_iter().map(|(id, a)| (id, a.into())).collect(),
+        }
     }
 }
 
-/// Member attributes: in a membership change's context, and (`#[serde(with)]`, by member ID)
-/// in the membership checkpoints and snapshots hold.
+/// The last request IDs applied, oldest first.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Recent(Vec<u64>);
+
+impl From<&RecentRequests> for Recent {
+    fn from(r: &RecentRequests) -> Recent {
+        Recent(r.ids().collect())
+    }
+}
+
+impl From<Recent> for RecentRequests {
+    fn from(r: Recent) -> RecentRequests {
+        RecentRequests::from_ids(r.0)
+    }
+}
+
+/// A lease as every member agrees on it.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Lease {
+    id: i64,
+    ttl: i64,
+    remaining_ttl: i64,
+}
+
+impl From<&LeaseRecord> for Lease {
+    fn from(l: &LeaseRecord) -> Lease {
+        Lease {
+            id: l.id,
+            ttl: l.ttl,
+            remaining_ttl: l.remaining_ttl,
+        }
+    }
+}
+
+impl From<Lease> for LeaseRecord {
+    fn from(l: Lease) -> LeaseRecord {
+        LeaseRecord {
+            id: l.id,
+            ttl: l.ttl,
+            remaining_ttl: l.remaining_ttl,
+        }
+    }
+}
+
+/// One data file of the store's layout, and the bytes of records in it.
+#[derive(Serialize, Deserialize)]
+pub(super) struct File {
+    id: u32,
+    len: u64,
+}
+
+/// What a checkpoint records of the store: its revisions and the data files' layout.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Store {
+    current: i64,
+    compacted: i64,
+    layout: Vec<File>,
+}
+
+impl From<&StoreMeta> for Store {
+    fn from(s: &StoreMeta) -> Store {
+        Store {
+            current: s.current,
+            compacted: s.compacted,
+            layout: s.layout.iter().map(|f| File { id: f.id, len: f.len }).collect(),
+        }
+    }
+}
+
+impl From<Store> for StoreMeta {
+    fn from(s: Store) -> StoreMeta {
+        StoreMeta {
+            current: s.current,
+            compacted: s.compacted,
+            layout: s.layout.into_iter().map(|f| FileLen { id: f.id, len: f.len }).collect(),
+        }
+    }
+}
+
+/// The raised alarms, each with the member it was raised for.
+pub(super) fn alarms(alarms: &[(u64, Alarm)]) -> Vec<(u64, entry::Alarm)> {
+    alarms
+        .iter()
+        .map(|(member, a)| (*member, entry::Alarm::from(*a)))
+        .collect()
+}
+
+/// The raised alarms as they were read.
+pub(super) fn alarms_from(alarms: Vec<(u64, entry::Alarm)>) -> Vec<(u64, Alarm)> {
+    alarms.into_iter().map(|(m, a)| (m, Alarm::from(a))).collect()
+}
+
+/// The raised alarms as older formats wrote them, without a member: read as member 0's.
+pub(super) fn alarms_without_member(alarms: Vec<entry::Alarm>) -> Vec<(u64, Alarm)> {
+    alarms.into_iter().map(|a| (0, Alarm::from(a))).collect()
+}
+
+/// A release line.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+struct Release {
+    major: u32,
+    minor: u32,
+}
+
+/// The versions the members agreed.
+#[derive(Serialize, Deserialize)]
+struct Versions {
+    cluster: Option<Release>,
+    downgrade: Option<Release>,
+}
+
+impl From<&ClusterVersions> for Versions {
+    fn from(v: &ClusterVersions) -> Versions {
+        let release = |v: Version| Release {
+            major: v.major,
+            minor: v.minor,
+        };
+        Versions {
+            cluster: v.cluster.map(release),
+            downgrade: v.downgrade.map(release),
+        }
+    }
+}
+
+impl From<Versions> for ClusterVersions {
+    fn from(v: Versions) -> ClusterVersions {
+        let version = |r: Release| Version::new(r.major, r.minor);
+        ClusterVersions {
+            cluster: v.cluster.map(version),
+            downgrade: v.downgrade.map(version),
+        }
+    }
+}
+
+/// An empty auth store's bytes: what an older format without the auth store reads as.
+pub(super) fn empty_auth() -> Vec<u8> {
+    postcard::to_allocvec(&Auth::from(&AuthStore::default())).unwrap_or_default()
+}
+
 /// The agreed versions as the trailer of a checkpoint body or a snapshot meta: after the last
 /// field, where a reader from before them (0.1, which decodes with `postcard::from_bytes`)
 /// stops. Written only once something is agreed, so until then the bytes are 0.1's.
-pub(crate) mod versions_trailer {
+pub(super) mod versions_trailer {
     use serde::de::DeserializeOwned;
 
+    use super::Versions;
     use crate::version::ClusterVersions;
 
     /// `body` with `versions` after it.
-    pub(crate) fn append(body: Vec<u8>, versions: &ClusterVersions) -> postcard::Result<Vec<u8>> {
+    pub(in crate::format) fn append(body: Vec<u8>, versions: &ClusterVersions) -> postcard::Result<Vec<u8>> {
         match *versions == ClusterVersions::default() {
             true => Ok(body),
-            false => postcard::to_extend(versions, body),
+            false => postcard::to_extend(&Versions::from(versions), body),
         }
     }
 
     /// The body's fields, and the versions after them (the defaults when there are none).
-    pub(crate) fn split<T: DeserializeOwned>(bytes: &[u8]) -> postcard::Result<(T, ClusterVersions)> {
+    pub(in crate::format) fn split<T: DeserializeOwned>(bytes: &[u8]) -> postcard::Result<(T, ClusterVersions)> {
         let (fields, trailer) = postcard::take_from_bytes::<T>(bytes)?;
         let versions = match trailer.is_empty() {
             true => ClusterVersions::default(),
-            false => postcard::from_bytes(trailer)?,
+            false => postcard::from_bytes::<Versions>(trailer)?.into(),
         };
         Ok((fields, versions))
     }
 }
 
+/// Member attributes in a membership change's context.
 pub(crate) mod attributes {
     use super::*;
 
@@ -206,36 +336,26 @@ pub(crate) mod attributes {
             .map(MemberAttributes::from)
             .unwrap_or_default()
     }
-
-    pub(crate) fn serialize<S: Serializer>(map: &BTreeMap<u64, MemberAttributes>, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(map.iter().map(|(id, a)| (id, Attributes::from(a))))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, MemberAttributes>, D::Error> {
-        BTreeMap::<u64, Attributes>::deserialize(d).map(|m| m.into_iter().map(|(id, a)| (id, a.into())).collect())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::auth::{Access, AuthChange, Permission};
-    use crate::consensus::Membership;
+    use crate::membership::Membership;
 
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    #[derive(Serialize, Deserialize)]
     struct Holder {
-        #[serde(with = "auth_store")]
-        auth: AuthStore,
-        #[serde(with = "alarms_without_member")]
-        alarms: Vec<(u64, Alarm)>,
+        auth: Auth,
+        alarms: Vec<entry::Alarm>,
     }
 
-    /// The bytes below were written before these types existed, by serializing the API's types
-    /// directly: the adapters must write and read exactly them.
+    /// The bytes below were written before these types existed, by serializing the engine's
+    /// types directly: the mirrors must write and read exactly them.
     #[test]
     fn state_is_byte_for_byte_what_it_was() {
         let mut store = AuthStore::default();
@@ -280,9 +400,10 @@ mod tests {
         for c in &changes {
             store.apply(c).unwrap();
         }
+        let alarms = vec![(0, Alarm::NoSpace), (0, Alarm::Corrupt)];
         let holder = Holder {
-            auth: store,
-            alarms: vec![(0, Alarm::NoSpace), (0, Alarm::Corrupt)],
+            auth: Auth::from(&store),
+            alarms: super::alarms(&alarms).into_iter().map(|(_, a)| a).collect(),
         };
         let bytes = postcard::to_allocvec(&holder).unwrap();
         assert_eq!(
@@ -294,14 +415,16 @@ mod tests {
             )
         );
         let back: Holder = postcard::from_bytes(&bytes).unwrap();
-        assert_eq!(back, holder);
-        let at = back.auth.revision();
+        let auth = AuthStore::from(back.auth);
+        assert_eq!(auth, store);
+        assert_eq!(alarms_without_member(back.alarms), alarms);
+        let at = auth.revision();
         assert_eq!(
-            back.auth.permitted("v", at, b"k", b"", Access::Write),
+            auth.permitted("v", at, b"k", b"", Access::Write),
             Ok(()),
             "the cache is rebuilt"
         );
-        assert!(back.auth.permitted("v", at, b"j", b"", Access::Write).is_err());
+        assert!(auth.permitted("v", at, b"j", b"", Access::Write).is_err());
 
         let mut m = Membership {
             voters: vec![1, 2],
@@ -320,11 +443,11 @@ mod tests {
         );
         assert_eq!(attributes::decode(&attributes::encode(&a).unwrap()), a);
         assert_eq!(attributes::decode(b"\xff"), MemberAttributes::default());
-        let bytes = postcard::to_allocvec(&m).unwrap();
+        let bytes = postcard::to_allocvec(&Members::from(&m)).unwrap();
         assert_eq!(
             hex(&bytes),
             "0201020103000000010101610108687474703a2f2f700108687474703a2f2f63"
         );
-        assert_eq!(postcard::from_bytes::<Membership>(&bytes).unwrap(), m);
+        assert_eq!(Membership::from(postcard::from_bytes::<Members>(&bytes).unwrap()), m);
     }
 }

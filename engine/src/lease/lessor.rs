@@ -38,7 +38,7 @@ struct Lease {
 }
 
 /// The part of a lease every member agrees on, as a checkpoint keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LeaseRecord {
     pub(crate) id: i64,
     pub(crate) ttl: i64,

@@ -136,10 +136,13 @@ pub struct Store {
     /// its batches would leave in the copies a key's earlier record without the later one
     /// (a put without its delete), which a store rebuilt from the files would then resurrect.
     pub(super) defragmenting: bool,
+    /// The events of the write requests since [`Store::take_events`], when recording (someone
+    /// watches): each change's event, built from what the write had at hand.
+    events: Option<Vec<Event>>,
 }
 
 /// What a checkpoint records of a store: the rest is rebuilt from the data files.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StoreMeta {
     pub(crate) current: i64,
     pub(crate) compacted: i64,
@@ -189,6 +192,7 @@ impl Store {
             compacting: None,
             pinned: 0,
             defragmenting: false,
+            events: None,
         }
     }
 
@@ -380,6 +384,7 @@ impl Store {
     pub fn write(&mut self) -> WriteTxn<'_> {
         let main = self.current + 1;
         let mark = self.backend.mark();
+        let events_before = self.events.as_ref().map_or(0, Vec::len);
         WriteTxn {
             store: self,
             main,
@@ -387,8 +392,25 @@ impl Store {
             lease_changes: Vec::new(),
             undo: Vec::new(),
             mark,
+            events_before,
             finished: false,
         }
+    }
+
+    /// Whether write requests record their events from now on (for watchers), to be taken
+    /// with [`Store::take_events`]. Off, nothing is recorded and what was is dropped.
+    pub(crate) fn record_events(&mut self, on: bool) {
+        match (on, &self.events) {
+            (true, None) => self.events = Some(Vec::new()),
+            (false, Some(_)) => self.events = None,
+            _ => {}
+        }
+    }
+
+    /// The events recorded since the last call, in revision order: each put with the key's
+    /// new version and its previous value, each delete with the value it deleted.
+    pub(crate) fn take_events(&mut self) -> Vec<Event> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Drops the history below `revision`: reads below it fail with [`Error::Compacted`], and
@@ -726,6 +748,8 @@ pub struct WriteTxn<'a> {
     undo: Vec<Undo>,
     /// Where the data files ended before the request, to cut its records off again.
     mark: Mark,
+    /// How many events were recorded before the request, to drop its own again.
+    events_before: usize,
     finished: bool,
 }
 
@@ -748,6 +772,9 @@ impl Drop for WriteTxn<'_> {
             self.store.log.remove(&Revision::new(self.main, sub));
         }
         self.store.backend.rollback(self.mark);
+        if let Some(events) = &mut self.store.events {
+            events.truncate(self.events_before);
+        }
     }
 }
 
@@ -784,14 +811,38 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
+    /// `key` as it was before this request, which an event's previous value is (as in etcd),
+    /// given what it is now within the request (`at_found`, read as `at_kv`): the same unless
+    /// the request changed the key already.
+    fn before_request(
+        &self,
+        key: &[u8],
+        at_found: Option<Found>,
+        at_kv: &Option<KeyValue>,
+    ) -> Result<Option<KeyValue>> {
+        if self.sub == 0 {
+            return Ok(at_kv.clone());
+        }
+        match self.store.index.get(key, self.main - 1) {
+            before if before == at_found => Ok(at_kv.clone()),
+            Some(found) => self.store.key_value(key, found, false).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Puts `value` at `key`; returns the previous key-value, if the key existed.
     pub fn put(&mut self, key: &[u8], value: Bytes, lease: i64) -> Result<Option<KeyValue>> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
         let at = self.read_at();
-        let prev = match self.store.index.get(key, at) {
+        let at_found = self.store.index.get(key, at);
+        let prev = match at_found {
             Some(found) => Some(self.store.key_value(key, found, false)?),
+            None => None,
+        };
+        let event_prev = match self.store.events {
+            Some(_) => self.before_request(key, at_found, &prev)?,
             None => None,
         };
         let from = prev.as_ref().map_or(0, |kv| kv.lease);
@@ -809,6 +860,20 @@ impl WriteTxn<'_> {
             previous,
         });
         self.append(key, rev, &value, lease, Some(found))?;
+        if let Some(events) = &mut self.store.events {
+            events.push(Event {
+                kind: EventKind::Put,
+                kv: KeyValue {
+                    key: Bytes::copy_from_slice(key),
+                    create_revision: found.created.main,
+                    mod_revision: rev.main,
+                    version: found.version,
+                    value,
+                    lease,
+                },
+                prev_kv: event_prev,
+            });
+        }
         Ok(prev)
     }
 
@@ -821,7 +886,9 @@ impl WriteTxn<'_> {
         let keys = self.store.index.live_keys(&KeyRange::new(key, range_end));
         let mut deleted = Vec::with_capacity(keys.len());
         for k in keys {
-            if let Some(found) = self.store.index.get(&k, at) {
+            let mut prev_kv = None;
+            let at_found = self.store.index.get(&k, at);
+            if let Some(found) = at_found {
                 let kv = self.store.key_value(&k, found, false)?;
                 if kv.lease != 0 {
                     self.lease_changes.push(LeaseChange {
@@ -829,6 +896,9 @@ impl WriteTxn<'_> {
                         from: kv.lease,
                         to: 0,
                     });
+                }
+                if self.store.events.is_some() {
+                    prev_kv = self.before_request(&k, at_found, &Some(kv.clone()))?;
                 }
                 deleted.push(kv);
             }
@@ -842,6 +912,20 @@ impl WriteTxn<'_> {
                 previous,
             });
             self.append(&k, rev, &[], 0, None)?;
+            if let Some(events) = &mut self.store.events {
+                events.push(Event {
+                    kind: EventKind::Delete,
+                    kv: KeyValue {
+                        key: Bytes::from(k),
+                        create_revision: 0,
+                        mod_revision: rev.main,
+                        version: 0,
+                        value: Bytes::new(),
+                        lease: 0,
+                    },
+                    prev_kv,
+                });
+            }
         }
         Ok(deleted)
     }
@@ -889,6 +973,69 @@ mod tests {
             }
         }
         w.end();
+    }
+
+    /// The events a write records as it goes are the ones its history holds, read back from
+    /// the data files as watchers catching up read them: every kind of change, one revision
+    /// at a time.
+    #[test]
+    fn recorded_events_are_the_ones_the_history_holds() {
+        let mut store = Store::new();
+        store.record_events(true);
+        let everything = KeyRange::new(&[0], &[0]);
+        let check = |store: &mut Store, write: &dyn Fn(&mut WriteTxn<'_>)| {
+            let mut w = store.write();
+            write(&mut w);
+            let rev = w.end();
+            let recorded = store.take_events();
+            let read = store.events(rev, rev, &everything, 0, true).unwrap();
+            assert!(!recorded.is_empty());
+            assert_eq!(recorded, read, "at revision {rev}");
+        };
+        let v = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        check(&mut store, &|w| {
+            w.put(b"a", v("1"), 0).unwrap();
+        });
+        check(&mut store, &|w| {
+            w.put(b"b", v("2"), 7).unwrap();
+            w.put(b"c", v("3"), 0).unwrap();
+        });
+        check(&mut store, &|w| {
+            w.put(b"a", v("overwritten"), 0).unwrap();
+        });
+        check(&mut store, &|w| {
+            w.delete_range(b"b", b"d").unwrap();
+            w.put(b"a", v("again"), 7).unwrap();
+        });
+        check(&mut store, &|w| {
+            w.delete_range(b"a", &[]).unwrap();
+        });
+        check(&mut store, &|w| {
+            w.put(b"a", v("new generation"), 0).unwrap();
+        });
+        // Keys the request puts, then deletes: each event's previous value is the key before
+        // the request, as etcd's watchers see it.
+        check(&mut store, &|w| {
+            w.put(b"a", v("4"), 0).unwrap();
+            w.put(b"c", v("5"), 0).unwrap();
+            w.delete_range(b"a", b"d").unwrap();
+        });
+        // An abandoned write records nothing; one that changes nothing has nothing to record.
+        {
+            let mut w = store.write();
+            w.put(b"z", v("never"), 0).unwrap();
+        }
+        let mut w = store.write();
+        w.delete_range(b"x", &[]).unwrap();
+        w.end();
+        assert!(store.take_events().is_empty());
+        // Not recording: nothing kept.
+        store.record_events(false);
+        let mut w = store.write();
+        w.put(b"q", v("unwatched"), 0).unwrap();
+        w.end();
+        store.record_events(true);
+        assert!(store.take_events().is_empty());
     }
 
     #[test]

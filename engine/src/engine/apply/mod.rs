@@ -33,7 +33,6 @@ use super::{Core, State};
 use crate::consensus::interface::Staged;
 use crate::consensus::interface::{Input, ToApply};
 use crate::error::{Error, Result};
-use crate::snapshot;
 use crate::watch::hub::WatchHub;
 
 /// How often the apply thread answers proposals past their deadline ([`Waiters::expire`]).
@@ -187,7 +186,7 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
             st.applied_index
         )));
     }
-    let Ok(staged) = staged.into_any().downcast::<snapshot::Staged>() else {
+    let Ok(staged) = staged.into_any().downcast::<crate::engine::staged::Staged>() else {
         return Err(Error::internal("a staged state that is not a snapshot's"));
     };
     let Some((mut store, mut lessor, meta)) = staged.take() else {

@@ -15,12 +15,11 @@ use super::super::watch::Fed;
 use super::super::State;
 use crate::auth::{AuthChange, AuthError};
 use crate::error::Error;
-use crate::mvcc::index::KeyRange;
 use crate::request::{Alarm, Request, Response};
 use crate::version::Feature;
 
 /// Committed entries, in order, each with the membership change it applied, if any.
-pub(in crate::engine) type Entries = Vec<(raft::eraftpb::Entry, Option<crate::consensus::ConfApplied>)>;
+pub(in crate::engine) type Entries = Vec<(raft::eraftpb::Entry, Option<crate::membership::ConfApplied>)>;
 
 /// What applying a batch did, for [`super::Publisher::publish`] to carry out.
 #[derive(Debug, Default)]
@@ -105,8 +104,9 @@ impl State {
     /// Applies committed entries in order: each request once (a duplicate ID is skipped), a
     /// membership change, and the applied index and term. Changes nothing but the state.
     pub(in crate::engine) fn apply_batch(&mut self, batch: Entries, step: Step<'_>) -> Outcome {
-        let everything = KeyRange::new(&[0], &[0]);
         let mut out = Outcome::default();
+        // Each write records its events as it makes them, while anyone watches.
+        self.store.record_events(step.watchers.load(Ordering::Relaxed) > 0);
         let mut batch = batch.into_iter();
         while let Some((entry, conf)) = batch.next() {
             if entry.index <= self.applied_index {
@@ -116,7 +116,8 @@ impl State {
             }
             let id = entry.context.as_ref().try_into().ok().map(u64::from_le_bytes);
             if let Some(change) = conf {
-                self.membership.apply(&change);
+                self.membership
+                    .apply(&change, &crate::format::state::attributes::decode(&change.context));
                 out.learner = Some(self.membership.learners.contains(&step.member_id));
                 if let Some(id) = id {
                     out.answers
@@ -159,11 +160,9 @@ impl State {
             self.applied_index = entry.index;
             self.applied_term = entry.term;
             let after = self.store.current_revision();
-            if after > before && step.watchers.load(Ordering::Relaxed) > 0 {
-                match self.store.events(after, after, &everything, 0, true) {
-                    Ok(events) => out.events.push((after, events)),
-                    Err(e) => tracing::error!(error = %e, revision = after, "cannot build watch events"),
-                }
+            let events = self.store.take_events();
+            if after > before && !events.is_empty() {
+                out.events.push((after, events));
             }
             if step.schedule.count() {
                 // A small record: the layout and the leases.
@@ -359,7 +358,7 @@ mod tests {
     use crate::mvcc::store::EventKind;
 
     /// A committed entry at `index` holding `request`, proposed with ID `id`.
-    fn entry(index: u64, id: u64, request: Request) -> (Entry, Option<crate::consensus::ConfApplied>) {
+    fn entry(index: u64, id: u64, request: Request) -> (Entry, Option<crate::membership::ConfApplied>) {
         let e = Entry {
             entry_type: EntryType::EntryNormal,
             index,
@@ -491,7 +490,7 @@ mod tests {
         let mut h = Harness::new(0, 0);
         let (mut e, _) = entry(1, 30, put("ignored"));
         e.entry_type = EntryType::EntryConfChange;
-        let change = crate::consensus::ConfApplied {
+        let change = crate::membership::ConfApplied {
             state: ConfState {
                 voters: vec![1],
                 learners: vec![2],
