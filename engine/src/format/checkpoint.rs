@@ -74,9 +74,9 @@ impl Version {
     }
 }
 
-/// A version 7 body.
+/// A checkpoint body, versions 6 and 7: they differ only in how an alarm is written.
 #[derive(Serialize, Deserialize)]
-struct BodyV7 {
+struct Body<A> {
     applied_index: u64,
     applied_term: u64,
     membership: Members,
@@ -84,27 +84,19 @@ struct BodyV7 {
     epoch: u64,
     store: Store,
     leases: Vec<Lease>,
-    alarms: Vec<(u64, entry::Alarm)>,
+    alarms: Vec<A>,
     auth: Auth,
 }
 
+/// A version 7 body: each alarm with its member.
+type BodyV7 = Body<(u64, entry::Alarm)>;
+
 /// A version 6 body: alarms without their member (read as member 0's).
-#[derive(Serialize, Deserialize)]
-struct BodyV6 {
-    applied_index: u64,
-    applied_term: u64,
-    membership: Members,
-    recent: Recent,
-    epoch: u64,
-    store: Store,
-    leases: Vec<Lease>,
-    alarms: Vec<entry::Alarm>,
-    auth: Auth,
-}
+type BodyV6 = Body<entry::Alarm>;
 
 impl From<&Checkpoint> for BodyV7 {
     fn from(c: &Checkpoint) -> BodyV7 {
-        BodyV7 {
+        Body {
             applied_index: c.applied_index,
             applied_term: c.applied_term,
             membership: (&c.membership).into(),
@@ -135,19 +127,18 @@ impl BodyV7 {
     }
 }
 
-impl From<BodyV6> for Checkpoint {
-    fn from(v6: BodyV6) -> Checkpoint {
-        Checkpoint {
+impl From<BodyV6> for BodyV7 {
+    fn from(v6: BodyV6) -> BodyV7 {
+        Body {
+            alarms: v6.alarms.into_iter().map(|a| (0, a)).collect(),
             applied_index: v6.applied_index,
             applied_term: v6.applied_term,
-            membership: v6.membership.into(),
-            recent: v6.recent.into(),
+            membership: v6.membership,
+            recent: v6.recent,
             epoch: v6.epoch,
-            store: v6.store.into(),
-            leases: v6.leases.into_iter().map(Into::into).collect(),
-            alarms: state::alarms_without_member(v6.alarms),
-            auth: v6.auth.into(),
-            versions: ClusterVersions::default(),
+            store: v6.store,
+            leases: v6.leases,
+            auth: v6.auth,
         }
     }
 }
@@ -211,7 +202,7 @@ pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
         v6.extend_from_slice(&state::empty_auth());
     }
     postcard::from_bytes::<BodyV6>(&v6)
-        .map(Checkpoint::from)
+        .map(|v6| BodyV7::from(v6).into_checkpoint(ClusterVersions::default()))
         .map_err(|e| bad(&e.to_string()))
 }
 
@@ -261,7 +252,7 @@ mod tests {
     /// Version 6 and 5 bodies, from a checkpoint: alarms without their member, and (5)
     /// without the auth store.
     fn older(c: &Checkpoint) -> (Vec<u8>, Vec<u8>) {
-        let v6 = BodyV6 {
+        let v6: BodyV6 = Body {
             applied_index: c.applied_index,
             applied_term: c.applied_term,
             membership: (&c.membership).into(),

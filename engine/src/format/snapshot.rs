@@ -62,9 +62,9 @@ impl Version {
     }
 }
 
-/// A version 6 meta.
+/// A snapshot's meta, versions 5 and 6: they differ only in how an alarm is written.
 #[derive(Serialize, Deserialize)]
-struct MetaV6 {
+struct Meta<A> {
     applied_index: u64,
     applied_term: u64,
     membership: Members,
@@ -72,27 +72,19 @@ struct MetaV6 {
     current: i64,
     compacted: i64,
     leases: Vec<Lease>,
-    alarms: Vec<(u64, entry::Alarm)>,
+    alarms: Vec<A>,
     auth: Auth,
 }
 
+/// A version 6 meta: each alarm with its member.
+type MetaV6 = Meta<(u64, entry::Alarm)>;
+
 /// A version 5 meta: alarms without their member (read as member 0's).
-#[derive(Deserialize)]
-struct MetaV5 {
-    applied_index: u64,
-    applied_term: u64,
-    membership: Members,
-    recent: Recent,
-    current: i64,
-    compacted: i64,
-    leases: Vec<Lease>,
-    alarms: Vec<entry::Alarm>,
-    auth: Auth,
-}
+type MetaV5 = Meta<entry::Alarm>;
 
 impl From<&SnapshotMeta> for MetaV6 {
     fn from(m: &SnapshotMeta) -> MetaV6 {
-        MetaV6 {
+        Meta {
             applied_index: m.applied_index,
             applied_term: m.applied_term,
             membership: (&m.membership).into(),
@@ -123,19 +115,18 @@ impl MetaV6 {
     }
 }
 
-impl From<MetaV5> for SnapshotMeta {
-    fn from(v5: MetaV5) -> SnapshotMeta {
-        SnapshotMeta {
+impl From<MetaV5> for MetaV6 {
+    fn from(v5: MetaV5) -> MetaV6 {
+        Meta {
+            alarms: v5.alarms.into_iter().map(|a| (0, a)).collect(),
             applied_index: v5.applied_index,
             applied_term: v5.applied_term,
-            membership: v5.membership.into(),
-            recent: v5.recent.into(),
+            membership: v5.membership,
+            recent: v5.recent,
             current: v5.current,
             compacted: v5.compacted,
-            leases: v5.leases.into_iter().map(Into::into).collect(),
-            alarms: state::alarms_without_member(v5.alarms),
-            auth: v5.auth.into(),
-            versions: ClusterVersions::default(),
+            leases: v5.leases,
+            auth: v5.auth,
         }
     }
 }
@@ -318,7 +309,9 @@ fn decode_meta(version: Version, mut body: Vec<u8>) -> Result<SnapshotMeta> {
     }
     let meta = match version {
         Version::V6 => versions_trailer::split::<MetaV6>(&body).map(|(meta, versions)| meta.into_meta(versions)),
-        Version::V4 | Version::V5 => postcard::from_bytes::<MetaV5>(&body).map(SnapshotMeta::from),
+        Version::V4 | Version::V5 => {
+            postcard::from_bytes::<MetaV5>(&body).map(|v5| MetaV6::from(v5).into_meta(ClusterVersions::default()))
+        }
     };
     meta.map_err(|e| Error::Snapshot(Failure::caused_by("meta", e)))
 }

@@ -245,11 +245,6 @@ pub(super) fn alarms_from(alarms: Vec<(u64, entry::Alarm)>) -> Vec<(u64, Alarm)>
     alarms.into_iter().map(|(m, a)| (m, Alarm::from(a))).collect()
 }
 
-/// The raised alarms as older formats wrote them, without a member: read as member 0's.
-pub(super) fn alarms_without_member(alarms: Vec<entry::Alarm>) -> Vec<(u64, Alarm)> {
-    alarms.into_iter().map(|a| (0, Alarm::from(a))).collect()
-}
-
 /// A release line.
 #[derive(Serialize, Deserialize, Clone, Copy)]
 struct Release {
@@ -417,7 +412,7 @@ mod tests {
         let back: Holder = postcard::from_bytes(&bytes).unwrap();
         let auth = AuthStore::from(back.auth);
         assert_eq!(auth, store);
-        assert_eq!(alarms_without_member(back.alarms), alarms);
+        assert_eq!(alarms_from(back.alarms.into_iter().map(|a| (0, a)).collect()), alarms);
         let at = auth.revision();
         assert_eq!(
             auth.permitted("v", at, b"k", b"", Access::Write),

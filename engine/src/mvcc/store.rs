@@ -57,6 +57,34 @@ pub struct Event {
     pub prev_kv: Option<KeyValue>,
 }
 
+impl Event {
+    /// `kv` put, over `prev_kv`.
+    fn put(kv: KeyValue, prev_kv: Option<KeyValue>) -> Event {
+        Event {
+            kind: EventKind::Put,
+            kv,
+            prev_kv,
+        }
+    }
+
+    /// `key` deleted at revision `main`: its key-value is the key and the revision alone.
+    fn deleted(key: Bytes, main: i64, prev_kv: Option<KeyValue>) -> Event {
+        let kv = KeyValue {
+            key,
+            create_revision: 0,
+            mod_revision: main,
+            version: 0,
+            value: Bytes::new(),
+            lease: 0,
+        };
+        Event {
+            kind: EventKind::Delete,
+            kv,
+            prev_kv,
+        }
+    }
+}
+
 /// What a change did to a key (etcd's `mvccpb.Event.EventType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -523,31 +551,17 @@ impl Store {
             };
             let key = Bytes::copy_from_slice(record.key);
             let event = if record.is_tombstone() {
-                Event {
-                    kind: EventKind::Delete,
-                    kv: KeyValue {
-                        key,
-                        create_revision: 0,
-                        mod_revision: rev.main,
-                        version: 0,
-                        value: Bytes::new(),
-                        lease: 0,
-                    },
-                    prev_kv,
-                }
+                Event::deleted(key, rev.main, prev_kv)
             } else {
-                Event {
-                    kind: EventKind::Put,
-                    kv: KeyValue {
-                        key,
-                        create_revision: record.created.main,
-                        mod_revision: rev.main,
-                        version: record.version,
-                        value: Bytes::copy_from_slice(record.value),
-                        lease: record.lease,
-                    },
-                    prev_kv,
-                }
+                let kv = KeyValue {
+                    key,
+                    create_revision: record.created.main,
+                    mod_revision: rev.main,
+                    version: record.version,
+                    value: Bytes::copy_from_slice(record.value),
+                    lease: record.lease,
+                };
+                Event::put(kv, prev_kv)
             };
             out.push(event);
         }
@@ -861,18 +875,15 @@ impl WriteTxn<'_> {
         });
         self.append(key, rev, &value, lease, Some(found))?;
         if let Some(events) = &mut self.store.events {
-            events.push(Event {
-                kind: EventKind::Put,
-                kv: KeyValue {
-                    key: Bytes::copy_from_slice(key),
-                    create_revision: found.created.main,
-                    mod_revision: rev.main,
-                    version: found.version,
-                    value,
-                    lease,
-                },
-                prev_kv: event_prev,
-            });
+            let kv = KeyValue {
+                key: Bytes::copy_from_slice(key),
+                create_revision: found.created.main,
+                mod_revision: rev.main,
+                version: found.version,
+                value,
+                lease,
+            };
+            events.push(Event::put(kv, event_prev));
         }
         Ok(prev)
     }
@@ -913,18 +924,7 @@ impl WriteTxn<'_> {
             });
             self.append(&k, rev, &[], 0, None)?;
             if let Some(events) = &mut self.store.events {
-                events.push(Event {
-                    kind: EventKind::Delete,
-                    kv: KeyValue {
-                        key: Bytes::from(k),
-                        create_revision: 0,
-                        mod_revision: rev.main,
-                        version: 0,
-                        value: Bytes::new(),
-                        lease: 0,
-                    },
-                    prev_kv,
-                });
+                events.push(Event::deleted(Bytes::from(k), rev.main, prev_kv));
             }
         }
         Ok(deleted)
