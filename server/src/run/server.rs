@@ -24,22 +24,33 @@ use super::router::client_routes;
 /// How long requests in flight may take to finish once a stop is asked for.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// Resolves on SIGTERM or SIGINT.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// the future is first polled: a signal sent as soon as the member says it serves must stop
+/// it gracefully, not kill it by the default action.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let watch = |kind: SignalKind, name: &'static str| match signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch for {name}");
+            None
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
+    let term = watch(SignalKind::terminate(), "SIGTERM");
+    let int = watch(SignalKind::interrupt(), "SIGINT");
+    async move {
+        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = recv(term) => {}
+            () = recv(int) => {}
+        }
     }
 }
 
@@ -176,6 +187,8 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         plan.pprof,
         plan.http_access.clone(),
     );
+    // From here on SIGTERM and SIGINT stop the member gracefully.
+    let stopped = stop_signal();
     tracing::info!(
         name = %f.name,
         member = format_args!("{member_id:x}"),
@@ -224,7 +237,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     crate::run::systemd::ready();
     let watchdog =
         crate::run::systemd::watchdog_period().map(|period| tokio::spawn(crate::run::systemd::keep_alive(period)));
-    stop_signal().await;
+    stopped.await;
     crate::run::systemd::stopping();
     if let Some(w) = watchdog {
         w.abort();
