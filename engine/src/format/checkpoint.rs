@@ -127,19 +127,26 @@ impl BodyV7 {
     }
 }
 
-impl From<BodyV6> for BodyV7 {
-    fn from(v6: BodyV6) -> BodyV7 {
+impl<A> Body<A> {
+    /// The same, with each alarm written as `f` writes it.
+    fn map_alarms<B>(self, f: impl FnMut(A) -> B) -> Body<B> {
         Body {
-            alarms: v6.alarms.into_iter().map(|a| (0, a)).collect(),
-            applied_index: v6.applied_index,
-            applied_term: v6.applied_term,
-            membership: v6.membership,
-            recent: v6.recent,
-            epoch: v6.epoch,
-            store: v6.store,
-            leases: v6.leases,
-            auth: v6.auth,
+            alarms: self.alarms.into_iter().map(f).collect(),
+            applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            membership: self.membership,
+            recent: self.recent,
+            epoch: self.epoch,
+            store: self.store,
+            leases: self.leases,
+            auth: self.auth,
         }
+    }
+}
+
+impl From<BodyV6> for BodyV7 {
+    fn from(old: BodyV6) -> BodyV7 {
+        old.map_alarms(|a| (0, a))
     }
 }
 
@@ -252,17 +259,7 @@ mod tests {
     /// Version 6 and 5 bodies, from a checkpoint: alarms without their member, and (5)
     /// without the auth store.
     fn older(c: &Checkpoint) -> (Vec<u8>, Vec<u8>) {
-        let v6: BodyV6 = Body {
-            applied_index: c.applied_index,
-            applied_term: c.applied_term,
-            membership: (&c.membership).into(),
-            recent: (&c.recent).into(),
-            epoch: c.epoch,
-            store: (&c.store).into(),
-            leases: c.leases.iter().map(Lease::from).collect(),
-            alarms: state::alarms(&c.alarms).into_iter().map(|(_, a)| a).collect(),
-            auth: (&c.auth).into(),
-        };
+        let v6: BodyV6 = BodyV7::from(c).map_alarms(|(_, a)| a);
         let framed = |version: u32, body: &[u8]| {
             let mut out = Vec::new();
             out.extend_from_slice(MAGIC);

@@ -115,19 +115,26 @@ impl MetaV6 {
     }
 }
 
-impl From<MetaV5> for MetaV6 {
-    fn from(v5: MetaV5) -> MetaV6 {
+impl<A> Meta<A> {
+    /// The same, with each alarm written as `f` writes it.
+    fn map_alarms<B>(self, f: impl FnMut(A) -> B) -> Meta<B> {
         Meta {
-            alarms: v5.alarms.into_iter().map(|a| (0, a)).collect(),
-            applied_index: v5.applied_index,
-            applied_term: v5.applied_term,
-            membership: v5.membership,
-            recent: v5.recent,
-            current: v5.current,
-            compacted: v5.compacted,
-            leases: v5.leases,
-            auth: v5.auth,
+            alarms: self.alarms.into_iter().map(f).collect(),
+            applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            membership: self.membership,
+            recent: self.recent,
+            current: self.current,
+            compacted: self.compacted,
+            leases: self.leases,
+            auth: self.auth,
         }
+    }
+}
+
+impl From<MetaV5> for MetaV6 {
+    fn from(old: MetaV5) -> MetaV6 {
+        old.map_alarms(|a| (0, a))
     }
 }
 
