@@ -61,6 +61,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "the server's floors: no loop of files, no import of a floor above (tools/import-graph, server/FLOORS)"
 tools/import-graph server/src --crate cairn_server --floors server/FLOORS --check
 
+step "the engine's files: no loop of imports (tools/import-graph)"
+tools/import-graph engine/src --crate cairn_engine --check
+
+step "no function takes more than four arguments besides self (tools/arguments)"
+tools/arguments
+
 step "cargo test"
 cargo test --workspace --locked
 
@@ -70,6 +76,10 @@ cargo deny --locked check licenses bans sources
 tools/dependency-licenses --check
 
 step "the crates as a user gets them: cargo publish --dry-run (cairn-wal, cairn-engine, cairn-server, packaged and built as packaged)"
+# Cargo unpacks the packaged crates from a local registry into $CARGO_HOME/registry/src/-<hash>/,
+# and reuses what an earlier run unpacked there at the same version, so a dry run after a change
+# would build the server against the engine of an earlier run. Those unpacked copies go first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/cairn-*
 cargo publish --dry-run --allow-dirty --workspace --locked --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
 
 step "a program outside the workspace on the packaged crates, as a user of the registry builds it (tests/outside)"
@@ -83,7 +93,7 @@ cargo build -p cairn-server --bin cairn --locked
 step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 
-step "faults across processes: cairn, then etcd 3.5 as the harness's own check (tests/faults)"
+step "faults across processes: cairn, then etcd 3.7.3 as the harness's own check (tests/faults)"
 tests/faults/run.sh --seconds 60
 
 step "etcd's monitoring mixin on etcd 3.7.3 and cairn: alerts, dashboard queries, etcdctl check (tests/monitoring)"

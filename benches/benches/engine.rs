@@ -161,7 +161,7 @@ fn engine_with_garbage(dir: &std::path::Path) -> Engine {
         }
     }
     engine.compact(engine.current_revision()).expect("compact");
-    engine.wait_compacted().expect("sweep");
+    engine.maintenance().wait_compacted().expect("sweep");
     engine
 }
 
@@ -199,7 +199,7 @@ fn maintenance_benches(c: &mut Criterion) {
                             i += 1;
                         }
                     });
-                    black_box(engine.defragment().expect("defragment"));
+                    black_box(engine.maintenance().defragment().expect("defragment"));
                     done.store(true, std::sync::atomic::Ordering::Relaxed);
                 });
                 (dir, engine)

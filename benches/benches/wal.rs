@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_wal::{decode_frame, encode_frame, Config, Durability, FrameKind, LogIndex, Record, Wal};
+use cairn_wal::{decode_frame, Config, Durability, FrameKind, LogIndex, Record, Wal};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 
 const PAYLOAD_SIZES: [usize; 2] = [256, 4 << 10];
@@ -33,11 +33,11 @@ fn frames(c: &mut Criterion) {
             let mut out = Vec::with_capacity(size + 64);
             b.iter(|| {
                 out.clear();
-                black_box(encode_frame(&mut out, FrameKind::Entry, 42, black_box(data), SEED))
+                black_box(FrameKind::Entry.encode(&mut out, 42, black_box(data), SEED))
             });
         });
         let mut encoded = Vec::new();
-        encode_frame(&mut encoded, FrameKind::Entry, 42, &data, SEED);
+        FrameKind::Entry.encode(&mut encoded, 42, &data, SEED);
         group.bench_with_input(BenchmarkId::new("decode", size), &encoded, |b, encoded| {
             b.iter(|| black_box(decode_frame(black_box(encoded), SEED).map(|(f, n)| (f.index, n))));
         });

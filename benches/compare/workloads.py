@@ -179,7 +179,8 @@ SERIAL = [Figure("ops", "throughput", "ops/s", True), Figure("p50", "p50 latency
           Figure("fsync_p50", "raw pwrite+fdatasync p50 on the same disk, measured right after", "ms", False),
           Figure("p50_over_fsync", "put p50 / raw fdatasync p50", "×", False),
           Figure("rtt_p50", "serializable get p50, 1 client, right after (the round trip without a disk)", "ms",
-                 False)]
+                 False),
+          Figure("p50_over_floor", "put p50 / its floor (round trip + raw fdatasync p50)", "×", False)]
 
 
 def serial_put(args):
@@ -201,6 +202,8 @@ def serial_put(args):
         get = bench(ctx, endpoints, ["--conns", "1", "--clients", "1", "range", "--load", "100", "--consistency", "s"],
                     seconds=2)
         out["rtt_p50"] = ms(get.get("p50_us"))
+        floor = (out["fsync_p50"] or 0) + (out["rtt_p50"] or 0)
+        out["p50_over_floor"] = out["p50"] / floor if out["fsync_p50"] and out["rtt_p50"] and out["p50"] else None
         return out
 
     return run
@@ -235,9 +238,15 @@ def lease_expiry(ctx, t, endpoints, name):
     the first lease's TTL until every key is gone, and the probes' p99 meanwhile."""
     args = ["--conns", "10", "--clients", "10", "lease-expiry", "--leases", str(ctx.expiry_leases),
             "--ttl", str(ctx.expiry_ttl), "--keys-per-lease", "1", "--val-size", str(BIG_VAL_SIZE)]
+    cpu_before = t.cpu_seconds()
     out = bench(ctx, endpoints, args)
+    cpu = t.cpu_seconds() - cpu_before
+    # Every request the run made: the grants, the keys attached, and the probes' puts before
+    # and during the expiry (the expiries themselves are the server's own work on top).
+    requests = sum(out.get(k) or 0 for k in ("leases_granted", "keys_attached", "ok", "probe_before_ok"))
     return {"expire_s": out.get("all_gone_after_earliest_s"), "p99": ms(out.get("p99_us")),
-            "p99_over_before": out.get("probe_p99_during_over_before"), "raw": out}
+            "p99_over_before": out.get("probe_p99_during_over_before"),
+            "cpu_us": cpu * 1e6 / requests if requests else None, "raw": out}
 
 
 # --- a million keys: footprint, restart, compaction and defragmentation while serving ------
@@ -253,11 +262,15 @@ def million_keys(ctx, t, endpoints, name):
     """Loads --keys keys (one revision each) with 100 clients; RSS, disk and db size; a restart
     on that data; then compaction to the current revision and a defragmentation while writes
     go on at a fixed rate."""
+    cpu_before = t.cpu_seconds()
     load = big_load(ctx, endpoints)
+    cpu = t.cpu_seconds() - cpu_before
     if load.get("failed"):
         log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
     time.sleep(1)
-    r = {"load": load.get("ops_per_sec"), "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB,
+    puts = load.get("ok") or 0
+    r = {"load": load.get("ops_per_sec"), "load_cpu_us": cpu * 1e6 / puts if puts else None,
+         "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB,
          "db_size": status(endpoints[0])["db_size"] / MIB}
     stop_s, start_s = t.restart()
     r.update(stop_s=stop_s, restart_s=start_s)
@@ -394,6 +407,7 @@ def ms_s(seconds):
 
 MILLION = [
     Figure("load", "load with 100 clients: throughput", "ops/s", True),
+    Figure("load_cpu_us", "load: server CPU per put", "µs", False),
     Figure("rss", "RSS after the load", "MiB", False),
     Figure("disk", "data dir on disk after the load", "MiB", False),
     Figure("db_size", "db size (Maintenance Status)", "MiB", False),
@@ -451,7 +465,9 @@ def workloads(keys, expiry_leases):
         Workload("expiry", f"mass lease expiry: {expiry_leases:,} leases with a key each",
                  [Figure("expire_s", "first TTL until every key is gone", "s", False),
                   Figure("p99", "probe writes during expiry: p99", "ms", False),
-                  Figure("p99_over_before", "probe p99 during expiry / before", "×", False)], lease_expiry),
+                  Figure("p99_over_before", "probe p99 during expiry / before", "×", False),
+                  Figure("cpu_us", "server CPU per request (grants, keys, probes; expiries on top)",
+                         "µs", False)], lease_expiry),
         Workload("million", f"{kk} keys ({BIG_KEY_SIZE}-byte keys, {BIG_VAL_SIZE}-byte values)", MILLION,
                  million_keys),
         Workload("cluster-put-100", "3-member cluster on loopback: put, 100 clients", THROUGHPUT,

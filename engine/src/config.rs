@@ -59,7 +59,7 @@ pub struct Config {
     /// How long a simple auth token lives unused (etcd's `--auth-token-ttl`). Default 300 s.
     pub simple_token_ttl: Duration,
     /// How often expired leases are looked for; `None` leaves it to explicit
-    /// `Engine::expire_leases` calls (tests with a manual clock). Default 500 ms.
+    /// `Leases::expire_now` calls (tests with a manual clock). Default 500 ms.
     pub lease_check_interval: Option<Duration>,
     /// How often the lease checker records remaining TTLs durably (etcd checkpoints every 5
     /// minutes); `None` never does it on its own. Default 5 minutes.

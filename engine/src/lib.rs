@@ -88,14 +88,30 @@
 //! # fn main() -> cairn_engine::Result<()> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! let engine = Engine::open(dir.path(), Config::default())?;
-//! let lease = engine.lease_grant(0, 10)?.response.id; // 0: the engine picks the ID
+//! let leases = engine.leases();
+//! let lease = leases.grant(0, 10)?.response.id; // 0: the engine picks the ID
 //! engine.write(PutRequest::new("session/me", "alive").with_lease(lease))?;
-//! assert_eq!(engine.lease_keep_alive(lease)?, 10);
-//! engine.lease_revoke(lease)?;
+//! assert_eq!(leases.keep_alive(lease)?, 10);
+//! leases.revoke(lease)?;
 //! assert!(engine.get("session/me")?.is_none(), "revoking deletes the lease's keys");
 //! # engine.close()
 //! # }
 //! ```
+//!
+//! # Which to use when
+//!
+//! | you want to | use |
+//! |---|---|
+//! | read and write keys | [`Engine::get`], [`Engine::put`], [`Engine::delete`]; etcd's requests with [`Engine::write`], [`Engine::txn`], [`Engine::range`] |
+//! | the same from async code, no thread waiting | [`Engine::write_async`], [`Engine::range_async`], [`Engine::read_txn_async`], [`Engine::read_barrier_async`] |
+//! | follow changes | [`Engine::watch`] (one request), [`Engine::watch_group`] (many watchers, one queue) |
+//! | drop old history | [`Engine::compact`], then [`Maintenance::wait_compacted`] |
+//! | leases | [`Engine::leases`]: [`Leases::grant`], [`Leases::keep_alive`], ... |
+//! | the group's members, leadership | [`Engine::members`]: [`Members::add`], [`Members::move_leader`], ... |
+//! | defragment, snapshot, alarms, HashKV | [`Engine::maintenance`] |
+//! | how the member is doing | [`Engine::status`] (one call, every figure); [`Engine::leader`], [`Engine::current_revision`] (cheap, for every request) |
+//! | restore or inspect a snapshot, import etcd's | [`offline`], with no engine open |
+//! | serve the member to others (auth, versions, guarded writes) | [`Engine::server`]: a server's needs, not an application's |
 //!
 //! # Errors
 //!
@@ -130,7 +146,6 @@
 
 pub mod auth;
 mod backend;
-mod checkpoint;
 mod clock;
 mod config;
 mod consensus;
@@ -142,22 +157,22 @@ mod kv;
 mod lease;
 mod membership;
 mod mvcc;
+pub mod offline;
 mod request;
 mod revision;
-mod snapshot;
 mod thread;
 pub mod version;
 mod watch;
 
-pub use auth::{Access, AuthChange, AuthError, AuthStore, Permission, Role, User};
+pub use auth::{Access, AuthChange, AuthError, AuthInfo, AuthStore, Permission, Role, User};
 pub use cairn_wal as wal;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
 pub use consensus::interface::Transport;
 pub use consensus::local::LocalNetwork;
 pub use engine::{
-    Applied, Defragmented, Engine, EngineBuilder, Inbox, LeaseGrant, Member, Members, Peer, Pending, PendingFuture,
-    RaftStatus, SnapshotInfo, Watch, WatchGroup, WriteRequest,
+    Applied, Defragmented, Engine, EngineBuilder, EngineStatus, Inbox, LeaseGrant, Leases, Maintenance, Member,
+    MemberIds, Members, Peer, Pending, PendingFuture, ServerHooks,
 };
 pub use error::{Error, Failure, Result};
 pub use kv::build::CompareOn;
@@ -166,6 +181,7 @@ pub use kv::txn::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RequestOp,
     ResponseOp, TxnRequest, TxnResponse,
 };
+pub use kv::write::WriteRequest;
 pub use lease::lessor::{LeaseStatus, MAX_LEASE_TTL};
 pub use membership::MemberAttributes;
 pub use mvcc::index::prefix_end;
@@ -177,3 +193,4 @@ pub use mvcc::store::{RangeResult, ReadOptions, Store, WriteTxn};
 pub use request::Alarm;
 pub use revision::Revision;
 pub use watch::hub::{fragment as fragment_events, Delivery, Wake, WatchRequest, WatchResponse};
+pub use watch::stream::{Watch, WatchGroup};

@@ -70,6 +70,23 @@ pub(crate) enum Request {
     },
 }
 
+impl Request {
+    /// The log's edge: a committed entry's request checked as a client's is where it entered
+    /// (keys given, flags that exclude each other, no key written twice in a branch), for an
+    /// entry whatever proposed it, a peer or an older release. Only what every member judges
+    /// alike: not the size limits of one member's configuration, so that every member refuses
+    /// the same entries.
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        match self {
+            Request::Put(p) => p.validate(),
+            Request::DeleteRange(d) => d.validate(),
+            Request::Txn(t) => t.validate(usize::MAX),
+            Request::Guarded { request, .. } => request.check(),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// An alarm (etcd's `AlarmType`), raised for a member (etcd's `AlarmMember`: the engine keeps
 /// `(member ID, Alarm)` pairs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -4,7 +4,7 @@
 //! - The **release** is the workspace's version (`0.2.0`, say). Members compare release lines,
 //!   `major.minor`: patch releases never change what is written.
 //! - The **cluster version** is the lowest release line among the members, agreed through the
-//!   log ([`Request::ClusterVersion`](crate::request::Request)), as etcd's leader publishes its
+//!   log (a `ClusterVersion` entry), as etcd's leader publishes its
 //!   cluster version. Whatever an older release cannot decode (a new entry kind, a new form of
 //!   an entry) is written only once the cluster version allows it: see [`Feature`]. Until then
 //!   the old form is written. Releases before 0.2 neither report a version nor know the

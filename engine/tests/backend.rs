@@ -7,7 +7,7 @@
 //! freed space to the file system.
 //!
 //! A compaction drops history in a background sweep; these tests wait for it
-//! (`Engine::wait_compacted`) before they measure space.
+//! (`Maintenance::wait_compacted`) before they measure space.
 
 // Test code: a panic is a test failure, with the message to debug it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
+use cairn_engine::offline;
 use cairn_engine::{Config, Engine, HashKv, KeyValue, PutRequest, RangeRequest, RangeResponse};
 
 /// Each key's value and mod revision.
@@ -95,7 +96,7 @@ fn load(engine: &Engine, keys: usize, versions: usize, len: usize) -> Kvs {
 fn compact_and_sweep(engine: &Engine, barrier_key: &str, len: usize) -> (i64, Ack) {
     let compacted = engine.current_revision();
     engine.compact(compacted).unwrap();
-    engine.wait_compacted().unwrap();
+    engine.maintenance().wait_compacted().unwrap();
     (compacted, put_acked(engine, barrier_key, "barrier", len))
 }
 
@@ -233,13 +234,13 @@ fn defragmenting_while_writing_keeps_every_write() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
     let mut expected = load(&engine, KEYS, 4, VALUE_LEN);
-    let loaded_in_use = engine.size_in_use();
+    let loaded_in_use = engine.status().size_in_use;
     let (compacted, barrier) = compact_and_sweep(&engine, &key(0), VALUE_LEN);
     apply_acks(&mut expected, &[barrier]);
     assert!(
-        engine.size_in_use() < loaded_in_use / 3,
+        engine.status().size_in_use < loaded_in_use / 3,
         "compaction keeps one of each key's four versions: {} of {loaded_in_use} bytes in use",
-        engine.size_in_use()
+        engine.status().size_in_use
     );
     let at_compaction = state_at(&engine, compacted);
     assert_eq!(at_compaction.len(), KEYS);
@@ -249,7 +250,7 @@ fn defragmenting_while_writing_keeps_every_write() {
     let (defragmented, acks, reads) = std::thread::scope(|s| {
         let defrag = s.spawn(|| {
             let _done = SetOnDrop(&defrag_done);
-            engine.defragment()
+            engine.maintenance().defragment()
         });
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
@@ -306,17 +307,21 @@ fn defragmenting_while_writing_keeps_every_write() {
         &at_compaction,
         "history after defragmenting",
     );
-    assert_eq!(engine.key_count(), expected.len());
+    assert_eq!(engine.status().keys, expected.len());
     let last = acks.iter().map(|(_, _, rev)| *rev).max().unwrap();
     assert_eq!(engine.current_revision(), last);
-    let hash = engine.hash_kv(0).unwrap();
+    let hash = engine.maintenance().hash_kv(0).unwrap();
     engine.close().unwrap();
 
     let engine = Engine::open(dir.path(), config()).unwrap();
     assert_eq!(engine.current_revision(), last);
     assert_same(&state_at(&engine, 0), &expected, "after reopening");
     assert_same(&state_at(&engine, compacted), &at_compaction, "history after reopening");
-    assert_eq!(engine.hash_kv(0).unwrap(), hash, "HashKV is stable across a restart");
+    assert_eq!(
+        engine.maintenance().hash_kv(0).unwrap(),
+        hash,
+        "HashKV is stable across a restart"
+    );
 }
 
 /// A snapshot's destination that, at the snapshot's first byte (its revision is fixed by then),
@@ -392,7 +397,7 @@ fn a_snapshot_taken_during_writes_is_the_state_at_its_revision() {
                 bytes: Vec::new(),
                 hold: Some((&engine, acked_rx, DURING)),
             };
-            let size = engine.snapshot(&mut sink).unwrap();
+            let size = engine.maintenance().snapshot(&mut sink).unwrap();
             assert_eq!(size, sink.bytes.len() as u64);
             sink.bytes
         });
@@ -402,7 +407,7 @@ fn a_snapshot_taken_during_writes_is_the_state_at_its_revision() {
     });
 
     let restored_dir = tempfile::tempdir().unwrap();
-    Engine::restore(&mut snapshot.as_slice(), restored_dir.path()).unwrap();
+    offline::restore(&mut snapshot.as_slice(), restored_dir.path()).unwrap();
     let restored = Engine::open(restored_dir.path(), config()).unwrap();
     let at = restored.current_revision();
     let revisions: Vec<i64> = acks.iter().map(|(_, _, rev)| *rev).collect();
@@ -433,8 +438,14 @@ fn a_snapshot_taken_during_writes_is_the_state_at_its_revision() {
             &format!("revision {rev}"),
         );
     }
-    assert_eq!(restored.hash_kv(at).unwrap(), engine.hash_kv(at).unwrap());
-    assert_eq!(restored.hash_kv(0).unwrap(), engine.hash_kv(at).unwrap());
+    assert_eq!(
+        restored.maintenance().hash_kv(at).unwrap(),
+        engine.maintenance().hash_kv(at).unwrap()
+    );
+    assert_eq!(
+        restored.maintenance().hash_kv(0).unwrap(),
+        engine.maintenance().hash_kv(at).unwrap()
+    );
 }
 
 /// A store with compacted history, defragmented once, and some writes since; returns the
@@ -442,7 +453,7 @@ fn a_snapshot_taken_during_writes_is_the_state_at_its_revision() {
 fn build_defragmented(engine: &Engine) -> Vec<i64> {
     load(engine, 400, 3, 300);
     let (compacted, _) = compact_and_sweep(engine, &key(0), 300);
-    engine.defragment().unwrap();
+    engine.maintenance().defragment().unwrap();
     for i in 0..50 {
         put_acked(engine, &key(i * 7), "after", 300);
     }
@@ -466,7 +477,7 @@ struct Observed {
 fn observe(engine: &Engine, revisions: &[i64]) -> Observed {
     Observed {
         ranges: revisions.iter().map(|rev| range_all(engine, *rev)).collect(),
-        hash: engine.hash_kv(0).unwrap(),
+        hash: engine.maintenance().hash_kv(0).unwrap(),
     }
 }
 
@@ -513,8 +524,8 @@ fn a_crash_after_defragment_copies_but_before_the_switch_recovers() {
     for i in 0..300 {
         put_acked(&engine, &key(i), "later", 300);
     }
-    engine.defragment().unwrap();
-    let revisions = [engine.compacted_revision(), engine.current_revision()];
+    engine.maintenance().defragment().unwrap();
+    let revisions = [engine.status().compacted_revision, engine.current_revision()];
     let seen = observe(&engine, &revisions);
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
@@ -541,8 +552,8 @@ fn a_crash_after_the_switch_but_before_the_old_files_are_deleted_recovers() {
         })
         .collect();
     compact_and_sweep(&engine, &key(0), 300);
-    engine.defragment().unwrap();
-    let revisions = [engine.compacted_revision(), engine.current_revision()];
+    engine.maintenance().defragment().unwrap();
+    let revisions = [engine.status().compacted_revision, engine.current_revision()];
     let seen = observe(&engine, &revisions);
     engine.close().unwrap();
     let files = data_files(dir.path());
@@ -576,12 +587,12 @@ fn compaction_then_defragment_returns_space() {
     let (compacted, _) = compact_and_sweep(&engine, &key(0), VALUE_LEN);
     let revisions = [compacted, engine.current_revision()];
     let seen = observe(&engine, &revisions);
-    let in_use = engine.size_in_use();
+    let in_use = engine.status().size_in_use;
 
-    let done = engine.defragment().unwrap();
+    let done = engine.maintenance().defragment().unwrap();
     assert!(done.after < done.before / 4, "{done:?}");
-    assert_eq!(engine.size(), done.after);
-    assert_eq!(engine.size_in_use(), in_use);
+    assert_eq!(engine.status().size, done.after);
+    assert_eq!(engine.status().size_in_use, in_use);
     assert_observed(&observe(&engine, &revisions), &seen, "after defragmenting");
     assert_eq!(range_all(&engine, 0).count, KEYS as i64);
 }

@@ -174,8 +174,8 @@ fn assert_same_everywhere(c: &Cluster) {
     for e in c.running() {
         assert_eq!(e.current_revision(), rev, "member {}", e.member_id());
         assert_eq!(
-            e.hash_kv(0).unwrap(),
-            first.hash_kv(0).unwrap(),
+            e.maintenance().hash_kv(0).unwrap(),
+            first.maintenance().hash_kv(0).unwrap(),
             "member {}",
             e.member_id()
         );
@@ -194,7 +194,8 @@ fn three_members_elect_a_leader_and_replicate_writes_through_any_member() {
     // Every member knows the others' names and peer URLs from the bootstrap entries.
     for e in c.running() {
         let names: Vec<(u64, String, Vec<String>)> = e
-            .member_list()
+            .members()
+            .list()
             .into_iter()
             .map(|m| (m.id, m.name, m.peer_urls))
             .collect();
@@ -206,18 +207,18 @@ fn three_members_elect_a_leader_and_replicate_writes_through_any_member() {
     }
     // Leases: granted through any member; kept alive by the leader only, which expires them.
     let follower = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
-    let lease = c.member(follower).lease_grant(0, 60).unwrap().response.id;
-    assert_eq!(c.member(leader).lease_keep_alive(lease).unwrap(), 60);
+    let lease = c.member(follower).leases().grant(0, 60).unwrap().response.id;
+    assert_eq!(c.member(leader).leases().keep_alive(lease).unwrap(), 60);
     assert_eq!(
-        pollster::block_on(c.member(leader).lease_keep_alive_async(lease)),
+        pollster::block_on(c.member(leader).leases().keep_alive_async(lease)),
         Ok(60)
     );
     assert_eq!(
-        pollster::block_on(c.member(follower).lease_keep_alive_async(lease)),
+        pollster::block_on(c.member(follower).leases().keep_alive_async(lease)),
         Err(Error::NotLeader)
     );
     assert!(matches!(
-        c.member(follower).lease_keep_alive(lease),
+        c.member(follower).leases().keep_alive(lease),
         Err(Error::NotLeader)
     ));
     assert_same_everywhere(&c);
@@ -328,9 +329,9 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         put_through(c.member(leader), &format!("k{i}"), "v");
     }
     // A fourth member joins as a learner, catches up, and is promoted.
-    c.member(leader).member_add_learner(4, vec![peer_url(4)]).unwrap();
+    c.member(leader).members().add_learner(4, vec![peer_url(4)]).unwrap();
     assert!(matches!(
-        c.member(leader).member_add(4, vec![peer_url(4)]),
+        c.member(leader).members().add(4, vec![peer_url(4)]),
         Err(Error::MemberExists)
     ));
     let summary = |m: &Member| {
@@ -343,7 +344,7 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         )
     };
     let added = (4, true, String::new(), vec![peer_url(4)], Vec::new());
-    assert_eq!(c.member(leader).member_list().last().map(summary), Some(added));
+    assert_eq!(c.member(leader).members().list().last().map(summary), Some(added));
     let dir4 = c.dir(1).parent().unwrap().join("m4");
     let joiner = Engine::builder(&dir4)
         .member(4)
@@ -360,24 +361,26 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         assert!(Instant::now() < deadline, "the learner did not catch up");
         put_through(c.member(leader), "writes-go-on", "x");
     }
-    assert_eq!(joiner.members().learners, vec![4]);
+    assert_eq!(joiner.members().ids().learners, vec![4]);
     // Its attributes: peer URLs updated through the group, name and client URLs published by
     // the member itself (as an etcd member does when it starts).
     joiner
+        .server()
         .member_publish("m4".into(), vec!["http://m4:2379".into()])
         .unwrap();
     c.member(leader)
-        .member_update(4, vec!["http://m4-new:2380".into()])
+        .members()
+        .update(4, vec!["http://m4-new:2380".into()])
         .unwrap();
     assert!(matches!(
-        c.member(leader).member_update(9, vec![]),
+        c.member(leader).members().update(9, vec![]),
         Err(Error::MemberNotFound)
     ));
     // The leader may not have heard the learner's last acknowledgement yet: it refuses the
     // promotion until it has, as etcd does.
     let deadline = Instant::now() + PATIENCE;
     loop {
-        match c.member(leader).member_promote(4) {
+        match c.member(leader).members().promote(4) {
             Ok(()) => break,
             Err(Error::LearnerNotReady) if Instant::now() < deadline => {
                 put_through(c.member(leader), "writes-go-on", "y");
@@ -385,7 +388,7 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
             Err(e) => panic!("promote: {e}"),
         }
     }
-    assert_eq!(c.member(leader).members().voters.len(), 4);
+    assert_eq!(c.member(leader).members().ids().voters.len(), 4);
     let promoted = (
         4,
         false,
@@ -393,9 +396,9 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         vec!["http://m4-new:2380".to_string()],
         vec!["http://m4:2379".to_string()],
     );
-    assert_eq!(c.member(leader).member_list().last().map(summary), Some(promoted));
+    assert_eq!(c.member(leader).members().list().last().map(summary), Some(promoted));
     assert!(matches!(
-        c.member(leader).member_promote(4),
+        c.member(leader).members().promote(4),
         Err(Error::MemberNotLearner)
     ));
     // Leadership moves to another voter, and the old leader is removed. On a loaded machine an
@@ -404,7 +407,7 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
     let (leader, next) = loop {
         let leader = c.leader(&MEMBERS);
         let next = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
-        match c.member(leader).move_leader(next) {
+        match c.member(leader).members().move_leader(next) {
             Ok(()) => break (leader, next),
             Err(Error::NotLeader | Error::LeaderChanged) if Instant::now() < deadline => {}
             Err(e) => panic!(
@@ -414,20 +417,23 @@ fn membership_changes_under_load_add_promote_remove_and_transfer() {
         }
     };
     assert_eq!(c.member(next).leader(), Some(next));
-    c.member(next).member_remove(leader).unwrap();
+    c.member(next).members().remove(leader).unwrap();
     assert!(matches!(
-        c.member(next).member_remove(leader),
+        c.member(next).members().remove(leader),
         Err(Error::MemberNotFound)
     ));
-    assert!(!c.member(next).members().voters.contains(&leader));
-    assert!(c.member(next).member_list().iter().all(|m| m.id != leader));
+    assert!(!c.member(next).members().ids().voters.contains(&leader));
+    assert!(c.member(next).members().list().iter().all(|m| m.id != leader));
     c.stop(leader);
     put_through(&joiner, "after", "changes");
     let remaining: Vec<&Engine> = c.running().chain(std::iter::once(&joiner)).collect();
     let expected = everything(remaining[0]);
     for e in &remaining {
         assert_eq!(everything(e), expected, "member {}", e.member_id());
-        assert_eq!(e.hash_kv(0).unwrap(), remaining[0].hash_kv(0).unwrap());
+        assert_eq!(
+            e.maintenance().hash_kv(0).unwrap(),
+            remaining[0].maintenance().hash_kv(0).unwrap()
+        );
     }
     joiner.close().unwrap();
 }
@@ -486,7 +492,7 @@ fn a_leader_stepping_down_loses_no_write_made_during_the_handover() {
             await_writes(100);
             let leader = c.leader(&MEMBERS);
             // `None`: leadership moved by itself meanwhile (an election on a busy machine).
-            if let Some(to) = c.member(leader).step_down().unwrap() {
+            if let Some(to) = c.member(leader).members().step_down().unwrap() {
                 assert_ne!(to, leader);
                 handovers += 1;
             }
@@ -504,25 +510,30 @@ fn a_leader_stepping_down_loses_no_write_made_during_the_handover() {
 fn a_new_leader_never_expires_a_lease_early() {
     let c = Cluster::new(5);
     let old = c.leader(&MEMBERS);
-    let lease = c.member(old).lease_grant(0, 10).unwrap().response.id;
+    let lease = c.member(old).leases().grant(0, 10).unwrap().response.id;
     put_through(c.member(old), "leased", "v");
     c.clock.advance(Duration::from_secs(8));
     // Leadership moves with 2 s left on the old leader's clock; the new leader gives the
     // lease its full TTL again rather than expiring it early.
     let new = MEMBERS.iter().copied().find(|id| *id != old).unwrap();
-    c.member(old).move_leader(new).unwrap();
+    c.member(old).members().move_leader(new).unwrap();
     c.leader(&MEMBERS);
     // Applied through the new leader: it has taken over the leases by then.
     put_through(c.member(new), "after-transfer", "x");
-    assert_eq!(c.member(old).expire_leases(), 0, "only the leader expires leases");
+    assert_eq!(c.member(old).leases().expire_now(), 0, "only the leader expires leases");
     c.clock.advance(Duration::from_secs(9));
-    assert_eq!(c.member(new).expire_leases(), 0, "9 s into its full 10 s");
+    assert_eq!(c.member(new).leases().expire_now(), 0, "9 s into its full 10 s");
     c.clock.advance(Duration::from_secs(1));
-    assert_eq!(c.member(new).expire_leases(), 1);
+    assert_eq!(c.member(new).leases().expire_now(), 1);
     for e in c.running() {
         everything(e); // a linearizable read: the revoke is applied here too
 
-        assert_eq!(e.lease_time_to_live(lease, false).ttl, -1, "member {}", e.member_id());
+        assert_eq!(
+            e.leases().time_to_live(lease, false).ttl,
+            -1,
+            "member {}",
+            e.member_id()
+        );
     }
 }
 
@@ -563,12 +574,13 @@ fn a_member_far_behind_catches_up_by_snapshot() {
         cairn_engine::AuthChange::Enable,
     ] {
         c.member(leader)
+            .server()
             .auth_change_async(change, None)
             .unwrap()
             .wait()
             .unwrap();
     }
-    let lease = c.member(leader).lease_grant(0, 600).unwrap().response.id;
+    let lease = c.member(leader).leases().grant(0, 600).unwrap().response.id;
     c.member(leader)
         .write(PutRequest {
             lease,
@@ -586,26 +598,33 @@ fn a_member_far_behind_catches_up_by_snapshot() {
         })
         .unwrap();
     c.member(leader).compact(compact_at).unwrap();
-    c.member(leader).wait_compacted().unwrap();
+    c.member(leader).maintenance().wait_compacted().unwrap();
     c.start(behind);
     assert_eq!(
         everything(c.member(behind)),
         everything(c.member(leader)),
         "it caught up"
     );
-    assert_eq!(c.member(behind).snapshots_installed(), 1, "by a snapshot");
-    assert_eq!(c.member(behind).compacted_revision(), compact_at);
-    assert_eq!(c.member(behind).leases(), vec![lease]);
-    assert_eq!(c.member(behind).member_list(), c.member(leader).member_list());
-    assert_eq!(c.member(behind).auth_status(), c.member(leader).auth_status());
-    assert!(c.member(behind).auth_status().0, "auth came enabled with the snapshot");
+    assert_eq!(c.member(behind).status().snapshots_installed, 1, "by a snapshot");
+    assert_eq!(c.member(behind).status().compacted_revision, compact_at);
+    assert_eq!(c.member(behind).leases().list(), vec![lease]);
+    assert_eq!(c.member(behind).members().list(), c.member(leader).members().list());
+    assert_eq!(
+        c.member(behind).server().auth_status(),
+        c.member(leader).server().auth_status()
+    );
+    assert!(
+        c.member(behind).server().auth_status().0,
+        "auth came enabled with the snapshot"
+    );
     assert_eq!(
         c.member(behind)
+            .server()
             .auth_read(|a| (a.user_names(), a.role_names(), a.is_root("root"))),
         (vec!["root".to_string()], vec!["app".to_string()], true)
     );
     assert_eq!(
-        c.member(behind).lease_time_to_live(lease, true).keys,
+        c.member(behind).leases().time_to_live(lease, true).keys,
         vec![Bytes::from("leased")]
     );
     // Entries after the snapshot follow it, and the member restarts from what it installed.
@@ -784,13 +803,13 @@ fn a_survivor_forced_into_a_new_cluster_keeps_every_committed_write_and_takes_ne
         assert!(Instant::now() < deadline, "the survivor did not lead");
         std::thread::yield_now();
     }
-    let ids: Vec<u64> = engine.member_list().iter().map(|m| m.id).collect();
+    let ids: Vec<u64> = engine.members().list().iter().map(|m| m.id).collect();
     assert_eq!(ids, [survivor]);
     assert_eq!(everything(&engine).len(), 20);
     put_through(&engine, "after", "forced");
     // A new member joins it as any member joins a running cluster.
     let newcomer = 9;
-    engine.member_add(newcomer, vec![peer_url(newcomer)]).unwrap();
+    engine.members().add(newcomer, vec![peer_url(newcomer)]).unwrap();
     let joined = Engine::builder(c._root.path().join("m9"))
         .member(newcomer)
         .join_existing()
@@ -824,7 +843,7 @@ fn a_survivor_forced_into_a_new_cluster_keeps_every_committed_write_and_takes_ne
     };
     let again = reopen(survivor, c.dir(survivor));
     let newcomer_again = reopen(newcomer, &c._root.path().join("m9"));
-    let mut ids: Vec<u64> = again.member_list().iter().map(|m| m.id).collect();
+    let mut ids: Vec<u64> = again.members().list().iter().map(|m| m.id).collect();
     ids.sort_unstable();
     assert_eq!(ids, [survivor, newcomer]);
     assert_eq!(everything(&again).len(), 22);

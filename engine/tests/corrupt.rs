@@ -41,14 +41,17 @@ fn a_corrupt_alarm_stops_writes_and_the_named_members_reads_until_disarmed() {
     let revision = put(&engine, "k", "v").unwrap();
 
     // Named for another member: writes stop, reads here go on.
-    engine.alarm_activate(0x1234, Alarm::Corrupt).unwrap();
+    engine.maintenance().alarm_activate(0x1234, Alarm::Corrupt).unwrap();
     assert_eq!(put(&engine, "k", "w").unwrap_err(), Error::Corrupt);
-    assert_eq!(engine.lease_grant(0, 10).unwrap_err(), Error::Corrupt);
+    assert_eq!(engine.leases().grant(0, 10).unwrap_err(), Error::Corrupt);
     assert_eq!(engine.compact(revision).unwrap_err(), Error::Corrupt);
     assert_eq!(engine.range(&get("k")).unwrap().kvs.len(), 1);
 
     // Named for this member: its reads stop too, in a range and a read-only txn.
-    engine.alarm_activate(engine.member_id(), Alarm::Corrupt).unwrap();
+    engine
+        .maintenance()
+        .alarm_activate(engine.member_id(), Alarm::Corrupt)
+        .unwrap();
     assert_eq!(engine.range(&get("k")).unwrap_err(), Error::Corrupt);
     let reading = TxnRequest {
         success: vec![RequestOp::Range(get("k"))],
@@ -60,8 +63,11 @@ fn a_corrupt_alarm_stops_writes_and_the_named_members_reads_until_disarmed() {
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
     assert_eq!(engine.range(&get("k")).unwrap_err(), Error::Corrupt);
-    engine.alarm_disarm(engine.member_id(), Alarm::Corrupt).unwrap();
-    engine.alarm_disarm(0x1234, Alarm::Corrupt).unwrap();
+    engine
+        .maintenance()
+        .alarm_disarm(engine.member_id(), Alarm::Corrupt)
+        .unwrap();
+    engine.maintenance().alarm_disarm(0x1234, Alarm::Corrupt).unwrap();
     assert_eq!(engine.txn(reading).unwrap().response.responses.len(), 1);
     put(&engine, "k", "w").unwrap();
 }
@@ -70,23 +76,23 @@ fn a_corrupt_alarm_stops_writes_and_the_named_members_reads_until_disarmed() {
 fn hashes_read_a_chunk_at_a_time_equal_the_stores_and_compaction_hashes_cover_the_state() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
-    assert_eq!(engine.compaction_hash().unwrap(), None, "never compacted");
+    assert_eq!(engine.maintenance().compaction_hash().unwrap(), None, "never compacted");
     // More records than one chunk of the engine's hash (4096).
     for i in 0..5000 {
         put(&engine, &format!("k{}", i % 700), &format!("v{i}")).unwrap();
     }
     let at = engine.current_revision();
-    let whole = engine.hash_kv(0).unwrap();
+    let whole = engine.maintenance().hash_kv(0).unwrap();
     assert_eq!(whole.hash_revision, at);
-    assert_eq!(engine.hash_kv(at).unwrap(), whole);
-    assert_ne!(engine.hash_kv(at - 1).unwrap().hash, whole.hash);
+    assert_eq!(engine.maintenance().hash_kv(at).unwrap(), whole);
+    assert_ne!(engine.maintenance().hash_kv(at - 1).unwrap().hash, whole.hash);
 
     engine.compact(at).unwrap();
-    let mine = engine.compaction_hash().unwrap().unwrap();
+    let mine = engine.maintenance().compaction_hash().unwrap().unwrap();
     assert_eq!((mine.hash_revision, mine.compact_revision), (at, at));
     // Writes after the compaction change nothing in its hash.
     put(&engine, "later", "x").unwrap();
-    assert_eq!(engine.compaction_hash().unwrap().unwrap(), mine);
+    assert_eq!(engine.maintenance().compaction_hash().unwrap().unwrap(), mine);
 }
 
 #[test]
@@ -98,7 +104,7 @@ fn a_compaction_hash_depends_on_the_state_at_the_compaction_not_the_history_befo
         put(&engine, "b", values[1]).unwrap();
         let at = put(&engine, "a", values[2]).unwrap();
         engine.compact(at).unwrap();
-        engine.compaction_hash().unwrap().unwrap().hash
+        engine.maintenance().compaction_hash().unwrap().unwrap().hash
     };
     let written = hash_after(["1", "1", "2"]);
     assert_eq!(

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_engine::offline;
 use cairn_engine::{
     Compare, CompareResult, CompareTarget, Config, DeleteRangeRequest, Engine, Error, PutRequest, RangeRequest,
     RangeResponse, RequestOp, TxnRequest,
@@ -118,7 +119,7 @@ fn an_answered_write_is_never_ahead_of_the_reported_commit_index() {
     let engine = Engine::open(dir.path(), small()).unwrap();
     for i in 0..300 {
         engine.write(put(&format!("k{i}"), "v")).unwrap();
-        let status = engine.raft_status();
+        let status = engine.status();
         assert!(
             status.commit_index >= status.applied_index,
             "write {i}: applied {} past the commit index {}",
@@ -175,7 +176,7 @@ fn assert_swept(engine: &Arc<Engine>) {
     let waiter = {
         let engine = engine.clone();
         std::thread::spawn(move || {
-            let _ = done.send(engine.wait_compacted());
+            let _ = done.send(engine.maintenance().wait_compacted());
         })
     };
     let outcome = swept.recv_timeout(std::time::Duration::from_secs(60));
@@ -242,7 +243,7 @@ fn a_compaction_during_a_snapshot_is_swept_after_it() {
                 started: Some(started),
                 go: held,
             };
-            engine.snapshot(&mut out)
+            engine.maintenance().snapshot(&mut out)
         })
     };
     has_started.recv().unwrap();
@@ -325,7 +326,7 @@ fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
         failure: vec![get("a", true)],
     };
     assert!(read_only.is_read_only() && !read_only.is_serializable());
-    let before = engine.raft_status();
+    let before = engine.status();
     let blocking = engine.txn(read_only.clone()).unwrap();
     let awaited = pollster::block_on(engine.read_txn_async(&read_only)).unwrap();
     assert_eq!(blocking, awaited);
@@ -335,11 +336,7 @@ fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
         panic!("{blocking:?}")
     };
     assert_eq!(b.kvs[0].value.as_ref(), b"2");
-    assert_eq!(
-        engine.raft_status().commit_index,
-        before.commit_index,
-        "nothing was logged"
-    );
+    assert_eq!(engine.status().commit_index, before.commit_index, "nothing was logged");
     let writes = TxnRequest {
         success: vec![RequestOp::Put(put("c", "3"))],
         ..read_only.clone()
@@ -349,10 +346,10 @@ fn reads_read_only_txns_and_keep_alives_can_be_awaited() {
         Err(Error::Misuse(_))
     ));
     // Keep-alives: the sole member leads, and an unknown lease is refused.
-    let lease = engine.lease_grant(0, 30).unwrap().response.id;
-    assert_eq!(pollster::block_on(engine.lease_keep_alive_async(lease)), Ok(30));
+    let lease = engine.leases().grant(0, 30).unwrap().response.id;
+    assert_eq!(pollster::block_on(engine.leases().keep_alive_async(lease)), Ok(30));
     assert_eq!(
-        pollster::block_on(engine.lease_keep_alive_async(lease + 1)),
+        pollster::block_on(engine.leases().keep_alive_async(lease + 1)),
         Err(Error::LeaseNotFound)
     );
 }
@@ -401,7 +398,7 @@ fn an_io_failure_keeps_its_cause() {
 fn a_snapshot_restores_into_an_identical_engine() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), small()).unwrap();
-    let lease = engine.lease_grant(0, 60).unwrap().response.id;
+    let lease = engine.leases().grant(0, 60).unwrap().response.id;
     for i in 0..30 {
         let mut req = put(&format!("k{}", i % 7), &format!("v{i}"));
         req.lease = if i % 2 == 0 { lease } else { 0 };
@@ -409,20 +406,23 @@ fn a_snapshot_restores_into_an_identical_engine() {
     }
     engine.compact(10).unwrap();
     let mut snapshot = Vec::new();
-    let size = engine.snapshot(&mut snapshot).unwrap();
+    let size = engine.maintenance().snapshot(&mut snapshot).unwrap();
     assert_eq!(size, snapshot.len() as u64);
 
     let restored_dir = tempfile::tempdir().unwrap();
     let target = restored_dir.path().join("restored");
-    Engine::restore(&mut snapshot.as_slice(), &target).unwrap();
+    offline::restore(&mut snapshot.as_slice(), &target).unwrap();
     let restored = Engine::open(&target, small()).unwrap();
-    assert_eq!(restored.hash_kv(0).unwrap(), engine.hash_kv(0).unwrap());
+    assert_eq!(
+        restored.maintenance().hash_kv(0).unwrap(),
+        engine.maintenance().hash_kv(0).unwrap()
+    );
     for rev in [10, 20, 30] {
         assert_eq!(all_at(&restored, rev), all_at(&engine, rev), "revision {rev}");
     }
     assert_eq!(
-        restored.lease_time_to_live(lease, true).keys,
-        engine.lease_time_to_live(lease, true).keys
+        restored.leases().time_to_live(lease, true).keys,
+        engine.leases().time_to_live(lease, true).keys
     );
     // It carries on from where the snapshot was taken.
     assert_eq!(
@@ -431,13 +431,13 @@ fn a_snapshot_restores_into_an_identical_engine() {
     );
 
     // Refused: into a directory in use, or from damaged bytes.
-    let err = Engine::restore(&mut snapshot.as_slice(), dir.path()).unwrap_err();
+    let err = offline::restore(&mut snapshot.as_slice(), dir.path()).unwrap_err();
     assert!(matches!(err, Error::Snapshot(_)), "{err}");
     for at in [3, 40, snapshot.len() / 2, snapshot.len() - 3] {
         let mut damaged = snapshot.clone();
         damaged[at] ^= 1;
         let other = restored_dir.path().join(format!("other{at}"));
-        let err = Engine::restore(&mut damaged.as_slice(), &other).unwrap_err();
+        let err = offline::restore(&mut damaged.as_slice(), &other).unwrap_err();
         assert!(matches!(err, Error::Snapshot(_)), "{err}");
         assert!(
             Engine::open(&other, small())
@@ -451,7 +451,7 @@ fn a_snapshot_restores_into_an_identical_engine() {
     }
     let cut = &snapshot[..snapshot.len() - 1];
     assert!(matches!(
-        Engine::restore(&mut &cut[..], restored_dir.path().join("cut")),
+        offline::restore(&mut &cut[..], restored_dir.path().join("cut")),
         Err(Error::Snapshot(_))
     ));
 }
@@ -494,4 +494,128 @@ fn the_builder_refuses_an_identity_that_cannot_be() {
     assert_eq!(engine.get("k").unwrap().map(|kv| kv.value), Some("v".into()));
     assert!(engine.delete("k").unwrap());
     assert!(!engine.delete("k").unwrap(), "gone already");
+}
+
+/// A write through one way in, answering its revision.
+type Way<'a> = Box<dyn Fn() -> cairn_engine::Result<i64> + 'a>;
+
+/// What is sent, through the embedded API and through the log, and the refusal expected.
+type Case<'a> = (&'static str, Way<'a>, Way<'a>, Error);
+
+/// A request that breaks etcd's rules is refused wherever it enters, each check made once:
+/// by the embedded API before it is logged, and by the log's edge for an entry nothing
+/// checked before (here proposed through the server's hooks, which trust their caller to have
+/// checked it, as the server does at its gRPC and gateway edge: `server/tests/differential.rs`
+/// and `server/tests/gateway.rs` send the same requests there). Nothing refused takes a
+/// revision, and a valid request goes on through both.
+#[test]
+fn an_invalid_request_is_refused_where_it_enters_and_at_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), Config::default()).unwrap();
+    let before = engine.put("kept", "v").unwrap();
+    let value_with_ignore_value = PutRequest {
+        ignore_value: true,
+        ..put("kept", "v2")
+    };
+    let lease_with_ignore_lease = PutRequest {
+        ignore_lease: true,
+        lease: 7,
+        ..put("kept", "v2")
+    };
+    let twice = TxnRequest::when([]).then([put("a", "1"), put("a", "2")]);
+    let empty_key_in_txn = TxnRequest::when([]).then([put("", "1")]);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "a put of no key",
+            Box::new(|| engine.write(put("", "v")).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(put("", "v"), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::EmptyKey,
+        ),
+        (
+            "a value with ignore_value",
+            Box::new(|| engine.write(value_with_ignore_value.clone()).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(value_with_ignore_value.clone(), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::ValueProvided,
+        ),
+        (
+            "a lease with ignore_lease",
+            Box::new(|| engine.write(lease_with_ignore_lease.clone()).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(lease_with_ignore_lease.clone(), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::LeaseProvided,
+        ),
+        (
+            "a delete of no key",
+            Box::new(|| engine.write(DeleteRangeRequest::key("")).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(DeleteRangeRequest::key(""), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::EmptyKey,
+        ),
+        (
+            "a txn that puts a key twice",
+            Box::new(|| engine.txn(twice.clone()).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(twice.clone(), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::DuplicateKey,
+        ),
+        (
+            "a txn that puts no key",
+            Box::new(|| engine.txn(empty_key_in_txn.clone()).map(|a| a.revision)),
+            Box::new(|| {
+                engine
+                    .server()
+                    .write_async_as(empty_key_in_txn.clone(), None)?
+                    .wait()
+                    .map(|a| a.revision)
+            }),
+            Error::EmptyKey,
+        ),
+    ];
+    for (what, embedded, logged, refusal) in &cases {
+        assert_eq!(
+            embedded().err().as_ref(),
+            Some(refusal),
+            "{what}, through the embedded API"
+        );
+        assert_eq!(logged().err().as_ref(), Some(refusal), "{what}, through the log");
+    }
+    assert_eq!(engine.range(&RangeRequest::key("")).err(), Some(Error::EmptyKey));
+    assert_eq!(engine.current_revision(), before, "nothing refused took a revision");
+    let valid = engine
+        .server()
+        .write_async_as(put("fine", "v"), None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(valid.revision, before + 1);
+    assert_eq!(engine.write(put("fine", "w")).unwrap().revision, before + 2);
+    drop(cases);
+    engine.close().unwrap();
 }

@@ -124,27 +124,27 @@ proptest! {
                     prop_assert_eq!(got, reference.compact(rev).map(|()| reference.current_revision()));
                 }
                 Op::Reopen => {
-                    let hash = engine.hash_kv(0).unwrap();
+                    let hash = engine.maintenance().hash_kv(0).unwrap();
                     prop_assert_eq!(hash, reference.hash_kv(0).unwrap());
                     engine.close().unwrap();
                     engine = Engine::open(dir.path(), config()).unwrap();
                     prop_assert_eq!(engine.current_revision(), reference.current_revision());
                     prop_assert_eq!(history(&engine, &reference), vec![], "revisions whose reads differ after reopening");
-                    prop_assert_eq!(engine.hash_kv(0).unwrap(), hash, "HashKV is stable across a restart");
+                    prop_assert_eq!(engine.maintenance().hash_kv(0).unwrap(), hash, "HashKV is stable across a restart");
                 }
                 Op::Defrag => {
-                    let hash = engine.hash_kv(0).unwrap();
-                    let in_use = engine.size_in_use();
-                    let done = engine.defragment().unwrap();
+                    let hash = engine.maintenance().hash_kv(0).unwrap();
+                    let in_use = engine.status().size_in_use;
+                    let done = engine.maintenance().defragment().unwrap();
                     prop_assert!(done.after <= done.before + 4096, "{:?}", done);
                     // The compaction sweep may have dropped more meanwhile, never less.
-                    prop_assert!(engine.size_in_use() <= in_use);
-                    prop_assert_eq!(engine.hash_kv(0).unwrap(), hash);
+                    prop_assert!(engine.status().size_in_use <= in_use);
+                    prop_assert_eq!(engine.maintenance().hash_kv(0).unwrap(), hash);
                     prop_assert_eq!(history(&engine, &reference), vec![], "revisions whose reads differ after defragmenting");
                 }
             }
             let count = RangeRequest { key: vec![0], range_end: vec![0], count_only: true, ..RangeRequest::default() };
-            prop_assert_eq!(engine.key_count() as i64, count.apply(&reference).unwrap().count);
+            prop_assert_eq!(engine.status().keys as i64, count.apply(&reference).unwrap().count);
         }
     }
 }

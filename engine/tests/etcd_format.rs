@@ -1,5 +1,5 @@
 //! etcd's snapshot format both ways, within cairn: a state exported as an etcd database
-//! (`Engine::snapshot_etcd`) restores (`Engine::restore_etcd_as_new_cluster`) to the same
+//! (`Maintenance::snapshot_etcd`) restores (`offline::import_etcd`) to the same
 //! history, compaction, leases, users and roles. etcd's own tools read the same files in
 //! `server/tests/etcd_export.rs`.
 
@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use cairn_engine::offline;
 use cairn_engine::{
     Access, AuthChange, Config, DeleteRangeRequest, Engine, MemberAttributes, Permission, PutRequest, RangeRequest,
 };
@@ -44,8 +45,8 @@ fn a_state_exported_in_etcds_format_restores_whole() {
     }
     let compacted = engine.current_revision() - 100;
     engine.compact(compacted).unwrap();
-    engine.wait_compacted().unwrap();
-    let lease = engine.lease_grant(0, 600).unwrap().response.id;
+    engine.maintenance().wait_compacted().unwrap();
+    let lease = engine.leases().grant(0, 600).unwrap().response.id;
     engine.write(PutRequest::new("leased", "x").with_lease(lease)).unwrap();
     engine.write(DeleteRangeRequest::key("k00")).unwrap();
     for change in [
@@ -68,29 +69,32 @@ fn a_state_exported_in_etcds_format_restores_whole() {
             role: "app".into(),
         },
     ] {
-        engine.auth_change_async(change, None).unwrap().wait().unwrap();
+        engine.server().auth_change_async(change, None).unwrap().wait().unwrap();
     }
     let file = std::fs::File::create_new(dir.path().join("snap.db")).unwrap();
-    let (_, len) = engine.snapshot_etcd(file).unwrap();
+    let (_, len) = engine.maintenance().snapshot_etcd(file).unwrap();
     assert_eq!(len % 4096, 0);
 
     let members = BTreeMap::from([(7u64, MemberAttributes::with_peer_urls(vec!["http://new:2380".into()]))]);
     let restored_dir = dir.path().join("restored");
-    Engine::restore_etcd_as_new_cluster(&dir.path().join("snap.db"), &restored_dir, &members, true).unwrap();
+    offline::import_etcd(&dir.path().join("snap.db"), &restored_dir, &members, true).unwrap();
     let restored = Engine::builder(&restored_dir).member(7).open().unwrap();
     let current = engine.current_revision();
     assert_eq!(restored.current_revision(), current);
-    assert_eq!(restored.compacted_revision(), compacted);
+    assert_eq!(restored.status().compacted_revision, compacted);
     for at in [compacted, compacted + 1, (compacted + current) / 2, current] {
         assert_eq!(everything(&restored, at), everything(&engine, at), "at revision {at}");
     }
-    assert_eq!(restored.leases(), vec![lease]);
-    assert_eq!(restored.lease_keys(lease), engine.lease_keys(lease));
-    assert_eq!(restored.auth_status(), engine.auth_status());
-    assert!(restored.auth_read(|a| a.has_role("alice", "app")));
+    assert_eq!(restored.leases().list(), vec![lease]);
+    assert_eq!(restored.server().lease_keys(lease), engine.server().lease_keys(lease));
+    assert_eq!(restored.server().auth_status(), engine.server().auth_status());
+    assert!(restored.server().auth_read(|a| a.has_role("alice", "app")));
     assert_eq!(
-        restored.auth_read(|a| a.role("app").cloned()),
-        engine.auth_read(|a| a.role("app").cloned())
+        restored.server().auth_read(|a| a.role("app").cloned()),
+        engine.server().auth_read(|a| a.role("app").cloned())
     );
-    assert_eq!(restored.hash_kv(0).unwrap().hash, engine.hash_kv(0).unwrap().hash);
+    assert_eq!(
+        restored.maintenance().hash_kv(0).unwrap().hash,
+        engine.maintenance().hash_kv(0).unwrap().hash
+    );
 }

@@ -52,23 +52,23 @@ fn keys_go_with_their_lease_in_one_revision() {
     let clock = ManualClock::new();
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
-    let lease = engine.lease_grant(0, 1).unwrap().response;
+    let lease = engine.leases().grant(0, 1).unwrap().response;
     assert!(lease.id > 0, "the engine chose an ID");
     assert_eq!(lease.ttl, 2, "raised to the minimum TTL");
-    assert_eq!(engine.lease_grant(lease.id, 10).unwrap_err(), Error::LeaseExists);
+    assert_eq!(engine.leases().grant(lease.id, 10).unwrap_err(), Error::LeaseExists);
     assert_eq!(put(&engine, "x", 12345).unwrap_err(), Error::LeaseNotFound);
     for key in ["a/1", "a/2", "a/3"] {
         put(&engine, key, lease.id).unwrap();
     }
     put(&engine, "a/3", 0).unwrap(); // detached again
-    let status = engine.lease_time_to_live(lease.id, true);
+    let status = engine.leases().time_to_live(lease.id, true);
     assert_eq!(status.keys, vec![Bytes::from("a/1"), Bytes::from("a/2")]);
     let before = engine.current_revision();
-    let revoked = engine.lease_revoke(lease.id).unwrap();
+    let revoked = engine.leases().revoke(lease.id).unwrap();
     assert_eq!(revoked.revision, before + 1, "both keys deleted in one revision");
     assert_eq!(count(&engine, "a/"), 1);
-    assert_eq!(engine.lease_revoke(lease.id).unwrap_err(), Error::LeaseNotFound);
-    assert_eq!(engine.lease_time_to_live(lease.id, false).ttl, -1);
+    assert_eq!(engine.leases().revoke(lease.id).unwrap_err(), Error::LeaseNotFound);
+    assert_eq!(engine.leases().time_to_live(lease.id, false).ttl, -1);
 }
 
 #[test]
@@ -76,20 +76,20 @@ fn leases_expire_on_time_and_not_before() {
     let clock = ManualClock::new();
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
-    let short = engine.lease_grant(0, 10).unwrap().response.id;
-    let long = engine.lease_grant(0, 30).unwrap().response.id;
+    let short = engine.leases().grant(0, 10).unwrap().response.id;
+    let long = engine.leases().grant(0, 30).unwrap().response.id;
     put(&engine, "short", short).unwrap();
     put(&engine, "long", long).unwrap();
     clock.advance(Duration::from_millis(9_999));
-    assert_eq!(engine.expire_leases(), 0);
+    assert_eq!(engine.leases().expire_now(), 0);
     clock.advance(Duration::from_millis(1));
-    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(engine.leases().expire_now(), 1);
     assert_eq!(count(&engine, "short"), 0);
     assert_eq!(count(&engine, "long"), 1);
-    assert_eq!(engine.lease_keep_alive(long).unwrap(), 30);
+    assert_eq!(engine.leases().keep_alive(long).unwrap(), 30);
     clock.advance(Duration::from_secs(29));
-    assert_eq!(engine.expire_leases(), 0, "the keep-alive restarted its TTL");
-    assert_eq!(engine.leases(), vec![long]);
+    assert_eq!(engine.leases().expire_now(), 0, "the keep-alive restarted its TTL");
+    assert_eq!(engine.leases().list(), vec![long]);
 }
 
 #[test]
@@ -97,33 +97,33 @@ fn a_restart_never_expires_a_lease_early() {
     let clock = ManualClock::new();
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
-    let checkpointed = engine.lease_grant(0, 100).unwrap().response.id;
+    let checkpointed = engine.leases().grant(0, 100).unwrap().response.id;
     put(&engine, "k", checkpointed).unwrap();
     clock.advance(Duration::from_secs(60));
-    engine.checkpoint_leases().unwrap();
+    engine.leases().checkpoint_now().unwrap();
     // Granted after the checkpoint: a restart gives it its full TTL again.
-    let plain = engine.lease_grant(0, 100).unwrap().response.id;
+    let plain = engine.leases().grant(0, 100).unwrap().response.id;
     assert_ne!(plain, checkpointed);
     engine.close().unwrap();
 
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
     assert_eq!(
-        engine.lease_time_to_live(checkpointed, true).keys,
+        engine.leases().time_to_live(checkpointed, true).keys,
         vec![Bytes::from("k")]
     );
     clock.advance(Duration::from_secs(39));
-    assert_eq!(engine.expire_leases(), 0, "40 s were left at the checkpoint");
+    assert_eq!(engine.leases().expire_now(), 0, "40 s were left at the checkpoint");
     clock.advance(Duration::from_secs(1));
-    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(engine.leases().expire_now(), 1);
     assert_eq!(count(&engine, "k"), 0);
     clock.advance(Duration::from_secs(59));
     assert_eq!(
-        engine.expire_leases(),
+        engine.leases().expire_now(),
         0,
         "never checkpointed: a full TTL from the restart"
     );
     clock.advance(Duration::from_secs(1));
-    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(engine.leases().expire_now(), 1);
 }
 
 #[test]
@@ -132,18 +132,18 @@ fn mass_expiry_is_revoked_in_batches() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
     for l in 0..25 {
-        let id = engine.lease_grant(0, 5).unwrap().response.id;
+        let id = engine.leases().grant(0, 5).unwrap().response.id;
         for k in 0..4 {
             put(&engine, &format!("l{l}/k{k}"), id).unwrap();
         }
     }
     clock.advance(Duration::from_secs(5));
-    assert_eq!(engine.expire_leases(), 10, "one batch at a time");
+    assert_eq!(engine.leases().expire_now(), 10, "one batch at a time");
     // Other writes go on between batches.
     put(&engine, "unrelated", 0).unwrap();
-    assert_eq!(engine.expire_leases(), 10);
-    assert_eq!(engine.expire_leases(), 5);
-    assert_eq!(engine.expire_leases(), 0);
+    assert_eq!(engine.leases().expire_now(), 10);
+    assert_eq!(engine.leases().expire_now(), 5);
+    assert_eq!(engine.leases().expire_now(), 0);
     assert_eq!(count(&engine, "l"), 0);
     assert_eq!(count(&engine, "unrelated"), 1);
 }
@@ -154,20 +154,20 @@ fn a_renewal_after_a_checkpoint_survives_a_restart() {
     let clock = ManualClock::new();
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
-    let id = engine.lease_grant(0, 100).unwrap().response.id;
+    let id = engine.leases().grant(0, 100).unwrap().response.id;
     clock.advance(Duration::from_secs(95));
-    engine.checkpoint_leases().unwrap(); // 5 s left, durably
-    assert_eq!(engine.lease_keep_alive(id).unwrap(), 100);
+    engine.leases().checkpoint_now().unwrap(); // 5 s left, durably
+    assert_eq!(engine.leases().keep_alive(id).unwrap(), 100);
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config(&clock)).unwrap();
     clock.advance(Duration::from_secs(99));
     assert_eq!(
-        engine.expire_leases(),
+        engine.leases().expire_now(),
         0,
         "renewed for 100 s; the stale 5 s checkpoint is gone"
     );
     clock.advance(Duration::from_secs(1));
-    assert_eq!(engine.expire_leases(), 1);
+    assert_eq!(engine.leases().expire_now(), 1);
 }
 
 #[test]
@@ -182,16 +182,16 @@ fn a_round_of_revokes_is_bounded_by_the_keys_it_deletes() {
     // Three leases of 40 keys, then one of 250 (more than a round's worth alone).
     let mut leases = Vec::new();
     for (l, keys) in [40, 40, 40, 250].into_iter().enumerate() {
-        let id = engine.lease_grant(0, 5).unwrap().response.id;
+        let id = engine.leases().grant(0, 5).unwrap().response.id;
         for k in 0..keys {
             put(&engine, &format!("l{l}/k{k}"), id).unwrap();
         }
         leases.push(id);
     }
     clock.advance(Duration::from_secs(5));
-    assert_eq!(engine.expire_leases(), 2, "80 keys; a third lease would make 120");
-    assert_eq!(engine.expire_leases(), 1, "40 + 250 is over the bound: one lease");
-    assert_eq!(engine.expire_leases(), 1, "alone, a lease goes whatever its keys");
-    assert_eq!(engine.expire_leases(), 0);
+    assert_eq!(engine.leases().expire_now(), 2, "80 keys; a third lease would make 120");
+    assert_eq!(engine.leases().expire_now(), 1, "40 + 250 is over the bound: one lease");
+    assert_eq!(engine.leases().expire_now(), 1, "alone, a lease goes whatever its keys");
+    assert_eq!(engine.leases().expire_now(), 0);
     assert_eq!(count(&engine, "l"), 0);
 }

@@ -39,14 +39,14 @@ fn nospace_blocks_growth_but_not_reclaiming() {
         assert!(written < 100, "the quota must bite");
     };
     assert_eq!(err, Error::NoSpace);
-    assert!(engine.size_in_use() <= 4096);
+    assert!(engine.status().size_in_use <= 4096);
     assert_eq!(
-        engine.alarms(),
+        engine.maintenance().alarms(),
         vec![(engine.member_id(), Alarm::NoSpace)],
         "raised for this member"
     );
     assert_eq!(put(&engine, "other").unwrap_err(), Error::NoSpace);
-    assert_eq!(engine.lease_grant(0, 10).unwrap_err(), Error::NoSpace);
+    assert_eq!(engine.leases().grant(0, 10).unwrap_err(), Error::NoSpace);
     let writing_txn = TxnRequest {
         success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
             key: b"x".to_vec(),
@@ -78,22 +78,25 @@ fn nospace_blocks_growth_but_not_reclaiming() {
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
     assert_eq!(
-        engine.alarms(),
+        engine.maintenance().alarms(),
         vec![(engine.member_id(), Alarm::NoSpace)],
         "raised for this member"
     );
 
     // Reclaim: compact away the old versions, then disarm.
-    let before = engine.size_in_use();
+    let before = engine.status().size_in_use;
     engine.compact(engine.current_revision()).unwrap();
-    engine.wait_compacted().unwrap();
+    engine.maintenance().wait_compacted().unwrap();
     assert!(
-        engine.size_in_use() < before / 4,
+        engine.status().size_in_use < before / 4,
         "{} -> {}",
         before,
-        engine.size_in_use()
+        engine.status().size_in_use
     );
-    engine.alarm_disarm(engine.member_id(), Alarm::NoSpace).unwrap();
-    assert!(engine.alarms().is_empty());
+    engine
+        .maintenance()
+        .alarm_disarm(engine.member_id(), Alarm::NoSpace)
+        .unwrap();
+    assert!(engine.maintenance().alarms().is_empty());
     put(&engine, "other").unwrap();
 }

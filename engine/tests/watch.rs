@@ -248,19 +248,19 @@ fn progress_is_reported_only_when_every_watcher_has_caught_up() {
         put(&engine, &format!("p/{i}"), "v");
     }
     let group = engine.watch_group(None);
-    let live = engine.watch_in(&group, &prefix("p/", 0)).unwrap();
-    assert_eq!(engine.watch_progress(&group), Some(31), "a new live watcher is current");
-    let behind = engine.watch_in(&group, &prefix("p/", 1)).unwrap();
-    assert_eq!(engine.watch_progress(&group), None, "one of them is replaying history");
+    let live = group.watch(&prefix("p/", 0)).unwrap();
+    assert_eq!(group.progress(), Some(31), "a new live watcher is current");
+    let behind = group.watch(&prefix("p/", 1)).unwrap();
+    assert_eq!(group.progress(), None, "one of them is replaying history");
     assert_eq!(group_events(&group, 30)[&behind], (2..=31).collect::<Vec<i64>>());
     // Everything was handed over and taken (the hub marks a watcher synced under the same
     // lock it sends with): now the rule allows an answer.
-    assert_eq!(engine.watch_progress(&group), Some(31));
+    assert_eq!(group.progress(), Some(31));
     put(&engine, "p/new", "v");
-    assert_eq!(engine.watch_progress(&group), None, "an event is waiting in the queue");
+    assert_eq!(group.progress(), None, "an event is waiting in the queue");
     let got = group_events(&group, 2);
     assert_eq!((got[&live].as_slice(), got[&behind].as_slice()), (&[32][..], &[32][..]));
-    assert_eq!(engine.watch_progress(&group), Some(32));
+    assert_eq!(group.progress(), Some(32));
 }
 
 #[test]
@@ -269,8 +269,8 @@ fn a_slow_group_loses_nothing_for_any_of_its_watchers() {
     // A buffer of two deliveries per watcher: the group falls behind almost at once.
     let engine = Engine::open(dir.path(), config(2)).unwrap();
     let group = engine.watch_group(None);
-    let all = engine.watch_in(&group, &prefix("s/", 0)).unwrap();
-    let some = engine.watch_in(&group, &prefix("s/1", 0)).unwrap();
+    let all = group.watch(&prefix("s/", 0)).unwrap();
+    let some = group.watch(&prefix("s/1", 0)).unwrap();
     let mut expected_some = Vec::new();
     for i in 0..200 {
         let revision = put(&engine, &format!("s/{}", i % 3), &i.to_string());
@@ -296,10 +296,8 @@ fn a_group_gets_each_revision_once_for_its_watchers_and_none_for_a_cancelled_one
     let group = engine.watch_group(Some(Arc::new(move || {
         counted.fetch_add(1, Ordering::SeqCst);
     })));
-    let ids: Vec<u64> = (0..3)
-        .map(|_| engine.watch_in(&group, &prefix("g/", 0)).unwrap())
-        .collect();
-    let other = engine.watch_in(&group, &prefix("h/", 0)).unwrap();
+    let ids: Vec<u64> = (0..3).map(|_| group.watch(&prefix("g/", 0)).unwrap()).collect();
+    let other = group.watch(&prefix("h/", 0)).unwrap();
     let revision = put(&engine, "g/a", "1");
     let got = group_events(&group, 3);
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids, "not {other}");
@@ -321,7 +319,7 @@ fn a_group_gets_each_revision_once_for_its_watchers_and_none_for_a_cancelled_one
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![ids[0], ids[2]]);
     assert!(got.values().all(|r| r == &[revision]));
     drop(group);
-    assert_eq!(engine.watcher_count(), 0, "dropping the group cancels its watchers");
+    assert_eq!(engine.status().watchers, 0, "dropping the group cancels its watchers");
 }
 
 #[test]
@@ -387,7 +385,7 @@ fn progress_notifications_go_to_quiet_synced_watchers_that_asked() {
     let rev = put(&engine, "busy/1", "v");
     assert_eq!(events(&busy, 1)[0].kv.mod_revision, rev);
 
-    engine.notify_progress();
+    engine.maintenance().notify_progress();
     assert_eq!(
         quiet.try_recv(),
         Some(WatchResponse::Progress { revision: rev }),
@@ -397,7 +395,7 @@ fn progress_notifications_go_to_quiet_synced_watchers_that_asked() {
     assert_eq!(not_asked.try_recv(), None, "it did not ask");
 
     // The next tick: the busy watcher has been quiet for a whole interval now.
-    engine.notify_progress();
+    engine.maintenance().notify_progress();
     assert_eq!(busy.try_recv(), Some(WatchResponse::Progress { revision: rev }));
     assert_eq!(quiet.try_recv(), Some(WatchResponse::Progress { revision: rev }));
 
@@ -408,7 +406,7 @@ fn progress_notifications_go_to_quiet_synced_watchers_that_asked() {
             ..prefix("busy/", 1)
         })
         .unwrap();
-    engine.notify_progress();
+    engine.maintenance().notify_progress();
     let first = behind.recv_timeout(HANG).unwrap();
     assert!(
         matches!(first, WatchResponse::Events { .. }),

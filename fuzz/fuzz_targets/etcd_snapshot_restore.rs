@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
+use cairn_engine::offline;
 use cairn_engine::{Engine, MemberAttributes, RangeRequest};
 use libfuzzer_sys::fuzz_target;
 
@@ -69,7 +70,7 @@ fuzz_target!(|input: Input| {
     std::fs::write(&file, &bytes).expect("write");
     let member = dir.path().join("member");
     let members = BTreeMap::from([(1u64, MemberAttributes::default())]);
-    match Engine::restore_etcd_as_new_cluster(&file, &member, &members, true) {
+    match offline::import_etcd(&file, &member, &members, true) {
         Ok(()) => {
             // What restored opens, or fails to, without panicking.
             if let Ok(engine) = Engine::builder(&member).member(1).open() {

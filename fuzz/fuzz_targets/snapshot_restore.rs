@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use bytes::Bytes;
+use cairn_engine::offline;
 use cairn_engine::{Config, DeleteRangeRequest, Engine, PutRequest, RangeRequest};
 use libfuzzer_sys::fuzz_target;
 
@@ -55,7 +56,7 @@ fn valid() -> &'static (Vec<u8>, Vec<cairn_engine::KeyValue>) {
     VALID.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let engine = Engine::open(dir.path(), config()).expect("open");
-        let lease = engine.lease_grant(7, 3600).expect("grant").response.id;
+        let lease = engine.leases().grant(7, 3600).expect("grant").response.id;
         for i in 0..12 {
             engine
                 .write(put(&format!("k{}", i % 5), &format!("v{i}"), 0))
@@ -71,7 +72,7 @@ fn valid() -> &'static (Vec<u8>, Vec<cairn_engine::KeyValue>) {
         engine.compact(8).expect("compact");
         engine.write(put("k1", "after", 0)).expect("put");
         let mut out = Vec::new();
-        engine.snapshot(&mut out).expect("snapshot");
+        engine.maintenance().snapshot(&mut out).expect("snapshot");
         let all = engine.range(&RangeRequest::all()).expect("range").kvs;
         engine.close().expect("close");
         (out, all)
@@ -137,11 +138,11 @@ fuzz_target!(|input: Input| {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let target = dir.path().join("restored");
-    match Engine::restore(&mut snapshot.as_slice(), &target) {
+    match offline::restore(&mut snapshot.as_slice(), &target) {
         Ok(()) => {
             if let Ok(engine) = Engine::open(&target, config()) {
                 let all = engine.range(&RangeRequest::all());
-                let _ = engine.hash_kv(0);
+                let _ = engine.maintenance().hash_kv(0);
                 if untouched {
                     assert_eq!(
                         &all.expect("range").kvs,

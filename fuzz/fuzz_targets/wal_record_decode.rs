@@ -11,7 +11,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use cairn_wal::{decode_frame, encode_frame, framed_len, FrameError, FrameKind, FRAME_ALIGN, FRAME_HEADER_LEN};
+use cairn_wal::{decode_frame, framed_len, FrameError, FrameKind, FRAME_ALIGN, FRAME_HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -57,7 +57,7 @@ fn check(data: &[u8], seed: u32) {
             );
 
             let mut buf = Vec::with_capacity(used);
-            let crc = encode_frame(&mut buf, frame.kind, frame.index, frame.payload, seed);
+            let crc = frame.kind.encode(&mut buf, frame.index, frame.payload, seed);
             assert_eq!(crc, frame.crc, "re-encoding gives a different crc");
             assert_eq!(&buf[..], &data[..used], "re-encoding gives different bytes");
 
@@ -88,7 +88,7 @@ fuzz_target!(|input: Input<'_>| {
             after,
         } => {
             let mut data = Vec::new();
-            let crc = encode_frame(&mut data, kind(k), index, payload, seed);
+            let crc = kind(k).encode(&mut data, index, payload, seed);
             let len = data.len();
             if edits.is_empty() {
                 let decoded = decode_frame(&data, seed).map(|(f, used)| (f.kind, f.index, f.payload, f.crc, used));

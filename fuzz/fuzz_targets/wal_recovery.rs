@@ -32,8 +32,8 @@ use std::sync::Arc;
 use arbitrary::Arbitrary;
 use bytes::Bytes;
 use cairn_wal::{
-    decode_frame, encode_frame, parse_segment_name, repair_with, segment_name, Config, Durability, Error, FrameKind,
-    LogIndex, Record, RecoveryMode, Replay, SegmentHeader, SegmentSeq, SimFs, Wal, SEGMENT_HEADER_LEN,
+    decode_frame, parse_segment_name, repair_with, segment_name, Config, Durability, Error, FrameKind, LogIndex,
+    Record, RecoveryMode, Replay, SegmentHeader, SegmentSeq, SimFs, Wal, SEGMENT_HEADER_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -252,13 +252,10 @@ fn build_raw(input: &RawInput) -> SimFs {
             if matches!(f.kind, Kind::Entry) {
                 last_entry = index;
             }
-            chain = encode_frame(
-                &mut bytes,
-                f.kind.frame_kind(),
-                index,
-                &f.payload.bytes(),
-                seed(&f.seed, chain),
-            );
+            chain = f
+                .kind
+                .frame_kind()
+                .encode(&mut bytes, index, &f.payload.bytes(), seed(&f.seed, chain));
         }
         match &seg.tail {
             Tail::Bytes(b) => bytes.extend_from_slice(b.get(..MAX_RAW_TAIL).unwrap_or(b)),

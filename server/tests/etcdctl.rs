@@ -17,7 +17,11 @@ use std::process::Command;
 use common::{b64, fails, json, kv_list, kvs, ok, Kv, Member};
 use serde_json::Value;
 
-fn kv(key: &str, value: &str, create: i64, modified: i64, version: i64) -> Kv {
+/// Where a key is in the history: its create revision, its last mod revision and its version.
+#[derive(Clone, Copy)]
+struct Revisions(i64, i64, i64);
+
+fn kv(key: &str, value: &str, Revisions(create, modified, version): Revisions) -> Kv {
     Kv {
         key: key.to_string(),
         value: value.to_string(),
@@ -52,11 +56,11 @@ fn put_with_prev_kv_ignore_value_ignore_lease_and_lease() {
     );
     let a = m.json(&["get", "a"]);
     assert_eq!(a["header"]["revision"], 4);
-    assert_eq!(kv_list(&a), vec![kv("a", "2", 2, 3, 2)]);
+    assert_eq!(kv_list(&a), vec![kv("a", "2", Revisions(2, 3, 2))]);
 
     // --ignore-value: a new revision and version, the value kept.
     assert_eq!(m.ok(&["put", "a", "--ignore-value"]), "OK\n");
-    assert_eq!(kv_list(&m.json(&["get", "a"])), vec![kv("a", "2", 2, 5, 3)]);
+    assert_eq!(kv_list(&m.json(&["get", "a"])), vec![kv("a", "2", Revisions(2, 5, 3))]);
     m.fails(&["put", "missing", "--ignore-value"], "etcdserver: key not found");
 
     // --lease attaches; --ignore-lease keeps the lease while changing the value; a plain put
@@ -67,17 +71,17 @@ fn put_with_prev_kv_ignore_value_ignore_lease_and_lease() {
     assert_eq!(m.ok(&["put", "l", "v1", &format!("--lease={id}")]), "OK\n");
     let expected = Kv {
         lease,
-        ..kv("l", "v1", 6, 6, 1)
+        ..kv("l", "v1", Revisions(6, 6, 1))
     };
     assert_eq!(kv_list(&m.json(&["get", "l"])), vec![expected]);
     assert_eq!(m.ok(&["put", "l", "v2", "--ignore-lease"]), "OK\n");
     let expected = Kv {
         lease,
-        ..kv("l", "v2", 6, 7, 2)
+        ..kv("l", "v2", Revisions(6, 7, 2))
     };
     assert_eq!(kv_list(&m.json(&["get", "l"])), vec![expected]);
     assert_eq!(m.ok(&["put", "l", "v3"]), "OK\n");
-    assert_eq!(kv_list(&m.json(&["get", "l"])), vec![kv("l", "v3", 6, 8, 3)]);
+    assert_eq!(kv_list(&m.json(&["get", "l"])), vec![kv("l", "v3", Revisions(6, 8, 3))]);
     m.fails(&["put", "missing", "v", "--ignore-lease"], "etcdserver: key not found");
     m.fails(
         &["put", "x", "y", "--lease=1234"],
@@ -122,11 +126,11 @@ fn get_with_prefix_from_key_limit_rev_sort_and_output_options() {
     assert_eq!(
         kv_list(&all),
         vec![
-            kv("k1", "v1", 2, 2, 1),
-            kv("k2", "v2b", 3, 6, 2),
-            kv("k3", "v3", 4, 4, 1),
-            kv("k4", "v4", 5, 5, 1),
-            kv("other", "o", 7, 7, 1),
+            kv("k1", "v1", Revisions(2, 2, 1)),
+            kv("k2", "v2b", Revisions(3, 6, 2)),
+            kv("k3", "v3", Revisions(4, 4, 1)),
+            kv("k4", "v4", Revisions(5, 5, 1)),
+            kv("other", "o", Revisions(7, 7, 1)),
         ]
     );
 
@@ -134,7 +138,7 @@ fn get_with_prefix_from_key_limit_rev_sort_and_output_options() {
     let limited = m.json(&["get", "k", "--prefix", "--limit=2"]);
     assert_eq!(
         kv_list(&limited),
-        vec![kv("k1", "v1", 2, 2, 1), kv("k2", "v2b", 3, 6, 2)]
+        vec![kv("k1", "v1", Revisions(2, 2, 1)), kv("k2", "v2b", Revisions(3, 6, 2))]
     );
     assert_eq!(limited["count"], 4);
     assert_eq!(limited["more"], true);
@@ -223,7 +227,10 @@ fn del_single_prefix_from_key_and_prev_kv() {
 
     // A key deleted and put again starts a new generation: version 1, a new create revision.
     m.ok(&["put", "a", "again"]);
-    assert_eq!(kv_list(&m.json(&["get", "a"])), vec![kv("a", "again", 12, 12, 1)]);
+    assert_eq!(
+        kv_list(&m.json(&["get", "a"])),
+        vec![kv("a", "again", Revisions(12, 12, 1))]
+    );
     // History still holds the deleted keys.
     assert_eq!(m.ok(&["get", "a", "--rev=7"]), "a\n1\n");
     assert_eq!(m.ok(&["get", "a", "--rev=8"]), "");
@@ -246,7 +253,10 @@ fn txn_compares_value_mod_version_and_create_and_runs_one_branch() {
     assert_eq!(out, format!("{TXN_PROMPTS}SUCCESS\n\nOK\n\nk2\nv2\n\n1\n"));
     // Every write of the branch at one revision.
     assert_eq!(m.revision(), 6);
-    assert_eq!(kv_list(&m.json(&["get", "k1"])), vec![kv("k1", "new", 2, 6, 2)]);
+    assert_eq!(
+        kv_list(&m.json(&["get", "k1"])),
+        vec![kv("k1", "new", Revisions(2, 6, 2))]
+    );
     assert_eq!(m.ok(&["get", "k3"]), "");
     assert_eq!(m.ok(&["get", "failed"]), "", "the failure branch did not run");
 
@@ -271,7 +281,7 @@ fn txn_compares_value_mod_version_and_create_and_runs_one_branch() {
     assert_eq!(out, format!("{TXN_PROMPTS}SUCCESS\n\nOK\n"));
     assert_eq!(
         kv_list(&m.json(&["get", "absent"])),
-        vec![kv("absent", "here", 9, 9, 1)]
+        vec![kv("absent", "here", Revisions(9, 9, 1))]
     );
 
     // A txn that only reads writes no revision.
@@ -281,7 +291,7 @@ fn txn_compares_value_mod_version_and_create_and_runs_one_branch() {
     assert_eq!(answer["succeeded"], true);
     assert_eq!(answer["header"]["revision"], 9);
     let range = &answer["responses"][0]["Response"]["ResponseRange"];
-    assert_eq!(kv_list(range), vec![kv("k1", "new", 2, 6, 2)]);
+    assert_eq!(kv_list(range), vec![kv("k1", "new", Revisions(2, 6, 2))]);
     assert_eq!(m.revision(), 9);
 }
 
@@ -716,7 +726,10 @@ fn snapshot_save_status_and_restore_into_a_new_member() {
     let after = r.json(&["get", "", "--prefix"]);
     assert_eq!(after["header"]["revision"], 6);
     assert_eq!(kv_list(&after), kv_list(&before));
-    assert_eq!(kv_list(&after), vec![kv("a", "2", 2, 3, 2), kv("c", "3", 5, 5, 1)]);
+    assert_eq!(
+        kv_list(&after),
+        vec![kv("a", "2", Revisions(2, 3, 2)), kv("c", "3", Revisions(5, 5, 1))]
+    );
 
     // A new cluster of one: this member, with the name and peer URL it was restored with.
     let list = r.json(&["member", "list"]);

@@ -22,10 +22,28 @@ use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// What an HTTP request asks: its method, path and body.
+#[derive(Clone, Copy)]
+struct HttpRequest<'a> {
+    method: &'a str,
+    path: &'a str,
+    body: &'a str,
+}
+
+impl<'a> HttpRequest<'a> {
+    fn new(method: &'a str, path: &'a str, body: &'a str) -> Self {
+        HttpRequest { method, path, body }
+    }
+
+    fn post(path: &'a str, body: &'a str) -> Self {
+        HttpRequest::new("POST", path, body)
+    }
+}
+
 /// One HTTP/1.0 request (so the answer ends with the connection): status and body.
-fn request(url: &str, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String) {
+fn request(url: &str, asked: HttpRequest<'_>, headers: &[(&str, &str)]) -> (u16, String) {
     let mut stream = connect(url);
-    send(&mut stream, method, path, body, headers);
+    send(&mut stream, asked, headers);
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
@@ -39,7 +57,8 @@ fn connect(url: &str) -> TcpStream {
     stream
 }
 
-fn send(stream: &mut TcpStream, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) {
+fn send(stream: &mut TcpStream, asked: HttpRequest<'_>, headers: &[(&str, &str)]) {
+    let HttpRequest { method, path, body } = asked;
     let mut text = format!(
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n",
         body.len()
@@ -60,7 +79,7 @@ struct Stream {
 impl Stream {
     fn open(url: &str, path: &str, body: &str) -> Stream {
         let mut stream = connect(url);
-        send(&mut stream, "POST", path, body, &[]);
+        send(&mut stream, HttpRequest::post(path, body), &[]);
         let mut lines = BufReader::new(stream);
         let mut line = String::new();
         // The status line and headers.
@@ -154,16 +173,17 @@ impl Script {
 
     #[track_caller]
     fn step_as(&self, path: &str, body: &str, compare: Compare, user: Option<usize>) -> Value {
-        self.call("POST", path, body, compare, user)
+        self.call(HttpRequest::post(path, body), compare, user)
     }
 
     #[track_caller]
-    fn call(&self, method: &str, path: &str, body: &str, compare: Compare, user: Option<usize>) -> Value {
+    fn call(&self, asked: HttpRequest<'_>, compare: Compare, user: Option<usize>) -> Value {
+        let HttpRequest { method, path, body } = asked;
         let mut answers = Vec::new();
         for (i, (name, url)) in self.servers.iter().enumerate() {
             let token = user.map(|u| self.tokens[u * self.servers.len() + i].clone());
             let headers: Vec<(&str, &str)> = token.iter().map(|t| ("Authorization", t.as_str())).collect();
-            let (status, text) = request(url, method, path, body, &headers);
+            let (status, text) = request(url, asked, &headers);
             let view = match compare {
                 Compare::Json => Value::Array(normalized(&text, false)),
                 Compare::Members => Value::Array(normalized(&text, true)),
@@ -256,6 +276,16 @@ fn the_gateway_answers_as_etcd_3_5s_does() {
         r#"{"success":[{"request_put":{"key":"YQ=="}},{"request_put":{"key":"YQ=="}}]}"#,
         Json,
     );
+    // Requests that break etcd's rules, refused at the gateway's edge as at gRPC's.
+    s.step("/v3/kv/put", r#"{"key":"","value":"YmFy"}"#, Json);
+    s.step(
+        "/v3/kv/put",
+        r#"{"key":"Zm9v","value":"YmFy","ignore_value":true}"#,
+        Json,
+    );
+    s.step("/v3/kv/put", r#"{"key":"Zm9v","lease":"7","ignore_lease":true}"#, Json);
+    s.step("/v3/kv/deleterange", r#"{"key":""}"#, Json);
+    s.step("/v3/kv/txn", r#"{"success":[{"request_put":{"key":""}}]}"#, Json);
     s.step("/v3/kv/range", "", Json);
     s.step("/v3/kv/range", "null", Json);
     s.step(
@@ -269,8 +299,8 @@ fn the_gateway_answers_as_etcd_3_5s_does() {
 
     // Routes.
     s.step("/v3/kv/nonexistent", "{}", Status);
-    s.call("GET", "/v3/kv/range", "", Status, None);
-    s.call("OPTIONS", "/v3/kv/range", "", Status, None);
+    s.call(HttpRequest::new("GET", "/v3/kv/range", ""), Status, None);
+    s.call(HttpRequest::new("OPTIONS", "/v3/kv/range", ""), Status, None);
     s.step("/v3alpha/kv/range", "{}", Status);
     s.step("/v3/maintenance/hashkv", "{}", Status);
 
@@ -386,7 +416,7 @@ fn the_gateway_answers_as_etcd_3_5s_does() {
         r#"{"name":"alice","password":"alicepw"}"#,
     ] {
         for (_, url) in &s.servers {
-            let (status, body) = request(url, "POST", "/v3/auth/authenticate", user, &[]);
+            let (status, body) = request(url, HttpRequest::post("/v3/auth/authenticate", user), &[]);
             assert_eq!(status, 200, "{body}");
             let body: Value = serde_json::from_str(&body).unwrap();
             tokens.push(body["token"].as_str().unwrap().to_string());
@@ -402,13 +432,8 @@ fn the_gateway_answers_as_etcd_3_5s_does() {
     // AuthStatus for a user without the root role: etcd 3.5 refuses it, 3.6 and later
     // answer it; cairn answers as 3.7 does (server/tests/auth.rs), so it is not compared here.
     for (name, url) in &s.servers {
-        let (status, body) = request(
-            url,
-            "POST",
-            "/v3/kv/range",
-            r#"{"key":"YTE="}"#,
-            &[("Authorization", "bogus.1")],
-        );
+        let asked = HttpRequest::post("/v3/kv/range", r#"{"key":"YTE="}"#);
+        let (status, body) = request(url, asked, &[("Authorization", "bogus.1")]);
         assert_eq!(
             (status, normalized(&body, false)),
             (

@@ -25,21 +25,27 @@ impl Drop for Custom {
     }
 }
 
-/// Starts cairn on `client` and `peer` with `extra`, and waits until `/health` answers 200
-/// on `health_port`.
-fn start(dir: &std::path::Path, client: u16, peer: u16, health_port: u16, extra: &[&str]) -> Custom {
-    start_with_env(dir, client, peer, health_port, extra, &[])
+/// The ports of a member started by hand: its client and peer URLs', and the one where
+/// `/health` answers.
+#[derive(Clone, Copy)]
+struct Ports {
+    client: u16,
+    peer: u16,
+    health: u16,
+}
+
+/// Starts cairn on `ports` with `extra`, and waits until `/health` answers 200.
+fn start(dir: &std::path::Path, ports: Ports, extra: &[&str]) -> Custom {
+    start_with_env(dir, ports, extra, &[])
 }
 
 /// [`start`], with `env` added to cairn's environment.
-fn start_with_env(
-    dir: &std::path::Path,
-    client: u16,
-    peer: u16,
-    health_port: u16,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Custom {
+fn start_with_env(dir: &std::path::Path, ports: Ports, extra: &[&str], env: &[(&str, &str)]) -> Custom {
+    let Ports {
+        client,
+        peer,
+        health: health_port,
+    } = ports;
     let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data-dir")
         .arg(dir.join("data"))
@@ -64,37 +70,44 @@ fn start_with_env(
     panic!("not healthy on port {health_port}");
 }
 
-/// One HTTP/1.1 request with `headers`: the status, the response's headers (lower-cased
-/// names) and its body.
-fn request(
-    port: u16,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, Vec<(String, String)>, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut text = format!(
-        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        text += &format!("{k}: {v}\r\n");
+/// HTTP/1.1 to a member's port.
+#[derive(Clone, Copy)]
+struct Http(u16);
+
+impl Http {
+    /// One request with `headers`: the status, the response's headers (lower-cased names) and
+    /// its body.
+    fn request(
+        self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Vec<(String, String)>, String) {
+        let Http(port) = self;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut text = format!(
+            "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            text += &format!("{k}: {v}\r\n");
+        }
+        text += "\r\n";
+        text += body;
+        stream.write_all(text.as_bytes()).unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.lines();
+        let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(": "))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        (status, headers, body.to_string())
     }
-    text += "\r\n";
-    text += body;
-    stream.write_all(text.as_bytes()).unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-        .collect();
-    (status, headers, body.to_string())
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -106,11 +119,14 @@ fn http_urls_take_the_http_endpoints_off_the_client_urls() {
     let dir = tempfile::tempdir().unwrap();
     let (client, peer) = free_ports();
     let http = free_ports().0;
-    let _member = start(
-        dir.path(),
+    let ports = Ports {
         client,
         peer,
-        http,
+        health: http,
+    };
+    let _member = start(
+        dir.path(),
+        ports,
         &["--listen-client-http-urls", &format!("http://127.0.0.1:{http}")],
     );
     // gRPC stays on the client URL...
@@ -118,7 +134,7 @@ fn http_urls_take_the_http_endpoints_off_the_client_urls() {
     common::ok(common::etcdctl(&endpoint, &["put", "k", "v"], None));
     // ...and HTTP is only on the HTTP URL, the gateway included.
     assert_eq!(http_get(client, "/health").unwrap().0, 404);
-    let (status, _, body) = request(http, "POST", "/v3/kv/range", &[], r#"{"key":"aw=="}"#);
+    let (status, _, body) = Http(http).request("POST", "/v3/kv/range", &[], r#"{"key":"aw=="}"#);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""value":"dg==""#), "{body}");
 }
@@ -126,7 +142,7 @@ fn http_urls_take_the_http_endpoints_off_the_client_urls() {
 #[test]
 fn without_the_gateway_its_paths_are_not_found_and_health_still_answers() {
     let m = Member::start("nogw", &["--enable-grpc-gateway=false"]);
-    let (status, _, _) = request(m.client_port, "POST", "/v3/kv/range", &[], r#"{"key":"aw=="}"#);
+    let (status, _, _) = Http(m.client_port).request("POST", "/v3/kv/range", &[], r#"{"key":"aw=="}"#);
     assert_eq!(status, 404);
     assert_eq!(m.get("/health").0, 200);
 }
@@ -137,13 +153,12 @@ fn cors_and_the_host_whitelist_guard_the_http_endpoints_as_etcds_do() {
         "cors",
         &["--cors=https://a.example", "--host-whitelist=allowed.example,127.0.0.1"],
     );
-    let port = m.client_port;
+    let http = Http(m.client_port);
     // DNS rebinding: a Host not on the list is refused, whatever its port.
-    let (status, _, body) = request(port, "GET", "/health", &[("Host", "evil.example:2379")], "");
+    let (status, _, body) = http.request("GET", "/health", &[("Host", "evil.example:2379")], "");
     assert_eq!(status, 421);
     assert!(body.contains("CVE-2018-5702"), "{body}");
-    let (status, headers, _) = request(
-        port,
+    let (status, headers, _) = http.request(
         "GET",
         "/health",
         &[("Host", "allowed.example:2379"), ("Origin", "https://a.example")],
@@ -158,8 +173,7 @@ fn cors_and_the_host_whitelist_guard_the_http_endpoints_as_etcds_do() {
         header(&headers, "access-control-allow-methods"),
         Some("POST, GET, OPTIONS, PUT, DELETE")
     );
-    let (_, headers, _) = request(
-        port,
+    let (_, headers, _) = http.request(
         "GET",
         "/health",
         &[("Host", "127.0.0.1"), ("Origin", "https://b.example")],
@@ -170,7 +184,7 @@ fn cors_and_the_host_whitelist_guard_the_http_endpoints_as_etcds_do() {
         None,
         "an origin not allowed"
     );
-    let (status, _, _) = request(port, "OPTIONS", "/v3/kv/put", &[("Host", "127.0.0.1")], "");
+    let (status, _, _) = http.request("OPTIONS", "/v3/kv/put", &[("Host", "127.0.0.1")], "");
     assert_eq!(status, 200, "a preflight is answered");
     // gRPC is not HTTP's to guard: etcdctl connects whatever its authority.
     m.ok(&["put", "k", "v"]);
@@ -179,7 +193,7 @@ fn cors_and_the_host_whitelist_guard_the_http_endpoints_as_etcds_do() {
 #[test]
 fn by_default_every_origin_and_host_is_allowed() {
     let m = Member::start("open", &[]);
-    let (status, headers, _) = request(m.client_port, "GET", "/health", &[("Host", "anything.example")], "");
+    let (status, headers, _) = Http(m.client_port).request("GET", "/health", &[("Host", "anything.example")], "");
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "access-control-allow-origin"), Some("*"));
 }
@@ -236,11 +250,14 @@ fn socket_reuse_port_lets_the_member_share_a_port_bound_with_so_reuseport() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot listen on"));
     let health = free_ports().0;
-    let _member = start(
-        dir.path(),
-        shared,
+    let ports = Ports {
+        client: shared,
         peer,
         health,
+    };
+    let _member = start(
+        dir.path(),
+        ports,
         &[
             "--socket-reuse-port",
             "--listen-client-http-urls",
@@ -356,14 +373,19 @@ fn enable_pprof_serves_a_heap_profile_of_cairns_allocations_go_tool_pprof_reads(
     let dir = tempfile::tempdir().unwrap();
     let (client, peer) = free_ports();
     let sampling = [("_RJEM_MALLOC_CONF", "lg_prof_sample:12")];
-    let _member = start_with_env(dir.path(), client, peer, client, &["--enable-pprof"], &sampling);
+    let ports = Ports {
+        client,
+        peer,
+        health: client,
+    };
+    let _member = start_with_env(dir.path(), ports, &["--enable-pprof"], &sampling);
     let (status, index) = http_get(client, "/debug/pprof/").unwrap();
     assert_eq!(status, 200);
     assert!(
         index.lines().any(|l| l.starts_with("heap: live allocations")),
         "{index}"
     );
-    let (status, headers, _) = request(client, "HEAD", "/debug/pprof/heap", &[], "");
+    let (status, headers, _) = Http(client).request("HEAD", "/debug/pprof/heap", &[], "");
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "content-type"), Some("application/octet-stream"));
     let (status, gzipped) = get_bytes(client, "/debug/pprof/heap");

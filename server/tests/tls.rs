@@ -322,6 +322,17 @@ fn eventually(bin: &Path, endpoint: &str, args: &[&str]) -> String {
     }
 }
 
+/// What the members of the peer-mTLS cluster start with: the directory of their data and logs,
+/// the cluster (`--initial-cluster`) and its state (`new` or `existing`), and the CA whose
+/// signature they demand of their peers' certificates.
+#[derive(Clone, Copy)]
+struct PeerCluster<'a> {
+    dir: &'a Path,
+    initial_cluster: &'a str,
+    state: &'a str,
+    ca: &'a str,
+}
+
 /// A member of the peer-mTLS cluster: its process, ports and log.
 struct Peer {
     name: String,
@@ -346,17 +357,15 @@ impl Peer {
         common::readable_log(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
-    /// Starts `name` with plaintext client and https peer URLs, presenting `pair` to peers and
-    /// demanding theirs be signed by `ca`.
-    fn start(
-        dir: &Path,
-        name: &str,
-        (client, peer): (u16, u16),
-        cluster: &str,
-        state: &str,
-        ca: &str,
-        pair: &Pair,
-    ) -> Peer {
+    /// Starts `name` into `cluster` with plaintext client and https peer URLs, presenting
+    /// `pair` to peers.
+    fn start(cluster: &PeerCluster<'_>, name: &str, (client, peer): (u16, u16), pair: &Pair) -> Peer {
+        let PeerCluster {
+            dir,
+            initial_cluster,
+            state,
+            ca,
+        } = *cluster;
         let log = dir.join(format!("{name}.log"));
         let url = |scheme: &str, port: u16| format!("{scheme}://127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
@@ -367,7 +376,7 @@ impl Peer {
             .args(["--advertise-client-urls", &url("http", client)])
             .args(["--listen-peer-urls", &url("https", peer)])
             .args(["--initial-advertise-peer-urls", &url("https", peer)])
-            .args(["--initial-cluster", cluster, "--initial-cluster-state", state])
+            .args(["--initial-cluster", initial_cluster, "--initial-cluster-state", state])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--peer-cert-file", pair.cert(), "--peer-key-file", pair.key()])
             .args(["--peer-trusted-ca-file", ca, "--peer-client-cert-auth"])
@@ -417,12 +426,19 @@ fn a_cluster_over_peer_mtls_keeps_out_a_member_with_another_cas_certificate() {
         .map(|(n, (_, p))| format!("{n}=https://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
+    let ca_cert = ca.cert();
+    let founders = PeerCluster {
+        dir: dir.path(),
+        initial_cluster: &cluster,
+        state: "new",
+        ca: &ca_cert,
+    };
     let members: Vec<Peer> = names
         .iter()
         .zip(&ports)
         .map(|(name, ports)| {
             let pair = ca.issue(name, name, &["127.0.0.1"], Usage::Both);
-            Peer::start(dir.path(), name, *ports, &cluster, "new", &ca.cert(), &pair)
+            Peer::start(&founders, name, *ports, &pair)
         })
         .collect();
     for m in &members {
@@ -456,15 +472,12 @@ fn a_cluster_over_peer_mtls_keeps_out_a_member_with_another_cas_certificate() {
         ],
     );
     let pair = other.issue("m3", "m3", &["127.0.0.1"], Usage::Both);
-    let intruder = Peer::start(
-        dir.path(),
-        "m3",
-        (client, peer),
-        &format!("{cluster},m3={intruder_url}"),
-        "existing",
-        &ca.cert(),
-        &pair,
-    );
+    let joining = PeerCluster {
+        initial_cluster: &format!("{cluster},m3={intruder_url}"),
+        state: "existing",
+        ..founders
+    };
+    let intruder = Peer::start(&joining, "m3", (client, peer), &pair);
     let deadline = Instant::now() + PATIENCE;
     while !members
         .iter()

@@ -119,3 +119,52 @@ async fn alarms_are_kept_per_member_including_member_0() {
         assert_eq!(alarm(AlarmAction::Get, 0).await, [], "{name}");
     }
 }
+
+/// A gRPC call is told apart by its content type, whatever its path. cairn answers one to a
+/// method or service it does not have Unimplemented, as etcd 3.5 and 3.7 do, and one to an
+/// HTTP endpoint's path (`/health`, `/metrics`) Unimplemented too, as etcd 3.7 does. etcd 3.5
+/// hands that one to its HTTP handler, whose JSON the client cannot read as gRPC.
+#[tokio::test]
+async fn grpc_calls_to_unknown_methods_and_http_paths_are_unimplemented() {
+    use cairn_server::pb::etcdserverpb::StatusResponse;
+    use tonic::codegen::http::uri::PathAndQuery;
+    use tonic::Code::{Ok, ResourceExhausted, Unimplemented};
+
+    async fn code_of(channel: tonic::transport::Channel, path: &'static str) -> tonic::Code {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<StatusRequest, StatusResponse>::default();
+        let call = grpc.unary(
+            tonic::Request::new(StatusRequest {}),
+            PathAndQuery::from_static(path),
+            codec,
+        );
+        match call.await {
+            Result::Ok(_) => Ok,
+            Err(status) => status.code(),
+        }
+    }
+
+    let (servers, _processes) = process::cairn_and_etcds().await;
+    for (name, channel) in servers {
+        let mut codes = Vec::new();
+        for path in [
+            "/etcdserverpb.Maintenance/Status",
+            "/etcdserverpb.Maintenance/NoSuchMethod",
+            "/no.Such/Service",
+            "/health",
+            "/metrics",
+        ] {
+            codes.push(code_of(channel.clone(), path).await);
+        }
+        let http_paths = match name {
+            "etcd 3.5" => ResourceExhausted,
+            _ => Unimplemented,
+        };
+        assert_eq!(
+            codes,
+            [Ok, Unimplemented, Unimplemented, http_paths, http_paths],
+            "{name}"
+        );
+    }
+}

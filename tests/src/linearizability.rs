@@ -604,16 +604,53 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    fn put(client: usize, key: &str, value: &str, call: u64, ret: u64) -> Operation {
-        Operation {
-            client,
-            input: Input::Put {
-                key: key.into(),
-                value: value.into(),
-            },
-            output: Output::Ok,
-            call,
-            ret,
+    /// Who invoked a test operation and when: all of an [`Operation`] but its input and output.
+    #[derive(Clone, Copy)]
+    struct Call {
+        client: usize,
+        call: u64,
+        ret: u64,
+    }
+
+    /// An operation of `client`, invoked at `call` and answered at `ret`.
+    fn by(client: usize, call: u64, ret: u64) -> Call {
+        Call { client, call, ret }
+    }
+
+    impl Call {
+        fn put(self, key: &str, value: &str) -> Operation {
+            self.operation(
+                Input::Put {
+                    key: key.into(),
+                    value: value.into(),
+                },
+                Output::Ok,
+            )
+        }
+
+        fn get(self, key: &str, read: Option<&str>) -> Operation {
+            self.operation(Input::Get { key: key.into() }, Output::Value(read.map(str::to_owned)))
+        }
+
+        fn cas(self, key: &str, expected: Option<&str>, new: &str, swapped: bool) -> Operation {
+            self.operation(
+                Input::Cas {
+                    key: key.into(),
+                    expected: expected.map(str::to_owned),
+                    new: new.into(),
+                },
+                Output::Swapped(swapped),
+            )
+        }
+
+        fn operation(self, input: Input, output: Output) -> Operation {
+            Operation {
+                client: self.client,
+                input,
+                output,
+                call: self.call,
+                ret: self.ret,
+            }
         }
     }
 
@@ -621,39 +658,7 @@ mod tests {
     fn put_unknown(client: usize, key: &str, value: &str, call: u64) -> Operation {
         Operation {
             output: Output::Unknown,
-            ..put(client, key, value, call, call + 1)
-        }
-    }
-
-    fn get(client: usize, key: &str, read: Option<&str>, call: u64, ret: u64) -> Operation {
-        Operation {
-            client,
-            input: Input::Get { key: key.into() },
-            output: Output::Value(read.map(str::to_owned)),
-            call,
-            ret,
-        }
-    }
-
-    fn cas(
-        client: usize,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        swapped: bool,
-        call: u64,
-        ret: u64,
-    ) -> Operation {
-        Operation {
-            client,
-            input: Input::Cas {
-                key: key.into(),
-                expected: expected.map(str::to_owned),
-                new: new.into(),
-            },
-            output: Output::Swapped(swapped),
-            call,
-            ret,
+            ..by(client, call, call + 1).put(key, value)
         }
     }
 
@@ -667,57 +672,57 @@ mod tests {
             (
                 "sequential: each read sees the latest write",
                 vec![
-                    get(0, "k", None, 0, 1),
-                    put(0, "k", "1", 2, 3),
-                    get(1, "k", Some("1"), 4, 5),
-                    put(1, "k", "2", 6, 7),
-                    cas(0, "k", Some("2"), "3", true, 8, 9),
-                    cas(1, "k", Some("2"), "4", false, 10, 11),
-                    get(0, "k", Some("3"), 12, 13),
+                    by(0, 0, 1).get("k", None),
+                    by(0, 2, 3).put("k", "1"),
+                    by(1, 4, 5).get("k", Some("1")),
+                    by(1, 6, 7).put("k", "2"),
+                    by(0, 8, 9).cas("k", Some("2"), "3", true),
+                    by(1, 10, 11).cas("k", Some("2"), "4", false),
+                    by(0, 12, 13).get("k", Some("3")),
                 ],
                 true,
             ),
             (
                 "a read overlapping a write may see the old value",
-                vec![put(0, "k", "1", 0, 10), get(1, "k", None, 5, 15)],
+                vec![by(0, 0, 10).put("k", "1"), by(1, 5, 15).get("k", None)],
                 true,
             ),
             (
                 "a read overlapping a write may see the new value",
-                vec![put(0, "k", "1", 0, 10), get(1, "k", Some("1"), 5, 15)],
+                vec![by(0, 0, 10).put("k", "1"), by(1, 5, 15).get("k", Some("1"))],
                 true,
             ),
             (
                 "a read invoked when a write responds overlaps it (equal times)",
-                vec![put(0, "k", "1", 0, 10), get(1, "k", None, 10, 20)],
+                vec![by(0, 0, 10).put("k", "1"), by(1, 10, 20).get("k", None)],
                 true,
             ),
             (
                 "real-time order: a read invoked after a write completed sees it (stale read)",
-                vec![put(0, "k", "1", 0, 10), get(1, "k", None, 11, 20)],
+                vec![by(0, 0, 10).put("k", "1"), by(1, 11, 20).get("k", None)],
                 false,
             ),
             (
                 "a read sees only a value some write wrote",
-                vec![put(0, "k", "1", 0, 10), get(1, "k", Some("2"), 5, 15)],
+                vec![by(0, 0, 10).put("k", "1"), by(1, 5, 15).get("k", Some("2"))],
                 false,
             ),
             (
                 "a lost write: acknowledged, then a later read sees the value before it",
                 vec![
-                    put(0, "k", "1", 0, 10),
-                    put(0, "k", "2", 20, 30),
-                    get(1, "k", Some("1"), 40, 50),
+                    by(0, 0, 10).put("k", "1"),
+                    by(0, 20, 30).put("k", "2"),
+                    by(1, 40, 50).get("k", Some("1")),
                 ],
                 false,
             ),
             (
                 "a duplicated write: applied again after a later write replaced it",
                 vec![
-                    put(0, "k", "1", 0, 10),
-                    put(1, "k", "2", 20, 30),
-                    get(2, "k", Some("2"), 40, 50),
-                    get(2, "k", Some("1"), 60, 70),
+                    by(0, 0, 10).put("k", "1"),
+                    by(1, 20, 30).put("k", "2"),
+                    by(2, 40, 50).get("k", Some("2")),
+                    by(2, 60, 70).get("k", Some("1")),
                 ],
                 false,
             ),
@@ -725,84 +730,87 @@ mod tests {
                 "a duplicated timed-out write: seen, replaced, then seen again",
                 vec![
                     put_unknown(0, "k", "1", 0),
-                    get(1, "k", Some("1"), 10, 20),
-                    put(1, "k", "2", 30, 40),
-                    get(2, "k", Some("1"), 50, 60),
+                    by(1, 10, 20).get("k", Some("1")),
+                    by(1, 30, 40).put("k", "2"),
+                    by(2, 50, 60).get("k", Some("1")),
                 ],
                 false,
             ),
             (
                 "reads cannot go backwards: new, then old, with one write overlapping both",
                 vec![
-                    put(0, "k", "1", 0, 100),
-                    get(1, "k", Some("1"), 10, 20),
-                    get(1, "k", None, 30, 40),
+                    by(0, 0, 100).put("k", "1"),
+                    by(1, 10, 20).get("k", Some("1")),
+                    by(1, 30, 40).get("k", None),
                 ],
                 false,
             ),
             (
                 "reads by different clients cannot go backwards either",
                 vec![
-                    put(0, "k", "1", 0, 100),
-                    get(1, "k", Some("1"), 10, 20),
-                    get(2, "k", None, 30, 40),
+                    by(0, 0, 100).put("k", "1"),
+                    by(1, 10, 20).get("k", Some("1")),
+                    by(2, 30, 40).get("k", None),
                 ],
                 false,
             ),
             (
                 "overlapping reads may disagree",
                 vec![
-                    put(0, "k", "1", 0, 100),
-                    get(1, "k", Some("1"), 10, 40),
-                    get(2, "k", None, 30, 50),
+                    by(0, 0, 100).put("k", "1"),
+                    by(1, 10, 40).get("k", Some("1")),
+                    by(2, 30, 50).get("k", None),
                 ],
                 true,
             ),
             (
                 "a CAS cannot swap twice from the same expected value",
                 vec![
-                    put(0, "k", "a", 0, 1),
-                    cas(0, "k", Some("a"), "b", true, 2, 3),
-                    cas(1, "k", Some("a"), "c", true, 4, 5),
+                    by(0, 0, 1).put("k", "a"),
+                    by(0, 2, 3).cas("k", Some("a"), "b", true),
+                    by(1, 4, 5).cas("k", Some("a"), "c", true),
                 ],
                 false,
             ),
             (
                 "of two concurrent CASes from the same value, one swaps",
                 vec![
-                    put(0, "k", "a", 0, 1),
-                    cas(0, "k", Some("a"), "b", true, 2, 10),
-                    cas(1, "k", Some("a"), "c", false, 3, 11),
-                    get(2, "k", Some("b"), 12, 13),
+                    by(0, 0, 1).put("k", "a"),
+                    by(0, 2, 10).cas("k", Some("a"), "b", true),
+                    by(1, 3, 11).cas("k", Some("a"), "c", false),
+                    by(2, 12, 13).get("k", Some("b")),
                 ],
                 true,
             ),
             (
                 "a CAS expecting an absent key swaps only once",
-                vec![cas(0, "k", None, "b", true, 0, 1), cas(1, "k", None, "c", true, 2, 3)],
+                vec![
+                    by(0, 0, 1).cas("k", None, "b", true),
+                    by(1, 2, 3).cas("k", None, "c", true),
+                ],
                 false,
             ),
             (
                 "a failed CAS saw another value than expected",
-                vec![put(0, "k", "a", 0, 1), cas(0, "k", Some("a"), "b", false, 2, 3)],
+                vec![by(0, 0, 1).put("k", "a"), by(0, 2, 3).cas("k", Some("a"), "b", false)],
                 false,
             ),
             (
                 "a timed-out write may have taken effect",
-                vec![put_unknown(0, "k", "1", 0), get(1, "k", Some("1"), 10, 20)],
+                vec![put_unknown(0, "k", "1", 0), by(1, 10, 20).get("k", Some("1"))],
                 true,
             ),
             (
                 "a timed-out write may not have taken effect",
-                vec![put_unknown(0, "k", "1", 0), get(1, "k", None, 10, 20)],
+                vec![put_unknown(0, "k", "1", 0), by(1, 10, 20).get("k", None)],
                 true,
             ),
             (
                 "a timed-out write may take effect long after its timeout",
                 vec![
                     put_unknown(0, "k", "1", 0),
-                    get(1, "k", None, 10, 20),
-                    get(1, "k", Some("1"), 1000, 1001),
+                    by(1, 10, 20).get("k", None),
+                    by(1, 1000, 1001).get("k", Some("1")),
                 ],
                 true,
             ),
@@ -810,53 +818,53 @@ mod tests {
                 "once a timed-out write is seen, a later read cannot miss it",
                 vec![
                     put_unknown(0, "k", "1", 0),
-                    get(1, "k", Some("1"), 10, 20),
-                    get(2, "k", None, 30, 40),
+                    by(1, 10, 20).get("k", Some("1")),
+                    by(2, 30, 40).get("k", None),
                 ],
                 false,
             ),
             (
                 "a timed-out write takes no effect before its call",
-                vec![get(1, "k", Some("1"), 0, 5), put_unknown(0, "k", "1", 10)],
+                vec![by(1, 0, 5).get("k", Some("1")), put_unknown(0, "k", "1", 10)],
                 false,
             ),
             (
                 "a timed-out CAS may have swapped",
                 vec![
-                    put(0, "k", "a", 0, 1),
+                    by(0, 0, 1).put("k", "a"),
                     Operation {
                         output: Output::Unknown,
-                        ..cas(0, "k", Some("a"), "b", true, 2, 3)
+                        ..by(0, 2, 3).cas("k", Some("a"), "b", true)
                     },
-                    get(1, "k", Some("b"), 10, 11),
+                    by(1, 10, 11).get("k", Some("b")),
                 ],
                 true,
             ),
             (
                 "a failed read is ignored, whatever it would have read",
                 vec![
-                    put(0, "k", "1", 0, 1),
+                    by(0, 0, 1).put("k", "1"),
                     Operation {
                         output: Output::Unknown,
-                        ..get(1, "k", None, 5, 6)
+                        ..by(1, 5, 6).get("k", None)
                     },
                 ],
                 true,
             ),
             (
                 "keys are independent: a write to one does not show in another",
-                vec![put(0, "a", "1", 0, 1), get(1, "b", Some("1"), 5, 6)],
+                vec![by(0, 0, 1).put("a", "1"), by(1, 5, 6).get("b", Some("1"))],
                 false,
             ),
             (
                 "IRIW: two readers cannot see two independent writes in opposite orders",
                 vec![
-                    put(0, "a", "1", 0, 10),
-                    put(1, "b", "1", 0, 10),
-                    get(2, "a", Some("1"), 1, 2),
-                    get(2, "b", None, 3, 4),
-                    get(3, "b", Some("1"), 1, 2),
-                    get(3, "a", None, 3, 4),
+                    by(0, 0, 10).put("a", "1"),
+                    by(1, 0, 10).put("b", "1"),
+                    by(2, 1, 2).get("a", Some("1")),
+                    by(2, 3, 4).get("b", None),
+                    by(3, 1, 2).get("b", Some("1")),
+                    by(3, 3, 4).get("a", None),
                 ],
                 false,
             ),
@@ -873,11 +881,11 @@ mod tests {
     #[test]
     fn a_violation_names_the_key_the_prefix_and_the_stuck_operation() {
         let history = vec![
-            put(0, "other", "x", 0, 1),
-            put(0, "k", "1", 0, 10),
-            get(1, "k", Some("1"), 11, 12),
-            get(1, "k", Some("2"), 13, 14),
-            get(1, "other", Some("x"), 13, 14),
+            by(0, 0, 1).put("other", "x"),
+            by(0, 0, 10).put("k", "1"),
+            by(1, 11, 12).get("k", Some("1")),
+            by(1, 13, 14).get("k", Some("2")),
+            by(1, 13, 14).get("other", Some("x")),
         ];
         let Verdict::NotLinearizable(violation) = check(&history) else {
             panic!("expected a violation");
@@ -899,13 +907,13 @@ mod tests {
 
     #[test]
     fn ill_formed_histories_are_reported_as_such() {
-        let mut wrong_output = put(0, "k", "1", 0, 1);
+        let mut wrong_output = by(0, 0, 1).put("k", "1");
         wrong_output.output = Output::Value(None);
-        let backwards = get(0, "k", None, 5, 4);
+        let backwards = by(0, 5, 4).get("k", None);
         let mut late_unknown = put_unknown(0, "k", "1", 5);
         late_unknown.ret = 0; // ignored: an unknown outcome never responded
         assert_eq!(
-            check(&[put(0, "k", "1", 0, 1), wrong_output]),
+            check(&[by(0, 0, 1).put("k", "1"), wrong_output]),
             Verdict::IllFormed {
                 op: 1,
                 reason: "a put's output must be Ok or Unknown"
@@ -928,11 +936,11 @@ mod tests {
     fn timed_out_writes_nobody_read_do_not_exhaust_the_search() {
         let mut history = Vec::new();
         for i in 0..40u64 {
-            history.push(put(0, "k", &format!("v{i}"), 10 * i, 10 * i + 1));
+            history.push(by(0, 10 * i, 10 * i + 1).put("k", &format!("v{i}")));
             // Called after the put returned and before the read: it cannot have taken effect
             // before the read, and stays pending for the rest of the history.
             history.push(put_unknown(1 + i as usize, "k", &format!("lost{i}"), 10 * i + 2));
-            history.push(get(0, "k", Some(&format!("v{i}")), 10 * i + 3, 10 * i + 4));
+            history.push(by(0, 10 * i + 3, 10 * i + 4).get("k", Some(&format!("v{i}"))));
         }
         // Enough for the 80 operations with known outcomes, not for trying the 40 pending ones
         // at every later point as well.
@@ -944,7 +952,7 @@ mod tests {
         ));
         assert_eq!(check_with(&history, budget), Verdict::Linearizable);
         // A stale read among them is still found, by the search with them.
-        history.push(get(0, "k", Some("v3"), 1000, 1001));
+        history.push(by(0, 1000, 1001).get("k", Some("v3")));
         assert!(matches!(check_with(&history, Budget::default()), Verdict::NotLinearizable(v) if v.key == "k"));
     }
 
@@ -953,9 +961,9 @@ mod tests {
     #[test]
     fn a_timed_out_write_nobody_read_still_explains_a_failed_cas() {
         let history = vec![
-            put(0, "k", "a", 0, 1),
+            by(0, 0, 1).put("k", "a"),
             put_unknown(1, "k", "b", 2),
-            cas(2, "k", Some("a"), "c", false, 3, 4),
+            by(2, 3, 4).cas("k", Some("a"), "c", false),
         ];
         assert_eq!(without_unseen_writes(&history, &[0, 1, 2]), vec![0, 2]);
         assert_eq!(check(&history), Verdict::Linearizable);
@@ -968,16 +976,16 @@ mod tests {
     /// search must give up at its budget with `Unknown`, not hang or guess.
     #[test]
     fn a_search_out_of_budget_answers_unknown() {
-        let mut history: Vec<Operation> = (0..12).map(|i| put(i, "k", &format!("v{i}"), 0, 100)).collect();
-        history.push(get(20, "k", Some("v0"), 101, 102));
-        history.push(get(21, "k", Some("v1"), 103, 104));
-        history.push(put(22, "z", "1", 0, 1));
+        let mut history: Vec<Operation> = (0..12).map(|i| by(i, 0, 100).put("k", &format!("v{i}"))).collect();
+        history.push(by(20, 101, 102).get("k", Some("v0")));
+        history.push(by(21, 103, 104).get("k", Some("v1")));
+        history.push(by(22, 0, 1).put("z", "1"));
         let budget = Budget {
             max_steps_per_key: 1000,
         };
         assert_eq!(check_with(&history, budget), Verdict::Unknown { key: "k".into() });
         // A violation on another key still wins over a key out of budget.
-        history.push(get(23, "z", None, 2, 3));
+        history.push(by(23, 2, 3).get("z", None));
         assert!(matches!(check_with(&history, budget), Verdict::NotLinearizable(v) if v.key == "z"));
         // With enough budget the first key is found not linearizable too.
         history.pop();

@@ -175,18 +175,21 @@ fn read_all(engine: &Engine, revision: i64) -> Vec<KeyValue> {
 
 fn snapshot(engine: &Engine) -> Snapshot {
     let current = engine.current_revision();
-    let hash = engine.hash_kv(0).unwrap_or_else(|e| panic!("hash_kv: {e}"));
+    let hash = engine
+        .maintenance()
+        .hash_kv(0)
+        .unwrap_or_else(|e| panic!("hash_kv: {e}"));
     assert_eq!(hash.hash_revision, current, "{hash:?}");
     let compacted = hash.compact_revision;
     let history = (compacted.max(1)..=current)
         .map(|rev| (rev, read_all(engine, rev)))
         .collect();
-    let mut ids = engine.leases();
+    let mut ids = engine.leases().list();
     ids.sort_unstable();
     let leases = ids
         .into_iter()
         .map(|id| {
-            let status = engine.lease_time_to_live(id, true);
+            let status = engine.leases().time_to_live(id, true);
             let mut keys = status.keys;
             keys.sort();
             (id, status.granted_ttl, keys)
@@ -209,9 +212,22 @@ fn open_snapshot(dir: &Path) -> Snapshot {
     snapshot
 }
 
-/// Checks one promise (check 1 of the module docs), printed in `iteration`, against an open
-/// engine compacted at `compacted`.
-fn check_line(engine: &Engine, compacted: i64, iteration: usize, line: &Line, context: &str) {
+/// An engine reopened after a kill, as the checks see it: compacted at `compacted`, with the
+/// iteration's `context` for a failure's message.
+struct Reopened<'a> {
+    engine: &'a Engine,
+    compacted: i64,
+    context: &'a str,
+}
+
+/// Checks one promise (check 1 of the module docs), printed in `iteration`, against the
+/// reopened engine.
+fn check_line(reopened: &Reopened<'_>, iteration: usize, line: &Line) {
+    let Reopened {
+        engine,
+        compacted,
+        context,
+    } = *reopened;
     // A read below the compacted revision must fail, and say so.
     let readable = |key: &str, revision: i64| match read(engine, key, revision) {
         Ok(found) => Some(found),
@@ -293,10 +309,14 @@ fn check_line(engine: &Engine, compacted: i64, iteration: usize, line: &Line, co
     }
 }
 
-/// Checks the leases (check 6 of the module docs) against an open engine compacted at
-/// `compacted`.
-fn check_leases(engine: &Engine, compacted: i64, promises: &Promises, context: &str) {
-    let live: BTreeSet<i64> = engine.leases().into_iter().collect();
+/// Checks the leases (check 6 of the module docs) against the reopened engine.
+fn check_leases(reopened: &Reopened<'_>, promises: &Promises) {
+    let Reopened {
+        engine,
+        compacted,
+        context,
+    } = *reopened;
+    let live: BTreeSet<i64> = engine.leases().list().into_iter().collect();
     let current = engine.current_revision();
     let key_at = |key: &str, revision: i64| match read(engine, key, revision) {
         Ok(found) => Some(found),
@@ -305,7 +325,7 @@ fn check_leases(engine: &Engine, compacted: i64, promises: &Promises, context: &
     };
     // Every lease there, acknowledged or not, holds only keys under its own prefix.
     for &id in &live {
-        let status = engine.lease_time_to_live(id, true);
+        let status = engine.leases().time_to_live(id, true);
         assert!(status.ttl > 0, "lease {id} listed with {status:?}; {context}");
         let prefix = engine_crash::lease_prefix(id);
         for key in &status.keys {
@@ -316,7 +336,7 @@ fn check_leases(engine: &Engine, compacted: i64, promises: &Promises, context: &
         }
     }
     for (&id, lease) in &promises.leases {
-        let status = engine.lease_time_to_live(id, true);
+        let status = engine.leases().time_to_live(id, true);
         let gone = !live.contains(&id);
         assert_eq!(
             gone,
@@ -544,10 +564,15 @@ fn kill_9_loses_no_acknowledged_write() {
                 promises.compacted
             );
         }
+        let reopened = Reopened {
+            engine: &engine,
+            compacted: now.compacted,
+            context: &context,
+        };
         for (printed_in, line) in &promises.lines {
-            check_line(&engine, now.compacted, *printed_in, line, &context);
+            check_line(&reopened, *printed_in, line);
         }
-        check_leases(&engine, now.compacted, &promises, &context);
+        check_leases(&reopened, &promises);
         engine.close().unwrap();
 
         let again = open_snapshot(&dir);

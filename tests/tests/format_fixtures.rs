@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cairn_engine::{Access, Engine, RangeRequest};
+use cairn_engine::offline;
+use cairn_engine::{Access, AuthInfo, Engine, RangeRequest};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/format");
 
@@ -69,25 +70,27 @@ fn check(engine: &Engine, what: &str) {
     ]);
     assert_eq!(kvs, expected, "{what}: the keys");
     assert_eq!(engine.current_revision(), 30, "{what}: the revision");
-    assert_eq!(engine.compacted_revision(), 27, "{what}: the compacted revision");
-    assert_eq!(engine.leases(), vec![100], "{what}: the leases");
+    assert_eq!(engine.status().compacted_revision, 27, "{what}: the compacted revision");
+    assert_eq!(engine.leases().list(), vec![100], "{what}: the leases");
     assert_eq!(
-        engine.lease_time_to_live(100, true).keys,
+        engine.leases().time_to_live(100, true).keys,
         vec![bytes::Bytes::from("leased/a")],
         "{what}: the lease's keys"
     );
-    assert!(engine.alarms().is_empty(), "{what}: no alarm");
-    let (enabled, revision) = engine.auth_status();
+    assert!(engine.maintenance().alarms().is_empty(), "{what}: no alarm");
+    let (enabled, revision) = engine.server().auth_status();
     assert!(enabled, "{what}: auth enabled");
     assert_eq!(revision, 8, "{what}: the auth revision");
-    let auth = engine.auth_read(|a| {
+    let auth = engine.server().auth_read(|a| {
         (
             a.user_names(),
             a.role_names(),
             a.is_root("root"),
             a.user("app").map(|u| u.no_password),
-            a.permitted("app", revision, b"app/x", b"", Access::Write).is_ok(),
-            a.permitted("app", revision, b"key/00", b"", Access::Read).is_ok(),
+            a.permitted(AuthInfo { user: "app", revision }, b"app/x", b"", Access::Write)
+                .is_ok(),
+            a.permitted(AuthInfo { user: "app", revision }, b"key/00", b"", Access::Read)
+                .is_ok(),
         )
     });
     assert_eq!(
@@ -112,7 +115,7 @@ fn every_fixture_data_dir_opens_with_what_was_written() {
         copy_dir(&fixture.join("data"), &dir);
         let engine = Engine::open(&dir, cairn_tests::format_fixture_config()).unwrap();
         check(&engine, &fixture.display().to_string());
-        let members = engine.member_list();
+        let members = engine.members().list();
         assert_eq!(members.len(), 1);
         assert_eq!(members[0].name, "fixture");
         assert_eq!(members[0].client_urls, vec!["http://127.0.0.1:2379".to_string()]);
@@ -138,7 +141,7 @@ fn every_fixture_snapshot_restores_what_was_written() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("restored");
         let mut snapshot = std::fs::File::open(fixture.join("snapshot.cairn")).unwrap();
-        Engine::restore(&mut snapshot, &dir).unwrap();
+        offline::restore(&mut snapshot, &dir).unwrap();
         let engine = Engine::open(&dir, cairn_tests::format_fixture_config()).unwrap();
         check(&engine, &format!("{} (snapshot)", fixture.display()));
         engine.close().unwrap();

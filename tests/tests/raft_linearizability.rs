@@ -278,109 +278,121 @@ struct Record {
     via: u64,
 }
 
-/// Issues random calls through random running members until `stop`.
-fn client(
-    c: &Cluster,
-    me: usize,
-    mut rng: StdRng,
+/// What the clients share: the group they call through, how many keys they use, when to
+/// stop, the clock of the history and where to report what they did not expect.
+#[derive(Clone, Copy)]
+struct Workload<'a> {
+    cluster: &'a Cluster,
     keys: usize,
-    stop: &AtomicBool,
+    stop: &'a AtomicBool,
     base: Instant,
-    problems: &Mutex<Vec<String>>,
-) -> Vec<Record> {
-    let mut records = Vec::new();
-    // The last value this client saw of each key: what its CAS calls expect, so that some
-    // of them swap.
-    let mut last_seen: HashMap<String, Option<String>> = HashMap::new();
-    let mut written = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let via = c.ids[rng.random_range(0..c.ids.len())];
-        let Some(engine) = c.engine(via) else {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        };
-        let key = format!("k{}", rng.random_range(0..keys));
-        let unknown = |what: &str, e: Error| {
-            if !indeterminate(&e) {
-                problems.lock().unwrap().push(format!(
-                    "client {me}: {what} {key} through {via}: unexpected error {e:?}"
-                ));
-            }
-            Output::Unknown
-        };
-        let roll = rng.random_range(0..10);
-        let call = nanos(base);
-        let (input, output) = if roll < 4 {
-            written += 1;
-            let value = format!("c{me}-{written}");
-            // Proposed, the member may be stopped: the call then fails with `Closed`.
-            let pending = engine.write_async(put(&key, &value));
-            drop(engine);
-            let output = match pending.and_then(|p| p.wait()) {
-                Ok(_) => {
-                    last_seen.insert(key.clone(), Some(value.clone()));
-                    Output::Ok
+    problems: &'a Mutex<Vec<String>>,
+}
+
+impl Workload<'_> {
+    /// Client `me` issues random calls through random running members until `stop`.
+    fn client(&self, me: usize, mut rng: StdRng) -> Vec<Record> {
+        let Workload {
+            cluster: c,
+            keys,
+            stop,
+            base,
+            problems,
+        } = *self;
+        let mut records = Vec::new();
+        // The last value this client saw of each key: what its CAS calls expect, so that some
+        // of them swap.
+        let mut last_seen: HashMap<String, Option<String>> = HashMap::new();
+        let mut written = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let via = c.ids[rng.random_range(0..c.ids.len())];
+            let Some(engine) = c.engine(via) else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            let key = format!("k{}", rng.random_range(0..keys));
+            let unknown = |what: &str, e: Error| {
+                if !indeterminate(&e) {
+                    problems.lock().unwrap().push(format!(
+                        "client {me}: {what} {key} through {via}: unexpected error {e:?}"
+                    ));
                 }
-                Err(e) => unknown("put", e),
+                Output::Unknown
             };
-            (Input::Put { key, value }, output)
-        } else if roll < 8 {
-            let answer = engine.range(&RangeRequest::key(key.as_bytes()));
-            drop(engine);
-            let output = match answer {
-                Ok(r) => match r.kvs.as_slice() {
-                    [] => Output::Value(None),
-                    [kv] if kv.key.as_ref() == key.as_bytes() => {
-                        Output::Value(Some(String::from_utf8(kv.value.to_vec()).unwrap()))
+            let roll = rng.random_range(0..10);
+            let call = nanos(base);
+            let (input, output) = if roll < 4 {
+                written += 1;
+                let value = format!("c{me}-{written}");
+                // Proposed, the member may be stopped: the call then fails with `Closed`.
+                let pending = engine.write_async(put(&key, &value));
+                drop(engine);
+                let output = match pending.and_then(|p| p.wait()) {
+                    Ok(_) => {
+                        last_seen.insert(key.clone(), Some(value.clone()));
+                        Output::Ok
                     }
-                    kvs => {
-                        problems
-                            .lock()
-                            .unwrap()
-                            .push(format!("client {me}: get {key} through {via} answered {kvs:?}"));
-                        Output::Unknown
-                    }
-                },
-                Err(e) => unknown("get", e),
-            };
-            if let Output::Value(v) = &output {
-                last_seen.insert(key.clone(), v.clone());
-            }
-            (Input::Get { key }, output)
-        } else {
-            written += 1;
-            let new = format!("c{me}-{written}");
-            let expected = if rng.random_bool(0.2) {
-                None
+                    Err(e) => unknown("put", e),
+                };
+                (Input::Put { key, value }, output)
+            } else if roll < 8 {
+                let answer = engine.range(&RangeRequest::key(key.as_bytes()));
+                drop(engine);
+                let output = match answer {
+                    Ok(r) => match r.kvs.as_slice() {
+                        [] => Output::Value(None),
+                        [kv] if kv.key.as_ref() == key.as_bytes() => {
+                            Output::Value(Some(String::from_utf8(kv.value.to_vec()).unwrap()))
+                        }
+                        kvs => {
+                            problems
+                                .lock()
+                                .unwrap()
+                                .push(format!("client {me}: get {key} through {via} answered {kvs:?}"));
+                            Output::Unknown
+                        }
+                    },
+                    Err(e) => unknown("get", e),
+                };
+                if let Output::Value(v) = &output {
+                    last_seen.insert(key.clone(), v.clone());
+                }
+                (Input::Get { key }, output)
             } else {
-                last_seen.get(&key).cloned().flatten()
-            };
-            let pending = engine.write_async(cas(&key, expected.as_deref(), &new));
-            drop(engine);
-            let output = match pending.and_then(|p| p.wait()) {
-                Ok(applied) => {
-                    if applied.response.succeeded {
-                        last_seen.insert(key.clone(), Some(new.clone()));
+                written += 1;
+                let new = format!("c{me}-{written}");
+                let expected = if rng.random_bool(0.2) {
+                    None
+                } else {
+                    last_seen.get(&key).cloned().flatten()
+                };
+                let pending = engine.write_async(cas(&key, expected.as_deref(), &new));
+                drop(engine);
+                let output = match pending.and_then(|p| p.wait()) {
+                    Ok(applied) => {
+                        if applied.response.succeeded {
+                            last_seen.insert(key.clone(), Some(new.clone()));
+                        }
+                        Output::Swapped(applied.response.succeeded)
                     }
-                    Output::Swapped(applied.response.succeeded)
-                }
-                Err(e) => unknown("cas", e),
+                    Err(e) => unknown("cas", e),
+                };
+                (Input::Cas { key, expected, new }, output)
             };
-            (Input::Cas { key, expected, new }, output)
-        };
-        let ret = nanos(base);
-        records.push(Record {
-            op: Operation {
-                client: me,
-                input,
-                output,
-                call,
-                ret,
-            },
-            via,
-        });
+            let ret = nanos(base);
+            records.push(Record {
+                op: Operation {
+                    client: me,
+                    input,
+                    output,
+                    call,
+                    ret,
+                },
+                via,
+            });
+        }
+        records
     }
-    records
 }
 
 /// What the nemesis did.
@@ -516,7 +528,7 @@ fn assert_converged(c: &Cluster, at_least: i64, faults: Option<&Injected>) -> i6
         if rev >= at_least && revisions.iter().all(|r| *r == rev) {
             // Hashed at `rev`, not at 0: a late entry applied between two members' hashes
             // cannot make them differ.
-            let hashes: Vec<_> = engines.iter().map(|e| e.hash_kv(rev).unwrap()).collect();
+            let hashes: Vec<_> = engines.iter().map(|e| e.maintenance().hash_kv(rev).unwrap()).collect();
             for (e, h) in engines.iter().zip(&hashes) {
                 assert_eq!(*h, hashes[0], "member {} differs at revision {rev}", e.member_id());
             }
@@ -547,12 +559,18 @@ fn run(plan: &Plan) {
     let base = Instant::now();
     let stop = AtomicBool::new(false);
     let problems = Mutex::new(Vec::new());
+    let workload = Workload {
+        cluster: &c,
+        keys: plan.keys,
+        stop: &stop,
+        base,
+        problems: &problems,
+    };
     let (mut records, injected) = std::thread::scope(|s| {
         let clients: Vec<_> = (0..plan.clients)
             .map(|me| {
                 let client_rng = StdRng::seed_from_u64(seed.wrapping_add(1 + me as u64));
-                let (c, stop, problems) = (&c, &stop, &problems);
-                s.spawn(move || client(c, me, client_rng, plan.keys, stop, base, problems))
+                s.spawn(move || workload.client(me, client_rng))
             })
             .collect();
         let guard = StopOnDrop(&stop);

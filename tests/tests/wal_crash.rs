@@ -39,6 +39,16 @@ const HANG_TIMEOUT: Duration = Duration::from_secs(300);
 /// Kills before the test starts over on a new log (only long runs get there).
 const KILLS_PER_LOG: usize = 50;
 
+/// How one child process is run.
+struct ChildSpec<'a> {
+    dir: &'a Path,
+    threads: u32,
+    /// Whether it validates its replay.
+    validate: bool,
+    /// Kill it once it has acknowledged this many entries.
+    kill_after: usize,
+}
+
 /// What one child process did before it died.
 struct ChildRun {
     /// The last index its replay found (0 for an empty log).
@@ -49,11 +59,11 @@ struct ChildRun {
     stderr: String,
 }
 
-/// Runs the child on `dir` until it has acknowledged `kill_after` entries, then kills it.
-fn run_child(dir: &Path, threads: u32, validate: bool, kill_after: usize, stderr_path: &Path) -> ChildRun {
+/// Runs the child until it has acknowledged `spec.kill_after` entries, then kills it.
+fn run_child(spec: &ChildSpec<'_>, stderr_path: &Path) -> ChildRun {
     let mut command = Command::new(CHILD);
-    command.arg(dir).arg(threads.to_string());
-    if validate {
+    command.arg(spec.dir).arg(spec.threads.to_string());
+    if spec.validate {
         command.arg("--validate");
     }
     let mut ready = None;
@@ -64,7 +74,7 @@ fn run_child(dir: &Path, threads: u32, validate: bool, kill_after: usize, stderr
             Some(("ack", n)) if ready.is_some() => acks.push(n.parse::<u64>().unwrap()),
             _ => panic!("unexpected line from the child: {line:?}"),
         }
-        acks.len() >= kill_after
+        acks.len() >= spec.kill_after
     });
     let (status, stderr) = (ended.status, ended.stderr);
     ChildRun {
@@ -111,7 +121,13 @@ fn kill_9_loses_no_acknowledged_append() {
         let threads = rng.random_range(1..=4);
         let kill_after = rng.random_range(1..=300);
         let validate = iteration % 4 == 3;
-        let run = run_child(&dir, threads, validate, kill_after, &stderr_path);
+        let spec = ChildSpec {
+            dir: &dir,
+            threads,
+            validate,
+            kill_after,
+        };
+        let run = run_child(&spec, &stderr_path);
         let context = format!(
             "iteration {iteration} (seed {seed}, {threads} threads, kill after {kill_after} acks, \
              validate {validate}): child {}; stderr:\n{}",

@@ -78,28 +78,30 @@ fn checksum(seed: u32, len_bytes: &[u8], rest: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Appends one frame to `out` and returns its crc (the seed for the next frame).
-///
-/// `out.len()` must be a multiple of [`FRAME_ALIGN`] for the frame to be aligned; the log's
-/// buffers always are. The payload must fit in a u32; the log checks this before encoding.
-pub fn encode_frame(out: &mut Vec<u8>, kind: FrameKind, index: u64, payload: &[u8], seed: u32) -> u32 {
-    let start = out.len();
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.push(kind as u8);
-    out.extend_from_slice(&[0; 7]);
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(payload);
-    out.resize(start + framed_len(payload.len()), 0);
-    let frame = out.get_mut(start..).unwrap_or_default();
-    let (len_bytes, rest) = frame.split_at_mut(4);
-    let body_end = FRAME_HEADER_LEN - 8 + payload.len();
-    let crc = checksum(seed, len_bytes, rest.get(4..4 + body_end).unwrap_or_default());
-    if let Some(slot) = rest.get_mut(0..4) {
-        slot.copy_from_slice(&crc.to_le_bytes());
+impl FrameKind {
+    /// Appends a frame of this kind to `out` and returns its crc (the seed for the next frame).
+    ///
+    /// `out.len()` must be a multiple of [`FRAME_ALIGN`] for the frame to be aligned; the log's
+    /// buffers always are. The payload must fit in a u32; the log checks this before encoding.
+    pub fn encode(self, out: &mut Vec<u8>, index: u64, payload: &[u8], seed: u32) -> u32 {
+        let start = out.len();
+        let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.push(self as u8);
+        out.extend_from_slice(&[0; 7]);
+        out.extend_from_slice(&index.to_le_bytes());
+        out.extend_from_slice(payload);
+        out.resize(start + framed_len(payload.len()), 0);
+        let frame = out.get_mut(start..).unwrap_or_default();
+        let (len_bytes, rest) = frame.split_at_mut(4);
+        let body_end = FRAME_HEADER_LEN - 8 + payload.len();
+        let crc = checksum(seed, len_bytes, rest.get(4..4 + body_end).unwrap_or_default());
+        if let Some(slot) = rest.get_mut(0..4) {
+            slot.copy_from_slice(&crc.to_le_bytes());
+        }
+        crc
     }
-    crc
 }
 
 /// Whether the frame header at the start of `buf` is all zeros: the clean, unwritten end of a
@@ -170,7 +172,7 @@ mod tests {
         for len in [0usize, 1, 7, 8, 9, 255, 256, 4096] {
             let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
             let mut buf = Vec::new();
-            let crc = encode_frame(&mut buf, FrameKind::Entry, 42, &payload, 7);
+            let crc = FrameKind::Entry.encode(&mut buf, 42, &payload, 7);
             assert_eq!(buf.len(), framed_len(len));
             assert_eq!(buf.len() % FRAME_ALIGN, 0);
             let (frame, used) = decode_frame(&buf, 7).unwrap();
@@ -186,14 +188,14 @@ mod tests {
     fn chained_crc_rejects_wrong_seed() {
         // The chain detects a record moved from another position or log.
         let mut buf = Vec::new();
-        encode_frame(&mut buf, FrameKind::State, 0, b"hello", 1);
+        FrameKind::State.encode(&mut buf, 0, b"hello", 1);
         assert!(matches!(decode_frame(&buf, 2), Err(FrameError::Crc { .. })));
     }
 
     #[test]
     fn damage_is_detected() {
         let mut good = Vec::new();
-        encode_frame(&mut good, FrameKind::Entry, 3, b"payload bytes", 0);
+        FrameKind::Entry.encode(&mut good, 3, b"payload bytes", 0);
         type Case = (&'static str, Box<dyn Fn(&mut Vec<u8>)>, fn(&FrameError) -> bool);
         let cases: Vec<Case> = vec![
             ("flipped payload bit", Box::new(|b| b[30] ^= 1), |e| {
@@ -231,7 +233,7 @@ mod tests {
     fn nonzero_padding_is_rejected_even_with_valid_crc() {
         // Padding is outside the crc, so it is checked separately.
         let mut buf = Vec::new();
-        encode_frame(&mut buf, FrameKind::Entry, 1, b"abc", 0);
+        FrameKind::Entry.encode(&mut buf, 1, b"abc", 0);
         let last = buf.len() - 1;
         buf[last] = 1;
         assert_eq!(decode_frame(&buf, 0).unwrap_err(), FrameError::NonZeroPadding);

@@ -33,7 +33,7 @@ mod writer;
 
 pub use config::{Config, RecoveryMode};
 pub use error::{CorruptionReason, Error, FrameError, Result};
-pub use frame::{decode_frame, encode_frame, framed_len, Frame, FrameKind, FRAME_ALIGN, FRAME_HEADER_LEN};
+pub use frame::{decode_frame, framed_len, Frame, FrameKind, FRAME_ALIGN, FRAME_HEADER_LEN};
 pub use fs::{DirLock, FileSystem, StdFs, WalFile};
 pub use recovery::{repair, repair_with, RepairReport, Replay};
 pub use segment::{parse_segment_name, segment_name, SegmentHeader, HEADER_LEN as SEGMENT_HEADER_LEN};

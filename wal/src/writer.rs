@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::frame::{encode_frame, framed_len, FrameKind};
+use crate::frame::{framed_len, FrameKind};
 use crate::fs::{DirLock, FileSystem, WalFile};
 use crate::notifier::{Completed, Notifier};
 use crate::pipeline::Pipeline;
@@ -185,8 +185,10 @@ impl Writer {
                     first_index: LogIndex(1),
                     crc_seed: 0,
                 };
-                let (meta, file) = install_segment(init.fs.as_ref(), &init.dir, &pipeline, header, &header.encode())
-                    .map_err(|f| Error::Io {
+                let bytes = header.encode();
+                let head = SegmentHead { header, bytes: &bytes };
+                let (meta, file) =
+                    install_segment(init.fs.as_ref(), &init.dir, &pipeline, head).map_err(|f| Error::Io {
                         op: f.op,
                         source: f.err,
                     })?;
@@ -369,7 +371,7 @@ impl Writer {
             if self.records_in_segment > 0 && used + framed_len(payload.len()) as u64 > self.config.segment_size {
                 self.rotate()?;
             }
-            self.last_crc = encode_frame(&mut self.buf, kind, index, payload, self.last_crc);
+            self.last_crc = kind.encode(&mut self.buf, index, payload, self.last_crc);
             self.buf_records += 1;
             self.records_in_segment += 1;
             let segment = self.segments.last_mut();
@@ -434,9 +436,14 @@ impl Writer {
         let mut head = header.encode().to_vec();
         let mut crc = self.last_crc;
         if let Some(state) = &self.tracker.latest_state {
-            crc = encode_frame(&mut head, FrameKind::CarriedState, 0, state, crc);
+            crc = FrameKind::CarriedState.encode(&mut head, 0, state, crc);
         }
-        let (meta, file) = install_segment(self.fs.as_ref(), &self.dir, &self.pipeline, header, &head)?;
+        let (meta, file) = install_segment(
+            self.fs.as_ref(),
+            &self.dir,
+            &self.pipeline,
+            SegmentHead { header, bytes: &head },
+        )?;
         let file: Arc<dyn WalFile> = Arc::from(file);
         tracing::debug!(segment = %meta.path.display(), "wal rotated to a new segment");
         self.segments.push(meta);
@@ -466,18 +473,24 @@ impl Writer {
     }
 }
 
-/// Turns the preallocated file into segment `header.seq`: its `head` (the encoded header and
-/// any carried state) written and synced, then the file renamed into place, then the
-/// directory synced.
+/// What a new segment starts with: its header, and the bytes before its first record (the
+/// encoded header, then any carried state).
+struct SegmentHead<'a> {
+    header: SegmentHeader,
+    bytes: &'a [u8],
+}
+
+/// Turns the preallocated file into segment `head.header.seq`: its head written and synced,
+/// then the file renamed into place, then the directory synced.
 fn install_segment(
     fs: &dyn FileSystem,
     dir: &std::path::Path,
     pipeline: &Pipeline,
-    header: SegmentHeader,
-    head: &[u8],
+    head: SegmentHead<'_>,
 ) -> Result<(SegmentMeta, Box<dyn WalFile>), IoFail> {
+    let header = head.header;
     let (tmp, file) = pipeline.take().map_err(io("preallocate segment"))?;
-    file.write_all_at(head, 0).map_err(io("write segment header"))?;
+    file.write_all_at(head.bytes, 0).map_err(io("write segment header"))?;
     file.sync_data().map_err(io("fdatasync"))?;
     let path = dir.join(segment_name(header.seq, header.first_index));
     fs.rename(&tmp, &path).map_err(io("rename segment"))?;

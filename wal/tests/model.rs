@@ -90,86 +90,98 @@ impl Model {
     }
 }
 
-fn open(fs: &SimFs, config: &Config) -> (Vec<Record>, Wal) {
-    let mut replay = Wal::open_with(Arc::new(fs.clone()), DIR, config.clone()).expect("open");
-    let records = replay.by_ref().collect::<Result<Vec<_>, _>>().expect("replay");
-    (records, replay.finish().expect("finish"))
+/// Where the log under test lives: a simulated file system, and the configuration it is
+/// opened with.
+struct Disk {
+    fs: SimFs,
+    config: Config,
 }
 
-fn apply(wal: &mut Wal, model: &mut Model, fs: &SimFs, config: &Config, op: Op) {
-    let (records, durable) = match op {
-        Op::Append { sizes, durable } => {
-            let mut next = model.last_index.map_or(1, |l| l + 1);
-            let records = sizes
-                .into_iter()
-                .map(|s| {
-                    let r = Record::Entry {
-                        index: LogIndex(next),
-                        payload: model.payload(s),
-                    };
-                    next += 1;
-                    r
-                })
-                .collect();
-            (records, durable)
-        }
-        Op::State { size, durable } => (vec![Record::State(model.payload(size))], durable),
-        Op::Truncate { back } => {
-            let Some(last) = model.last_index else { return };
-            let from = last.saturating_sub(back).max(1);
-            (
-                vec![
-                    Record::Truncate { from: LogIndex(from) },
-                    Record::Entry {
-                        index: LogIndex(from),
-                        payload: model.payload(10),
-                    },
-                ],
-                true,
-            )
-        }
-        Op::Sync => {
-            wal.sync().unwrap().wait().unwrap();
+impl Disk {
+    /// Opens the log and replays it: the records, and the log to append to.
+    fn open(&self) -> (Vec<Record>, Wal) {
+        let mut replay = Wal::open_with(Arc::new(self.fs.clone()), DIR, self.config.clone()).expect("open");
+        let records = replay.by_ref().collect::<Result<Vec<_>, _>>().expect("replay");
+        (records, replay.finish().expect("finish"))
+    }
+
+    /// Applies `op` to `wal`, and updates `model` to match.
+    fn apply(&self, wal: &mut Wal, model: &mut Model, op: Op) {
+        let (records, durable) = match op {
+            Op::Append { sizes, durable } => {
+                let mut next = model.last_index.map_or(1, |l| l + 1);
+                let records = sizes
+                    .into_iter()
+                    .map(|s| {
+                        let r = Record::Entry {
+                            index: LogIndex(next),
+                            payload: model.payload(s),
+                        };
+                        next += 1;
+                        r
+                    })
+                    .collect();
+                (records, durable)
+            }
+            Op::State { size, durable } => (vec![Record::State(model.payload(size))], durable),
+            Op::Truncate { back } => {
+                let Some(last) = model.last_index else { return };
+                let from = last.saturating_sub(back).max(1);
+                (
+                    vec![
+                        Record::Truncate { from: LogIndex(from) },
+                        Record::Entry {
+                            index: LogIndex(from),
+                            payload: model.payload(10),
+                        },
+                    ],
+                    true,
+                )
+            }
+            Op::Sync => {
+                wal.sync().unwrap().wait().unwrap();
+                model.durable = model.log.len();
+                return;
+            }
+            Op::Release { behind } => {
+                let Some(last) = model.last_index else { return };
+                let below = last.saturating_sub(behind);
+                wal.release_before(LogIndex(below)).unwrap();
+                model.released_below = model.released_below.max(Some(below));
+                return;
+            }
+            Op::Reopen => {
+                let placeholder = std::mem::replace(wal, open_scratch());
+                drop(placeholder);
+                let (_, reopened) = self.open();
+                *wal = reopened;
+                return;
+            }
+        };
+        let mode = if durable {
+            Durability::Durable
+        } else {
+            Durability::Buffered
+        };
+        let appended = wal.append(records.clone(), mode).unwrap().wait().unwrap();
+        model.last_index = appended.last_index.map(|l| l.0);
+        model.log.extend(records);
+        if durable {
             model.durable = model.log.len();
-            return;
         }
-        Op::Release { behind } => {
-            let Some(last) = model.last_index else { return };
-            let below = last.saturating_sub(behind);
-            wal.release_before(LogIndex(below)).unwrap();
-            model.released_below = model.released_below.max(Some(below));
-            return;
-        }
-        Op::Reopen => {
-            let placeholder = std::mem::replace(wal, open_scratch());
-            drop(placeholder);
-            let (_, reopened) = open(fs, config);
-            *wal = reopened;
-            return;
-        }
-    };
-    let mode = if durable {
-        Durability::Durable
-    } else {
-        Durability::Buffered
-    };
-    let appended = wal.append(records.clone(), mode).unwrap().wait().unwrap();
-    model.last_index = appended.last_index.map(|l| l.0);
-    model.log.extend(records);
-    if durable {
-        model.durable = model.log.len();
     }
 }
 
 /// A throwaway log to hold the place of one being reopened.
 fn open_scratch() -> Wal {
-    let (_, wal) = open(
-        &SimFs::new(),
-        &Config {
+    let scratch = Disk {
+        fs: SimFs::new(),
+        config: Config {
             segment_size: 512,
             ..Config::default()
         },
-    );
+    };
+    let (_, wal) = scratch.open();
     wal
 }
 
@@ -221,17 +233,17 @@ proptest! {
         segment_size in 512u64..2048,
         rounds in prop::collection::vec((prop::collection::vec(op(), 1..40), crash()), 1..4),
     ) {
-        let fs = SimFs::new();
         let config = Config { segment_size, ..Config::default() };
+        let disk = Disk { fs: SimFs::new(), config };
         let mut model = Model::default();
-        let (_, mut wal) = open(&fs, &config);
+        let (_, mut wal) = disk.open();
         for (ops, crash) in rounds {
             for op in ops {
-                apply(&mut wal, &mut model, &fs, &config, op);
+                disk.apply(&mut wal, &mut model, op);
             }
             match crash {
-                Crash::Tear(per_mille) => fs.crash_tearing(|_, dirty| dirty * per_mille / 1000),
-                Crash::Sectors(seed) => fs.crash_sectors(|path, sector| {
+                Crash::Tear(per_mille) => disk.fs.crash_tearing(|_, dirty| dirty * per_mille / 1000),
+                Crash::Sectors(seed) => disk.fs.crash_sectors(|path, sector| {
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();
                     (seed, path, sector).hash(&mut h);
@@ -239,7 +251,7 @@ proptest! {
                 }),
             }
             drop(std::mem::replace(&mut wal, open_scratch()));
-            let (recovered, reopened) = open(&fs, &config);
+            let (recovered, reopened) = disk.open();
             let end = check(&model, &recovered)?;
             // Recovery is stable: what it kept is now the log, durably.
             model.log.truncate(end);

@@ -230,12 +230,18 @@ fn maintenance(engine: &Engine, args: &Args, value: &Bytes, base_p99: u64) -> Re
         engine
             .compact(engine.current_revision())
             .map_err(|e| format!("compact: {e}"))?;
-        engine.wait_compacted().map_err(|e| format!("compact: {e}"))
+        engine
+            .maintenance()
+            .wait_compacted()
+            .map_err(|e| format!("compact: {e}"))
     })?;
     latency_line("compaction", took, &h, Some(base_p99));
 
     let (sizes, took, h) = probed(engine, args, || {
-        engine.defragment().map_err(|e| format!("defragment: {e}"))
+        engine
+            .maintenance()
+            .defragment()
+            .map_err(|e| format!("defragment: {e}"))
     })?;
     latency_line("defragment", took, &h, Some(base_p99));
     println!(
@@ -253,7 +259,8 @@ fn mass_expiry(engine: &Engine, clock: &ManualClock, args: &Args, base_p99: u64)
     let value = Bytes::from(vec![0x4c; 64]);
     for l in 0..args.expiry_leases {
         let lease = engine
-            .lease_grant(0, 60)
+            .leases()
+            .grant(0, 60)
             .map_err(|e| format!("grant: {e}"))?
             .response
             .id;
@@ -288,14 +295,14 @@ fn mass_expiry(engine: &Engine, clock: &ManualClock, args: &Args, base_p99: u64)
     let (revoked, took, h) = probed(engine, args, || {
         let mut revoked = 0;
         loop {
-            match engine.expire_leases() {
+            match engine.leases().expire_now() {
                 0 => return Ok(revoked),
                 n => revoked += n,
             }
         }
     })?;
     latency_line("mass expiry", took, &h, Some(base_p99));
-    if revoked as u64 != args.expiry_leases || !engine.leases().is_empty() {
+    if revoked as u64 != args.expiry_leases || !engine.leases().list().is_empty() {
         return Err(format!("revoked {revoked} of {} leases", args.expiry_leases));
     }
     Ok(())
@@ -309,7 +316,7 @@ fn reopen(dir: &Path) -> Result<(), String> {
         "reopen                  {:.2} s (revision {}, {} keys), RSS {}",
         took.as_secs_f64(),
         engine.current_revision(),
-        engine.key_count(),
+        engine.status().keys,
         rss()
     );
     engine.close().map_err(|e| format!("close: {e}"))

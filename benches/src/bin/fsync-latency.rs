@@ -67,6 +67,18 @@ struct Args {
     appender_kind: AppenderKind,
 }
 
+impl Args {
+    /// How long each phase is measured.
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+
+    /// The unmeasured warm-up before it.
+    fn warmup(&self) -> Duration {
+        WARMUP.min(self.window())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum AppenderKind {
     Threads,
@@ -99,8 +111,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
-    let window = Duration::from_secs_f64(args.seconds);
-    let warmup = WARMUP.min(window);
     let mut appenders = args.appenders.clone();
     dedup_in_order(&mut appenders);
 
@@ -112,18 +122,11 @@ fn run(args: &Args) -> Result<(), Failure> {
         args.record_size
     );
     eprintln!("  raw pwrite + fdatasync ...");
-    let raw = measure_raw(work.path(), args.record_size, warmup, window)?;
+    let raw = measure_raw(work.path(), args)?;
     let mut wal = Vec::with_capacity(appenders.len());
     for &n in &appenders {
         eprintln!("  wal, {n} appender(s) ...");
-        wal.push(measure_wal(
-            work.path(),
-            n,
-            args.record_size,
-            args.appender_kind,
-            warmup,
-            window,
-        )?);
+        wal.push(measure_wal(work.path(), n, args)?);
     }
     work.remove()?;
 
@@ -184,7 +187,9 @@ impl RawLog {
     }
 }
 
-fn measure_raw(dir: &Path, record_size: usize, warmup: Duration, window: Duration) -> Result<RawResult, Failure> {
+/// Measures raw writes of `args`'s record size, each fdatasynced, for as long as it says.
+fn measure_raw(dir: &Path, args: &Args) -> Result<RawResult, Failure> {
+    let (record_size, warmup, window) = (args.record_size, args.warmup(), args.window());
     let path = dir.join("raw.log");
     let file = OpenOptions::new()
         .read(true)
@@ -360,14 +365,11 @@ impl Appenders {
     }
 }
 
-fn measure_wal(
-    dir: &Path,
-    appenders: usize,
-    record_size: usize,
-    kind: AppenderKind,
-    warmup: Duration,
-    window: Duration,
-) -> Result<WalResult, Failure> {
+/// Measures the WAL with `appenders` appenders, of the kind and record size `args` gives, for
+/// as long as it says.
+fn measure_wal(dir: &Path, appenders: usize, args: &Args) -> Result<WalResult, Failure> {
+    let (record_size, kind) = (args.record_size, args.appender_kind);
+    let (warmup, window) = (args.warmup(), args.window());
     let wal_dir = dir.join(format!("wal-{appenders}"));
     fs::create_dir(&wal_dir).context(|| format!("create {}", wal_dir.display()))?;
     let wal = Wal::open(&wal_dir, Config::default())

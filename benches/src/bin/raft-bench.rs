@@ -25,7 +25,7 @@
 //! applied the leader's revision (the catch-up time, from reopening it). The leader has
 //! released the entries it missed by then, so it must be sent a snapshot of the whole state
 //! (the run fails if it installed none); the result is the catch-up time, as MiB/s of the
-//! leader's history (`Engine::size_in_use`, what the snapshot streams) and as a ratio to the
+//! leader's history (`EngineStatus::size_in_use`, what the snapshot streams) and as a ratio to the
 //! write time. KEYS is 0 (skip, the default) or at least 20,000: with the default
 //! configuration the leader only releases log entries at its checkpoints (every 10,000 applied
 //! entries, keeping the last 5,000).
@@ -84,6 +84,18 @@ struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+impl Args {
+    /// How long each configuration is measured.
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+
+    /// The unmeasured warm-up before it.
+    fn warmup(&self) -> Duration {
+        WARMUP.min(self.window())
+    }
 }
 
 /// Most proposer threads accepted.
@@ -150,8 +162,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
-    let window = Duration::from_secs_f64(args.seconds);
-    let warmup = WARMUP.min(window);
     let mut proposers = args.proposers.clone();
     dedup_in_order(&mut proposers);
     let mut members = args.members.clone();
@@ -170,7 +180,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     for &p in &proposers {
         for &m in &members {
             eprintln!("  {m} member(s), {p} proposer(s) ...");
-            runs.push(measure_group(work.path(), m, p, warmup, window)?);
+            runs.push(measure_group(work.path(), m, p, args)?);
         }
     }
     let catch_up = if args.catch_up > 0 {
@@ -400,13 +410,9 @@ impl Drop for Group {
     }
 }
 
-fn measure_group(
-    dir: &Path,
-    members: u64,
-    proposers: usize,
-    warmup: Duration,
-    window: Duration,
-) -> Result<GroupResult, Failure> {
+/// Measures a group of `members` with `proposers` proposer threads, for as long as `args` says.
+fn measure_group(dir: &Path, members: u64, proposers: usize, args: &Args) -> Result<GroupResult, Failure> {
+    let (warmup, window) = (args.warmup(), args.window());
     let group_dir = dir.join(format!("members-{members}-proposers-{proposers}"));
     fs::create_dir(&group_dir).context(|| format!("create {}", group_dir.display()))?;
     let group = Group::start(&group_dir, members)?;
@@ -482,12 +488,12 @@ struct CatchUpResult {
     /// The part of `catch_up` spent opening the member (`EngineBuilder::open`) (its own log, before it can hear
     /// from the leader).
     reopen: Duration,
-    /// The leader's `Engine::size_in_use()` once the keys were written: the history a snapshot
-    /// streams (`Engine::size()` counts the data files' preallocated space too).
+    /// The leader's `EngineStatus::size_in_use` once the keys were written: the history a snapshot
+    /// streams (`EngineStatus::size` counts the data files' preallocated space too).
     state_bytes: u64,
-    /// The leader's `Engine::size()` then: its data files on disk.
+    /// The leader's `EngineStatus::size` then: its data files on disk.
     file_bytes: u64,
-    /// `Engine::snapshots_installed()` of the follower once it had caught up.
+    /// `EngineStatus::snapshots_installed` of the follower once it had caught up.
     snapshots_installed: u64,
 }
 
@@ -506,10 +512,28 @@ impl CatchUpResult {
     }
 }
 
-/// Puts keys `n` taken from `next` until `keys` are taken or the phase is `STOPPED`, through
-/// `leader`, one at a time as `proposer` does; every put's latency is recorded. A failed put
-/// stops every filler.
-fn filler(leader: &Engine, id: usize, next: &AtomicU64, keys: u64, phase: &AtomicU8, value: &Bytes) -> WorkerResult {
+/// What the filler threads of [`write_keys`] share: the leader they put through, the next key
+/// to take and how many to put, the phase, and the value.
+#[derive(Clone, Copy)]
+struct Fillers<'a> {
+    leader: &'a Engine,
+    next: &'a AtomicU64,
+    keys: u64,
+    phase: &'a AtomicU8,
+    value: &'a Bytes,
+}
+
+/// Filler `id`: puts keys `n` taken from `next` until `keys` are taken or the phase is
+/// `STOPPED`, through `leader`, one at a time as `proposer` does; every put's latency is
+/// recorded. A failed put stops every filler.
+fn filler(fillers: Fillers<'_>, id: usize) -> WorkerResult {
+    let Fillers {
+        leader,
+        next,
+        keys,
+        phase,
+        value,
+    } = fillers;
     let mut latency = histogram(LATENCY_CEILING)?;
     let mut completed = 0u64;
     while phase.load(Ordering::SeqCst) != STOPPED {
@@ -544,16 +568,22 @@ fn write_keys(leader: &Engine, keys: u64) -> Result<(Duration, Percentiles), Fai
     let next = AtomicU64::new(0);
     let phase = AtomicU8::new(MEASURING);
     let value = Bytes::from(payload(VALUE_SIZE));
+    let fillers = Fillers {
+        leader,
+        next: &next,
+        keys,
+        phase: &phase,
+        value: &value,
+    };
     let started = Instant::now();
     let outcomes = thread::scope(|s| {
         let mut running = Vec::with_capacity(CATCH_UP_PROPOSERS);
         let mut outcomes: Vec<WorkerResult> = Vec::with_capacity(CATCH_UP_PROPOSERS);
         for i in 0..CATCH_UP_PROPOSERS {
-            let (next, phase, value) = (&next, &phase, &value);
             let spawned = thread::Builder::new()
                 .name(format!("filler-{i}"))
                 .stack_size(256 << 10)
-                .spawn_scoped(s, move || filler(leader, i, next, keys, phase, value));
+                .spawn_scoped(s, move || filler(fillers, i));
             match spawned {
                 Ok(t) => running.push(t),
                 Err(e) => {
@@ -601,7 +631,7 @@ fn measure_catch_up(dir: &Path, keys: u64) -> Result<CatchUpResult, Failure> {
     let leader = group.leader()?;
     let leader_id = leader.member_id();
     let (write, write_latency) = write_keys(leader, keys)?;
-    let (state_bytes, file_bytes) = (leader.size_in_use(), leader.size());
+    let (state_bytes, file_bytes) = (leader.status().size_in_use, leader.status().size);
     eprintln!(
         "  catch-up: {keys} keys put in {:.2} s; restarting member {behind} ...",
         write.as_secs_f64()
@@ -633,7 +663,7 @@ fn measure_catch_up(dir: &Path, keys: u64) -> Result<CatchUpResult, Failure> {
         thread::sleep(CATCH_UP_POLL);
     }
     let catch_up = started.elapsed();
-    let snapshots_installed = follower.snapshots_installed();
+    let snapshots_installed = follower.status().snapshots_installed;
     if snapshots_installed < 1 {
         return Err(Failure(format!(
             "member {behind} caught up from the leader's log, not by a snapshot: {keys} keys were not \

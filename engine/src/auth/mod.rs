@@ -169,6 +169,16 @@ pub enum AuthChange {
     },
 }
 
+/// Who makes a request, for permission checks: the user, and the auth revision their
+/// permission was read at (etcd's `AuthInfo`; revision 0 for no user).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthInfo<'a> {
+    /// The user's name; empty for none.
+    pub user: &'a str,
+    /// The auth store's revision when the request was admitted.
+    pub revision: u64,
+}
+
 /// The auth store's state. A new one is at revision 1, as etcd's is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthStore {
@@ -352,16 +362,10 @@ impl AuthStore {
         Ok((hash, self.revision))
     }
 
-    /// Whether `user` may access `[key, range_end)` (etcd's range semantics) as `access`,
-    /// for a request made at auth revision `revision` (etcd's `isOpPermitted`).
-    pub fn permitted(
-        &self,
-        user: &str,
-        revision: u64,
-        key: &[u8],
-        range_end: &[u8],
-        access: Access,
-    ) -> Result<(), AuthError> {
+    /// Whether `who` may access `[key, range_end)` (etcd's range semantics) as `access`
+    /// (etcd's `isOpPermitted`).
+    pub fn permitted(&self, who: AuthInfo<'_>, key: &[u8], range_end: &[u8], access: Access) -> Result<(), AuthError> {
+        let AuthInfo { user, revision } = who;
         if !self.enabled {
             return Ok(());
         }
@@ -649,7 +653,18 @@ mod tests {
         grant(&mut s, Access::Write, "key", "");
         grant(&mut s, Access::Read, "z", "\0");
         let rev = s.revision();
-        let ok = |k: &str, e: &str, a| s.permitted("u", rev, k.as_bytes(), e.as_bytes(), a).is_ok();
+        let ok = |k: &str, e: &str, a| {
+            s.permitted(
+                AuthInfo {
+                    user: "u",
+                    revision: rev,
+                },
+                k.as_bytes(),
+                e.as_bytes(),
+                a,
+            )
+            .is_ok()
+        };
         assert!(ok("a", "", Access::Read));
         assert!(ok("a", "e", Access::Read), "two touching ranges cover one");
         assert!(!ok("a", "f", Access::Read));
@@ -661,13 +676,42 @@ mod tests {
         assert!(ok("zz", "\0", Access::Read), "from-key within a from-key permission");
         assert!(!ok("a", "\0", Access::Read), "from-key beyond what is granted");
         assert_eq!(
-            s.permitted("u", rev - 1, b"a", b"", Access::Read),
+            s.permitted(
+                AuthInfo {
+                    user: "u",
+                    revision: rev - 1
+                },
+                b"a",
+                b"",
+                Access::Read
+            ),
             Err(AuthError::OldRevision)
         );
-        assert_eq!(s.permitted("u", 0, b"a", b"", Access::Read), Err(AuthError::UserEmpty));
-        assert!(s.permitted("root", rev, b"anything", b"\0", Access::Write).is_ok());
         assert_eq!(
-            s.permitted("nobody", rev, b"a", b"", Access::Read),
+            s.permitted(AuthInfo { user: "u", revision: 0 }, b"a", b"", Access::Read),
+            Err(AuthError::UserEmpty)
+        );
+        assert!(s
+            .permitted(
+                AuthInfo {
+                    user: "root",
+                    revision: rev
+                },
+                b"anything",
+                b"\0",
+                Access::Write
+            )
+            .is_ok());
+        assert_eq!(
+            s.permitted(
+                AuthInfo {
+                    user: "nobody",
+                    revision: rev
+                },
+                b"a",
+                b"",
+                Access::Read
+            ),
             Err(AuthError::PermissionDenied)
         );
     }

@@ -13,7 +13,7 @@
 //! the layout does not name, and rebuilds the key index by scanning the records in order.
 //!
 //! **Defragmentation** copies the records still in history into fresh files while the store
-//! keeps serving (`Engine::defragment`, through the protocol in `mvcc/defrag.rs`),
+//! keeps serving (`Maintenance::defragment`, through the protocol in `mvcc/defrag.rs`),
 //! then switches the layout: the fresh files replace the old ones, which are deleted once a
 //! checkpoint naming the new layout is durable.
 

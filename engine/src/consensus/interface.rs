@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::membership::{ConfApplied, MemberAttributes};
 
 /// Where Raft messages for the other members of a group go: the seam for the network. A
-/// message is opaque bytes, delivered to the member `to` with [`crate::Engine::receive`] (or an
-/// [`crate::Inbox`]).
+/// message is opaque bytes, delivered to the member `to` through its [`crate::Inbox`]
+/// ([`crate::Inbox::deliver`]).
 ///
 /// Delivery is best effort: Raft retries what is lost, and tolerates duplicates and reordering.
 /// `send` is called on the node thread and must not block.

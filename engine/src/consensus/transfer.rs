@@ -4,7 +4,7 @@
 //! **Leader.** raft-rs asks the [`super::log::RaftLog`] for a snapshot; it answers with
 //! metadata only: the index, term and membership the apply thread last published. When the
 //! node thread meets the resulting `MsgSnapshot` in a Ready, [`send`] streams the engine's
-//! snapshot (the [`crate::snapshot`] format) through an OS pipe into
+//! snapshot (the `format::snapshot` stream) through an OS pipe into
 //! [`Transport::send_snapshot`], on threads of its own, and reports the outcome to raft.
 //!
 //! **Follower.** [`crate::Inbox::deliver_snapshot`] reads the stream into new data files beside

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Engine, NoPeers};
+use super::handle::Engine;
 use crate::config::Config;
+use crate::consensus::interface::NoPeers;
 use crate::consensus::interface::Transport;
 use crate::error::{Error, Result};
 use crate::membership::MemberAttributes;
@@ -117,7 +118,7 @@ impl EngineBuilder {
 
     /// Joins a group that runs already (etcd's `--initial-cluster-state existing`): the
     /// member starts with no membership and learns it, and the log, from the leader once the
-    /// group has added it ([`Engine::member_add`]).
+    /// group has added it ([`crate::Members::add`]).
     pub fn join_existing(mut self) -> EngineBuilder {
         self.identity.join_existing = true;
         self
@@ -132,8 +133,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Where messages to the other members go (theirs arrive through [`Engine::receive`] or
-    /// an [`crate::Inbox`]); [`crate::LocalNetwork`] connects members in one process.
+    /// Where messages to the other members go (theirs arrive through the member's
+    /// [`crate::Inbox`], [`Engine::inbox`]); [`crate::LocalNetwork`] connects members in one
+    /// process.
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> EngineBuilder {
         self.transport = transport;
         self

@@ -1,19 +1,25 @@
 //! Checkpoints: the state encoded under its lock (a small record: the applied index, the data
 //! files' layout, the leases), then written without it, data files synced first. One is
 //! written at a time and an older one never replaces a newer one; the log before it is
-//! released once it is durable. A crash while one is written leaves the previous one (see
-//! [`crate::checkpoint`]).
+//! released once it is durable. A crash while one is written leaves the previous one.
+//!
+//! Opening loads the checkpoint, then replays only the log entries after its applied index;
+//! segments of the log wholly below it are released. The applied index and the state are
+//! written together, never separately, so a crash can never pair a state with the wrong
+//! position in the log (the mistake behind etcd 3.5's data-inconsistency bug). What a
+//! checkpoint holds, its file's layout, its versions and its atomic write are
+//! `crate::format::checkpoint`'s.
 
 use std::path::Path;
 
 use cairn_wal::{LogIndex, Wal};
 use parking_lot::Mutex;
 
-use super::{Engine, State};
+use super::state::State;
 use crate::backend::{FileLen, FileMaker, DATA_DIR};
-use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::format::checkpoint;
+use crate::format::checkpoint::Checkpoint;
 
 /// A checkpoint encoded under the state lock, to write without it.
 #[derive(Debug)]
@@ -88,16 +94,6 @@ pub(super) fn checkpoint_and_release(
     checkpointing: &Checkpointing,
 ) -> Result<()> {
     write_and_release(dir, &state.checkpoint()?, wal, checkpointing)
-}
-
-impl Engine {
-    /// Writes a checkpoint now and releases the log before it (also done every
-    /// `Config::checkpoint_entries` entries and on close).
-    pub fn checkpoint(&self) -> Result<()> {
-        let wal = self.core.wal()?;
-        let encoded = self.core.state.write().checkpoint()?;
-        write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)
-    }
 }
 
 #[cfg(test)]

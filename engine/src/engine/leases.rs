@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
-use super::kv::Applied;
-use super::propose::{wait_answer, Pending};
-use super::{Core, Engine};
+use super::core::Core;
+use super::propose::{Applied, Pending};
+use super::waiters::wait_answer;
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseStatus;
 use crate::request::{Alarm, Request, Response};
@@ -24,9 +24,19 @@ pub struct LeaseGrant {
     pub ttl: i64,
 }
 
-impl Engine {
+/// etcd's Lease service ([`Engine::leases`](crate::Engine::leases)).
+#[derive(Clone, Copy, Debug)]
+pub struct Leases<'a> {
+    core: &'a Core,
+}
+
+impl<'a> Leases<'a> {
+    pub(super) fn new(core: &'a Core) -> Leases<'a> {
+        Leases { core }
+    }
+
     /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
-    pub fn lease_grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
+    pub fn grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
         self.core.check_quota(crate::mvcc::store::record_size(0, 0))?;
         let ttl = self.core.state.read().lessor.effective_ttl(ttl);
         let id = if id != 0 {
@@ -49,28 +59,17 @@ impl Engine {
     }
 
     /// Revokes a lease, deleting its keys in one revision (etcd's `LeaseRevoke`).
-    pub fn lease_revoke(&self, id: i64) -> Result<Applied<()>> {
-        self.lease_revoke_as(id, None)
-    }
-
-    /// [`Engine::lease_revoke`] permitted at auth revision `guard`.
-    pub fn lease_revoke_as(&self, id: i64, guard: Option<u64>) -> Result<Applied<()>> {
-        match self
-            .core
-            .propose(super::kv::guarded(Request::LeaseRevoke { id }, guard))?
-        {
-            (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
-            (other, _) => Err(Error::internal(format!("lease revoke answered with {other:?}"))),
-        }
+    pub fn revoke(&self, id: i64) -> Result<Applied<()>> {
+        revoke(self.core, id, None)
     }
 
     /// Renews a lease for its full TTL (etcd's `LeaseKeepAlive`); returns the TTL. Only the
     /// leader, which expires leases, renews them ([`Error::NotLeader`] elsewhere: send the
-    /// keep-alive to [`Engine::leader`]). A renewal is local, except that a checkpointed
+    /// keep-alive to [`Engine::leader`](crate::Engine::leader)). A renewal is local, except that a checkpointed
     /// remaining TTL is cleared through the log, as etcd does, so a restart cannot resume from
     /// it.
-    pub fn lease_keep_alive(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.core.member_id) {
+    pub fn keep_alive(&self, id: i64) -> Result<i64> {
+        if self.core.leader() != Some(self.core.member_id) {
             return Err(Error::NotLeader);
         }
         // Everything committed is applied first (etcd's waitAppliedIndex), so a lease granted
@@ -83,14 +82,14 @@ impl Engine {
         Ok(ttl)
     }
 
-    /// [`Engine::lease_keep_alive`] for async code: no thread waits for the read barrier or
+    /// [`Leases::keep_alive`] for async code: no thread waits for the read barrier or
     /// the log. Bound the wait with a timeout of your runtime's (see
-    /// [`Engine::read_barrier_async`]).
-    pub async fn lease_keep_alive_async(&self, id: i64) -> Result<i64> {
-        if self.leader() != Some(self.core.member_id) {
+    /// [`Engine::read_barrier_async`](crate::Engine::read_barrier_async)).
+    pub async fn keep_alive_async(&self, id: i64) -> Result<i64> {
+        if self.core.leader() != Some(self.core.member_id) {
             return Err(Error::NotLeader);
         }
-        self.read_barrier_async().await?;
+        self.core.read_barrier_async().await?;
         let (ttl, stale_checkpoint) = self.core.state.write().lessor.renew(id)?;
         if stale_checkpoint {
             Pending::new(self.core.submit(clear_checkpoint(id))?, |_| Ok(())).await?;
@@ -100,12 +99,12 @@ impl Engine {
 
     /// A lease's remaining and granted TTL, and optionally its keys (etcd's `LeaseTimeToLive`;
     /// TTL -1 for an unknown lease).
-    pub fn lease_time_to_live(&self, id: i64, keys: bool) -> LeaseStatus {
+    pub fn time_to_live(&self, id: i64, keys: bool) -> LeaseStatus {
         self.core.state.read().lessor.time_to_live(id, keys)
     }
 
     /// Every lease ID (etcd's `LeaseLeases`).
-    pub fn leases(&self) -> Vec<i64> {
+    pub fn list(&self) -> Vec<i64> {
         self.core.state.read().lessor.leases()
     }
 
@@ -113,14 +112,22 @@ impl Engine {
     /// holding at most `Config::lease_revoke_keys` keys, but always one); returns how many.
     /// The lease checker runs rounds periodically unless `Config::lease_check_interval` is
     /// `None`.
-    pub fn expire_leases(&self) -> usize {
+    pub fn expire_now(&self) -> usize {
         self.core.expire_leases().0
     }
 
     /// Records every lease's remaining TTL durably, so that a restart resumes from it. The
     /// lease checker does this every `Config::lease_checkpoint_interval`.
-    pub fn checkpoint_leases(&self) -> Result<()> {
+    pub fn checkpoint_now(&self) -> Result<()> {
         self.core.checkpoint_leases()
+    }
+}
+
+/// Revokes lease `id`, permitted at auth revision `guard` if any.
+pub(super) fn revoke(core: &Core, id: i64, guard: Option<u64>) -> Result<Applied<()>> {
+    match core.propose(super::propose::guarded(Request::LeaseRevoke { id }, guard))? {
+        (Response::LeaseRevoke, revision) => Ok(Applied { response: (), revision }),
+        (other, _) => Err(Error::internal(format!("lease revoke answered with {other:?}"))),
     }
 }
 
@@ -241,8 +248,8 @@ mod tests {
             ..Config::default()
         };
         let engine = Engine::open(dir.path(), config).unwrap();
-        let lease = engine.lease_grant(0, 60).unwrap().response.id;
-        let term = engine.term();
+        let lease = engine.leases().grant(0, 60).unwrap().response.id;
+        let term = engine.server().term();
         let core = &engine.core;
         for stale in [term - 1, term + 1] {
             let (answer, timeout) = core
@@ -252,11 +259,15 @@ mod tests {
                 matches!(wait_answer(answer, timeout), Err(Error::NotLeader)),
                 "term {stale}"
             );
-            assert_eq!(engine.lease_time_to_live(lease, false).granted_ttl, 60, "term {stale}");
+            assert_eq!(
+                engine.leases().time_to_live(lease, false).granted_ttl,
+                60,
+                "term {stale}"
+            );
         }
         let (answer, timeout) = core.submit_as_leader(Request::LeaseRevoke { id: lease }, term).unwrap();
         wait_answer(answer, timeout).unwrap();
-        assert_eq!(engine.lease_time_to_live(lease, false).ttl, -1);
+        assert_eq!(engine.leases().time_to_live(lease, false).ttl, -1);
         engine.close().unwrap();
     }
 }

@@ -2,49 +2,22 @@
 //! (taken in bounded memory while writes go on, restored into a new directory, inspected),
 //! alarms and HashKV.
 
-use std::collections::HashMap;
-use std::path::Path;
-
 use parking_lot::RwLock;
 
 use super::checkpointing::write_and_release;
-use super::kv::Applied;
-use super::{Engine, State};
-use crate::backend::{FileMaker, DATA_DIR};
-use crate::checkpoint::Checkpoint;
-use crate::config::Config;
-use crate::consensus::RecentRequests;
+use super::core::Core;
+use super::state::State;
 use crate::error::{Error, Failure, Result};
-use crate::format::checkpoint;
-use crate::format::snapshot::{self, SnapshotWriter};
-use crate::membership::{MemberAttributes, Membership};
-use crate::mvcc::store::{HashKv, StoreMeta};
-use crate::request::{Alarm, Request, Response};
-use crate::snapshot::SnapshotMeta;
-
-/// What [`Engine::inspect_snapshot`] found in a snapshot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SnapshotInfo {
-    /// The revision it was taken at.
-    pub revision: i64,
-    /// Its compacted revision.
-    pub compact_revision: i64,
-    /// The log index it was taken at.
-    pub applied_index: u64,
-    /// Records of history it holds.
-    pub records: u64,
-    /// Keys that exist at its revision.
-    pub keys: u64,
-    /// Leases it holds.
-    pub leases: u64,
-}
+use crate::format::snapshot::SnapshotMeta;
+use crate::format::snapshot::SnapshotWriter;
+use crate::mvcc::store::{HashKv, HashScope};
+use crate::request::{Alarm, Request};
 
 /// What a defragmentation did: the data files' size before and after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Defragmented {
-    /// Bytes the data files took when defragmentation began ([`Engine::size`]).
+    /// Bytes the data files took when defragmentation began ([`EngineStatus::size`](crate::EngineStatus::size)).
     pub before: u64,
     /// Bytes the fresh data files take once switched to.
     pub after: u64,
@@ -62,7 +35,7 @@ const DEFRAG_BATCH: usize = 1024;
 /// long as it could be; at a half share, one write in thirty still queued behind its syncs).
 const DEFRAG_DUTY: f64 = 0.25;
 
-/// Writes a snapshot of `state` to `out` (see [`Engine::snapshot`]).
+/// Writes a snapshot of `state` to `out` (see [`Maintenance::snapshot`]).
 pub(super) fn write_snapshot(state: &RwLock<State>, out: &mut dyn std::io::Write) -> Result<u64> {
     let writer = export_state(
         state,
@@ -86,10 +59,10 @@ impl Drop for Pin<'_> {
 /// Records hashed under one hold of the state's read lock.
 const HASH_CHUNK: usize = 4096;
 
-/// The hash of the changes in history as of compaction at `compacted` up to revision `to`,
-/// read a chunk at a time so writes go on meanwhile; the caller has pinned the store (`_pin`)
-/// in the lock hold that chose `to` and `compacted` and read `installs`.
-fn hash_pinned(state: &RwLock<State>, _pin: Pin<'_>, installs: u64, to: i64, compacted: i64) -> Result<HashKv> {
+/// The hash of the changes in history `scope` covers, read a chunk at a time so writes go on
+/// meanwhile; the caller has pinned the store (`_pin`) in the lock hold that chose `scope`
+/// and read `installs`.
+fn hash_pinned(state: &RwLock<State>, _pin: Pin<'_>, installs: u64, scope: HashScope) -> Result<HashKv> {
     let mut hasher = crc32fast::Hasher::new();
     let mut after = None;
     loop {
@@ -100,15 +73,15 @@ fn hash_pinned(state: &RwLock<State>, _pin: Pin<'_>, installs: u64, to: i64, com
                 "a snapshot from the leader replaced the state while it was hashed",
             )));
         }
-        match st.store.hash_chunk(&mut hasher, after, to, compacted, HASH_CHUNK)? {
+        match st.store.hash_chunk(&mut hasher, after, scope, HASH_CHUNK)? {
             Some(last) => after = Some(last),
             None => break,
         }
     }
     Ok(HashKv {
         hash: hasher.finalize(),
-        compact_revision: compacted,
-        hash_revision: to,
+        compact_revision: scope.compacted,
+        hash_revision: scope.to,
     })
 }
 
@@ -176,17 +149,19 @@ fn export_state<W>(
     })
 }
 
-impl Engine {
-    /// Drops history below `revision` (etcd's `Compact`).
-    pub fn compact(&self, revision: i64) -> Result<Applied<()>> {
-        match self.core.propose(Request::Compact { revision })? {
-            (Response::Compact, revision) => Ok(Applied { response: (), revision }),
-            (other, _) => Err(Error::internal(format!("compact answered with {other:?}"))),
-        }
+/// etcd's Maintenance service, without compaction ([`Engine::maintenance`](crate::Engine::maintenance)).
+#[derive(Clone, Copy, Debug)]
+pub struct Maintenance<'a> {
+    core: &'a Core,
+}
+
+impl<'a> Maintenance<'a> {
+    pub(super) fn new(core: &'a Core) -> Maintenance<'a> {
+        Maintenance { core }
     }
 
     /// Waits until the history dropped by compactions so far is gone from the index and the
-    /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Engine::defragment`]
+    /// revision log, not only hidden (etcd's `Compact` with `physical`); [`Maintenance::defragment`]
     /// then returns its space.
     pub fn wait_compacted(&self) -> Result<()> {
         self.core.swept.wait(|| {
@@ -203,36 +178,9 @@ impl Engine {
     /// Writes a snapshot of the complete state (history, leases, alarms, applied index) to
     /// `out`, as of now; returns its size. Records are copied out a chunk at a time, so memory
     /// stays bounded and writes go on meanwhile (the compaction sweep waits until it is done).
-    /// [`Engine::restore`] turns a snapshot into a data directory.
+    /// [`crate::offline::restore`] turns a snapshot into a data directory.
     pub fn snapshot(&self, out: &mut dyn std::io::Write) -> Result<u64> {
         write_snapshot(&self.core.state, out)
-    }
-
-    /// Creates the data directory `dir` from a snapshot taken by [`Engine::snapshot`], in
-    /// bounded memory; open it with [`Engine::open`] afterwards. Refuses a damaged snapshot,
-    /// and a directory that already holds an engine.
-    pub fn restore(snapshot: &mut dyn std::io::Read, dir: impl AsRef<Path>) -> Result<()> {
-        Engine::restore_with(snapshot, dir.as_ref(), None)
-    }
-
-    /// [`Engine::restore`] for the first member of a new cluster made from a snapshot (etcd's
-    /// `snapshot restore`): the state is the snapshot's, but the group is `members` (each
-    /// with its attributes), whatever group took the snapshot. Every member of the new
-    /// cluster is restored from the same snapshot with the same `members`.
-    pub fn restore_as_new_cluster(
-        snapshot: &mut dyn std::io::Read,
-        dir: impl AsRef<Path>,
-        members: &std::collections::BTreeMap<u64, MemberAttributes>,
-    ) -> Result<()> {
-        if members.is_empty() {
-            return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
-        }
-        let membership = Membership {
-            voters: members.keys().copied().collect(),
-            attributes: members.clone(),
-            ..Membership::default()
-        };
-        Engine::restore_with(snapshot, dir.as_ref(), Some(membership))
     }
 
     /// Writes a snapshot in etcd's own format (a bbolt database, what `etcdctl snapshot save`
@@ -250,160 +198,6 @@ impl Engine {
         export.finish()
     }
 
-    /// [`Engine::inspect_snapshot`] of a snapshot in etcd's format (its SHA-256 trailer
-    /// checked unless `skip_hash_check`): read whole, page by page, without restoring it.
-    pub fn inspect_etcd_snapshot(path: &Path, skip_hash_check: bool) -> Result<SnapshotInfo> {
-        let opened = crate::etcd::import::open(path, skip_hash_check)?;
-        let mut alive: foldhash::HashMap<Vec<u8>, bool> = foldhash::HashMap::default();
-        let mut records = 0u64;
-        let read = crate::etcd::import::read(&opened.db, |record| {
-            records += 1;
-            alive.insert(record.key.to_vec(), record.version > 0);
-            Ok(())
-        });
-        let imported = opened.checked(read)?;
-        Ok(SnapshotInfo {
-            revision: imported.current,
-            compact_revision: imported.compacted,
-            applied_index: 0,
-            records,
-            keys: alive.values().filter(|a| **a).count() as u64,
-            leases: imported.leases.len() as u64,
-        })
-    }
-
-    /// The hash `etcdutl snapshot status` prints for an etcd snapshot or member db (a CRC-32C
-    /// of its buckets' names, keys and values, in order), read page by page; the trailer is
-    /// not checked.
-    pub fn etcd_snapshot_hash(path: &Path) -> Result<u32> {
-        let opened = crate::etcd::import::open(path, true)?;
-        crate::etcd::import::status_hash(&opened.db)
-    }
-
-    /// Whether the file at `path` is in etcd's own format (a bbolt database: an etcd snapshot
-    /// or member db) rather than cairn's.
-    pub fn is_etcd_snapshot(path: &Path) -> Result<bool> {
-        let mut file = std::fs::File::open(path)
-            .map_err(|e| Error::Snapshot(Failure::caused_by(format!("read {}", path.display()), e)))?;
-        crate::etcd::import::is_etcd_db(&mut file)
-    }
-
-    /// [`Engine::restore_as_new_cluster`] from etcd's own format: a snapshot `etcdctl snapshot
-    /// save` wrote (etcd 3.4 to 3.7; its SHA-256 trailer must match unless `skip_hash_check`),
-    /// or a stopped etcd member's `member/snap/db` (which has none: `skip_hash_check`). The
-    /// whole history since etcd's last compaction comes across with its revisions exactly,
-    /// and the leases and the auth store with it; the group is `members`, as with
-    /// `etcdutl snapshot restore`.
-    pub fn restore_etcd_as_new_cluster(
-        snapshot: &Path,
-        dir: impl AsRef<Path>,
-        members: &std::collections::BTreeMap<u64, MemberAttributes>,
-        skip_hash_check: bool,
-    ) -> Result<()> {
-        if members.is_empty() {
-            return Err(Error::InvalidConfig("a new cluster needs at least one member".into()));
-        }
-        let opened = crate::etcd::import::open(snapshot, skip_hash_check)?;
-        restore_into(dir.as_ref(), |backend| {
-            let read = crate::etcd::import::read(&opened.db, |record| backend.append(&record).map(|_| ()));
-            let imported = opened.checked(read)?;
-            Ok(SnapshotMeta {
-                // As etcdutl restores: the members' conf changes are the log so far, term 1.
-                applied_index: members.len() as u64,
-                applied_term: 1,
-                membership: Membership {
-                    voters: members.keys().copied().collect(),
-                    attributes: members.clone(),
-                    ..Membership::default()
-                },
-                recent: RecentRequests::default(),
-                current: imported.current,
-                compacted: imported.compacted,
-                leases: imported.leases,
-                alarms: Vec::new(),
-                auth: imported.auth,
-                versions: Default::default(),
-            })
-        })
-    }
-
-    /// Checks a snapshot from end to end and describes it, without restoring it.
-    pub fn inspect_snapshot(snapshot: &mut dyn std::io::Read) -> Result<SnapshotInfo> {
-        let mut alive: HashMap<Vec<u8>, bool> = HashMap::new();
-        let mut records = 0u64;
-        let meta = snapshot::read(snapshot, |record| {
-            records += 1;
-            alive.insert(record.key.to_vec(), record.version > 0);
-            Ok(())
-        })?;
-        Ok(SnapshotInfo {
-            revision: meta.current,
-            compact_revision: meta.compacted,
-            applied_index: meta.applied_index,
-            records,
-            keys: alive.values().filter(|a| **a).count() as u64,
-            leases: meta.leases.len() as u64,
-        })
-    }
-
-    fn restore_with(snapshot: &mut dyn std::io::Read, dir: &Path, membership: Option<Membership>) -> Result<()> {
-        restore_into(dir, |backend| {
-            let mut meta = snapshot::read(snapshot, |record| backend.append(&record).map(|_| ()))?;
-            if let Some(membership) = membership {
-                meta.membership = membership;
-                // A new cluster's requests are new: nothing to skip.
-                meta.recent = RecentRequests::default();
-            }
-            Ok(meta)
-        })
-    }
-}
-
-/// Restores into `dir` (which must hold no data) the records `fill` appends to a fresh
-/// backend, with the state it returns; on failure nothing is left behind.
-fn restore_into(dir: &Path, fill: impl FnOnce(&mut crate::backend::Backend) -> Result<SnapshotMeta>) -> Result<()> {
-    if checkpoint::in_use(dir) {
-        return Err(Error::Snapshot(Failure::new(format!(
-            "{} already holds data; restore into a new directory",
-            dir.display()
-        ))));
-    }
-    let data_dir = dir.join(DATA_DIR);
-    let restored = (|| {
-        let mut backend = crate::backend::Backend::open(&data_dir, Config::default().data_file_size, &[])?;
-        let meta = fill(&mut backend)?;
-        backend.flush()?;
-        Ok::<_, Error>((meta, backend.layout()))
-    })();
-    let (meta, layout) = match restored {
-        Ok(done) => done,
-        Err(e) => {
-            // Nothing names these files yet: leave no half-restored directory behind.
-            let _ = std::fs::remove_dir_all(&data_dir);
-            return Err(e);
-        }
-    };
-    let c = Checkpoint {
-        applied_index: meta.applied_index,
-        applied_term: meta.applied_term,
-        membership: meta.membership,
-        recent: meta.recent,
-        epoch: 0,
-        store: StoreMeta {
-            current: meta.current,
-            compacted: meta.compacted,
-            layout,
-        },
-        leases: meta.leases,
-        alarms: meta.alarms,
-        auth: meta.auth,
-        versions: meta.versions,
-    };
-    FileMaker::sync_files(&data_dir, &c.store.layout)?;
-    checkpoint::write_bytes(dir, &checkpoint::encode(&c)?)
-}
-
-impl Engine {
     /// Rewrites the records still in history into fresh data files and deletes the old ones,
     /// returning the space compaction freed to the file system (etcd's `Defragment`). Reads
     /// and writes go on throughout: records are copied without the state lock, and the lock is
@@ -513,7 +307,7 @@ impl Engine {
             st.store.pinned += 1;
             (to, st.store.compacted_revision(), st.installs)
         };
-        hash_pinned(state, Pin(state), installs, to, compacted)
+        hash_pinned(state, Pin(state), installs, HashScope { to, compacted })
     }
 
     /// The hash of the keys and values as of the latest compaction (`hash_revision` and
@@ -532,6 +326,26 @@ impl Engine {
             st.store.pinned += 1;
             (compacted, st.installs)
         };
-        hash_pinned(state, Pin(state), installs, compacted, compacted).map(Some)
+        let scope = HashScope {
+            to: compacted,
+            compacted,
+        };
+        hash_pinned(state, Pin(state), installs, scope).map(Some)
+    }
+
+    /// Writes a checkpoint now and releases the log before it (also done every
+    /// `Config::checkpoint_entries` entries and on close).
+    pub fn checkpoint(&self) -> Result<()> {
+        let wal = self.core.wal()?;
+        let encoded = self.core.state.write().checkpoint()?;
+        write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)
+    }
+
+    /// Sends progress notifications now, as the periodic tick
+    /// (`Config::watch_progress_interval`) does: every synced watcher that asked for them and
+    /// was sent nothing since the last tick gets [`crate::WatchResponse::Progress`].
+    pub fn notify_progress(&self) {
+        let st = self.core.state.read();
+        self.core.hub.lock().progress(st.store.current_revision());
     }
 }

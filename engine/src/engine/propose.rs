@@ -2,98 +2,38 @@
 //! handed to the node thread (after etcd's quota check), and its answer coming back once the
 //! entry is applied, waited for or awaited as a [`Pending`].
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cairn_wal::Wal;
 use crossbeam_channel::Sender;
-use parking_lot::Mutex;
 
-use super::Core;
+use super::core::Core;
+use super::waiters::{wait_answer, Answer};
 use crate::consensus::interface::Input;
 use crate::error::{Error, Result};
 use crate::request::{Alarm, Request, Response};
 
-pub(super) type Answer = Result<(Response, i64)>;
-
-/// Waits for a proposal's answer: [`Error::Timeout`] after `timeout` (the write may still be
-/// applied), [`Error::Closed`] if the engine closed first.
-pub(super) fn wait_answer(rx: oneshot::Receiver<Answer>, timeout: std::time::Duration) -> Answer {
-    match rx.recv_timeout(timeout) {
-        Ok(answer) => answer,
-        Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
-        Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::Closed),
-    }
+/// A response with the store's revision after the request (etcd's `header.revision`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Applied<T> {
+    /// The request's own answer.
+    pub response: T,
+    /// The store's revision once the request was applied: the new one if it changed
+    /// something, else the current one.
+    pub revision: i64,
 }
 
-/// Proposals waiting for their entry to be applied, by request ID (carried in the entry's
-/// context, so an entry proposed through any member finds its waiter on the member that
-/// proposed it), each with the time by which it is answered whatever happens.
-///
-/// Raft can lose a proposal without a word: one forwarded to a leader that dies, or dropped
-/// by a leader deposed before it committed it. Nothing would ever answer its waiter, so the
-/// apply thread answers every waiter past its deadline with [`Error::Timeout`]
-/// ([`Waiters::expire`]) and forgets it: every write is answered within
-/// `Config::request_timeout` (plus the sweep's interval), awaited or waited for, as etcd
-/// answers "request timed out".
-#[derive(Default)]
-pub(super) struct Waiters {
-    by_id: Mutex<HashMap<u64, Waiter>>,
-}
-
-struct Waiter {
-    reply: oneshot::Sender<Answer>,
-    /// When it is answered [`Error::Timeout`] if nothing answered it before.
-    deadline: Instant,
-}
-
-impl Waiters {
-    fn insert(&self, id: u64, reply: oneshot::Sender<Answer>, deadline: Instant) {
-        self.by_id.lock().insert(id, Waiter { reply, deadline });
-    }
-
-    fn forget(&self, id: u64) {
-        self.by_id.lock().remove(&id);
-    }
-
-    /// Answers the waiters among `answers` still waiting (a request proposed through another
-    /// member has none here); one lock for all of them.
-    pub(super) fn answer(&self, answers: impl IntoIterator<Item = (u64, Answer)>) {
-        let mut waiting = self.by_id.lock();
-        for (id, outcome) in answers {
-            if let Some(w) = waiting.remove(&id) {
-                let _ = w.reply.send(outcome);
-            }
-        }
-    }
-
-    /// Answers [`Error::Timeout`] to every waiter whose deadline is past `now`: its entry may
-    /// still be applied later, or may never be (its outcome is unknown, as with etcd).
-    /// Returns how many.
-    pub(super) fn expire(&self, now: Instant) -> usize {
-        let expired: Vec<Waiter> = self
-            .by_id
-            .lock()
-            .extract_if(|_, w| w.deadline <= now)
-            .map(|(_, w)| w)
-            .collect();
-        let count = expired.len();
-        for w in expired {
-            let _ = w.reply.send(Err(Error::Timeout));
-        }
-        count
-    }
-
-    /// Proposals still waiting.
-    pub(super) fn len(&self) -> usize {
-        self.by_id.lock().len()
-    }
-
-    /// Drops every waiter (the engine closed): each gets [`Error::Closed`].
-    pub(super) fn clear(&self) {
-        self.by_id.lock().clear();
+/// `request`, guarded by the auth revision it was permitted at, if any.
+pub(crate) fn guarded(request: Request, guard: Option<u64>) -> Request {
+    match guard {
+        Some(auth_revision) => Request::Guarded {
+            auth_revision,
+            request: Box::new(request),
+        },
+        None => request,
     }
 }
 
@@ -115,7 +55,7 @@ impl<T> std::fmt::Debug for Pending<T> {
 }
 
 impl<T> Pending<T> {
-    pub(super) fn new(
+    pub(crate) fn new(
         (rx, timeout): (oneshot::Receiver<Answer>, std::time::Duration),
         convert: fn((Response, i64)) -> Result<T>,
     ) -> Pending<T> {
@@ -182,7 +122,7 @@ impl Core {
 
     /// Logs `request`, in the forms every member decodes (`crate::version`), and queues it;
     /// the receiver gets its answer once applied.
-    pub(super) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
+    pub(crate) fn submit(&self, request: Request) -> Result<(oneshot::Receiver<Answer>, std::time::Duration)> {
         let data = self.encode(request)?;
         self.submit_input(|id| Input::Propose { id, data })
     }
@@ -228,7 +168,7 @@ impl Core {
 
     /// etcd's quota check, before a write that adds `bytes` is logged: past the quota, the
     /// NOSPACE alarm is raised (durably, once) and the write refused.
-    pub(super) fn check_quota(&self, bytes: u64) -> Result<()> {
+    pub(crate) fn check_quota(&self, bytes: u64) -> Result<()> {
         let quota = self.config.quota_backend_bytes;
         if quota == 0 {
             return Ok(());

@@ -9,9 +9,9 @@ use crate::backend::{Backend, FileMaker};
 use crate::consensus::interface::StagedState;
 use crate::error::Result;
 use crate::format::snapshot::read;
+use crate::format::snapshot::SnapshotMeta;
 use crate::lease::lessor::Lessor;
 use crate::mvcc::store::Store;
-use crate::snapshot::SnapshotMeta;
 
 /// Deletes files a staged state made; they are named by no checkpoint, so a failure only
 /// leaves them for the next open to delete.
@@ -123,7 +123,7 @@ mod tests {
             engine.write(put).unwrap();
         }
         let mut stream = Vec::new();
-        engine.snapshot(&mut stream).unwrap();
+        engine.maintenance().snapshot(&mut stream).unwrap();
         engine.close().unwrap();
 
         let live = tempfile::tempdir().unwrap();

@@ -2,16 +2,14 @@
 //! proposals that change it. Deciding them (asking every member its release) is the server's:
 //! it knows the peers.
 
-use super::Engine;
-use crate::error::Result;
-use crate::request::Request;
-use crate::version::{ClusterVersions, Feature, Version};
+use super::handle::Engine;
+use crate::version::{Feature, Version};
 
 impl Engine {
     /// A group of one runs one release: its cluster version is that release's line, agreed as
     /// soon as it opens. (A bigger group's is decided by the server's version monitor, which
     /// can ask the peers; an application running one through a [`crate::Transport`] of its
-    /// own agrees it with [`Engine::set_cluster_version`].)
+    /// own agrees it with [`crate::ServerHooks::set_cluster_version`].)
     pub(super) fn agree_alone(&self) {
         let release = Version::release();
         let (alone, agreed) = {
@@ -21,29 +19,10 @@ impl Engine {
             (alone, st.versions)
         };
         if alone && agreed.downgrade.is_none() && agreed.cluster() < release && release >= Feature::Versions.since() {
-            if let Err(e) = self.set_cluster_version(release) {
+            if let Err(e) = self.server().set_cluster_version(release) {
                 tracing::warn!(error = %e, "cannot agree the cluster version of a group of one");
             }
         }
-    }
-
-    /// The versions agreed, as applied here. Their cluster version is also the storage
-    /// version: the forms this member's state, and its next checkpoint, are written in.
-    pub fn versions(&self) -> ClusterVersions {
-        self.core.state.read().versions
-    }
-
-    /// Proposes `version` as the cluster version; returns once applied here. Propose only a
-    /// version every member runs at least (the leader's version monitor decides it), or the
-    /// target of an enabled downgrade.
-    pub fn set_cluster_version(&self, version: Version) -> Result<()> {
-        self.core.propose(Request::ClusterVersion(version)).map(|_| ())
-    }
-
-    /// Enables a downgrade to `target` (etcd's `downgrade enable`), or ends one (`None`:
-    /// cancelled, or every member runs the target); returns once applied here.
-    pub fn set_downgrade(&self, target: Option<Version>) -> Result<()> {
-        self.core.propose(Request::Downgrade { target }).map(|_| ())
     }
 }
 
@@ -59,35 +38,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
         // A group of one agrees its own release at once.
-        assert_eq!(engine.versions().cluster(), Version::release());
-        engine.set_cluster_version(Version::new(0, 1)).unwrap();
-        engine.alarm_activate(7, Alarm::NoSpace).unwrap();
+        assert_eq!(engine.server().versions().cluster(), Version::release());
+        engine.server().set_cluster_version(Version::new(0, 1)).unwrap();
+        engine.maintenance().alarm_activate(7, Alarm::NoSpace).unwrap();
         // Below 0.2 the alarm is logged without its member: every member holds it as 0's.
-        assert_eq!(engine.alarms(), vec![(0, Alarm::NoSpace)]);
-        engine.alarm_disarm(7, Alarm::NoSpace).unwrap();
-        assert_eq!(engine.alarms(), vec![]);
-        engine.set_cluster_version(Version::new(0, 2)).unwrap();
-        engine.alarm_activate(7, Alarm::NoSpace).unwrap();
-        assert_eq!(engine.alarms(), vec![(7, Alarm::NoSpace)]);
-        engine.set_downgrade(Some(Version::new(0, 1))).unwrap();
+        assert_eq!(engine.maintenance().alarms(), vec![(0, Alarm::NoSpace)]);
+        engine.maintenance().alarm_disarm(7, Alarm::NoSpace).unwrap();
+        assert_eq!(engine.maintenance().alarms(), vec![]);
+        engine.server().set_cluster_version(Version::new(0, 2)).unwrap();
+        engine.maintenance().alarm_activate(7, Alarm::NoSpace).unwrap();
+        assert_eq!(engine.maintenance().alarms(), vec![(7, Alarm::NoSpace)]);
+        engine.server().set_downgrade(Some(Version::new(0, 1))).unwrap();
         let agreed = ClusterVersions {
             cluster: Some(Version::new(0, 2)),
             downgrade: Some(Version::new(0, 1)),
         };
-        assert_eq!(engine.versions(), agreed);
+        assert_eq!(engine.server().versions(), agreed);
         engine.close().unwrap();
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
-        assert_eq!(engine.versions(), agreed);
-        engine.set_cluster_version(Version::new(0, 1)).unwrap();
-        engine.set_downgrade(None).unwrap();
-        engine.alarm_disarm(7, Alarm::NoSpace).unwrap();
-        engine.alarm_activate(9, Alarm::Corrupt).unwrap();
-        assert_eq!(engine.alarms(), vec![(0, Alarm::Corrupt)]);
+        assert_eq!(engine.server().versions(), agreed);
+        engine.server().set_cluster_version(Version::new(0, 1)).unwrap();
+        engine.server().set_downgrade(None).unwrap();
+        engine.maintenance().alarm_disarm(7, Alarm::NoSpace).unwrap();
+        engine.maintenance().alarm_activate(9, Alarm::Corrupt).unwrap();
+        assert_eq!(engine.maintenance().alarms(), vec![(0, Alarm::Corrupt)]);
         engine.close().unwrap();
         // Reopened alone with no downgrade in progress, it agrees its release again.
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
-        assert_eq!(engine.versions().cluster(), Version::release());
-        assert_eq!(engine.versions().downgrade, None);
+        assert_eq!(engine.server().versions().cluster(), Version::release());
+        assert_eq!(engine.server().versions().downgrade, None);
         engine.close().unwrap();
     }
 
@@ -98,7 +77,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
         let newer = Version::new(Version::release().major, Version::release().minor + 1);
-        engine.set_cluster_version(newer).unwrap();
+        engine.server().set_cluster_version(newer).unwrap();
         engine.close().unwrap();
         let e = Engine::open(dir.path(), Config::default()).unwrap_err().to_string();
         assert!(e.contains("downgrade the cluster"), "{e}");

@@ -17,8 +17,8 @@ use super::bbolt::write::DbWriter;
 use super::pb;
 use crate::auth::Access;
 use crate::error::{Error, Failure, Result};
+use crate::format::snapshot::SnapshotMeta;
 use crate::mvcc::store::Chunk;
-use crate::snapshot::SnapshotMeta;
 
 fn io(e: std::io::Error) -> Error {
     Error::Snapshot(Failure::caused_by("write the etcd database", e))

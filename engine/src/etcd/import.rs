@@ -366,7 +366,8 @@ mod tests {
         .encode_to_vec()
     }
 
-    fn kv(key: &str, create: i64, modified: i64, version: i64, value: &str, lease: i64) -> Vec<u8> {
+    /// A `key` bucket value: `key` at `[create, modified, version]`, holding `value`.
+    fn kv(key: &str, [create, modified, version]: [i64; 3], value: &str, lease: i64) -> Vec<u8> {
         pb::KeyValue {
             key: key.as_bytes().to_vec(),
             create_revision: create,
@@ -405,18 +406,18 @@ mod tests {
         db.put(b"alice", &user.encode_to_vec()).unwrap();
         db.bucket(b"key").unwrap();
         // "kept" put at 2 (its last put before the compaction) and deleted at 5.1, after it.
-        db.put(&rev_key(2, 0, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
+        db.put(&rev_key(2, 0, false), &kv("kept", [2, 2, 1], "k1", 0)).unwrap();
         // a@2 (compacted away in etcd: only a@3 is kept), b@4 in a txn with c@4.1, delete b@5,
         // a@6 with the lease.
-        db.put(&rev_key(3, 0, false), &kv("a", 2, 3, 2, "a2", 0)).unwrap();
+        db.put(&rev_key(3, 0, false), &kv("a", [2, 3, 2], "a2", 0)).unwrap();
         // The tombstone that ended "gone" at the compaction, its puts compacted away (etcd 3.6+
         // keeps it): it deletes nothing.
         db.put(&rev_key(3, 1, true), &tombstone("gone")).unwrap();
-        db.put(&rev_key(4, 0, false), &kv("b", 4, 4, 1, "b1", 0)).unwrap();
-        db.put(&rev_key(4, 1, false), &kv("c", 4, 4, 1, "c1", 0)).unwrap();
+        db.put(&rev_key(4, 0, false), &kv("b", [4, 4, 1], "b1", 0)).unwrap();
+        db.put(&rev_key(4, 1, false), &kv("c", [4, 4, 1], "c1", 0)).unwrap();
         db.put(&rev_key(5, 0, true), &tombstone("b")).unwrap();
         db.put(&rev_key(5, 1, true), &tombstone("kept")).unwrap();
-        db.put(&rev_key(6, 0, false), &kv("a", 2, 6, 3, "a3", 42)).unwrap();
+        db.put(&rev_key(6, 0, false), &kv("a", [2, 6, 3], "a3", 42)).unwrap();
         db.bucket(b"lease").unwrap();
         let lease = pb::Lease {
             id: 42,
@@ -438,13 +439,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let snap = dir.path().join("snap.db");
         etcd_snapshot(&snap);
-        assert!(Engine::is_etcd_snapshot(&snap).unwrap());
+        assert!(crate::offline::is_etcd(&snap).unwrap());
         let members = BTreeMap::from([(1u64, MemberAttributes::with_peer_urls(vec!["http://m1:2380".into()]))]);
         let data = dir.path().join("member");
-        Engine::restore_etcd_as_new_cluster(&snap, &data, &members, false).unwrap();
+        crate::offline::import_etcd(&snap, &data, &members, false).unwrap();
         let engine = Engine::builder(&data).member(1).open().unwrap();
         assert_eq!(engine.current_revision(), 6);
-        assert_eq!(engine.compacted_revision(), 3);
+        assert_eq!(engine.status().compacted_revision, 3);
         let all = engine.range(&RangeRequest::all()).unwrap();
         let got: Vec<(String, i64, i64, i64, i64)> = all
             .kvs
@@ -471,10 +472,10 @@ mod tests {
             engine.range(&RangeRequest::key("a").at_revision(2)),
             Err(Error::Compacted { .. })
         ));
-        assert_eq!(engine.lease_keys(42), vec![bytes::Bytes::from_static(b"a")]);
-        let (enabled, revision) = engine.auth_status();
+        assert_eq!(engine.server().lease_keys(42), vec![bytes::Bytes::from_static(b"a")]);
+        let (enabled, revision) = engine.server().auth_status();
         assert_eq!((enabled, revision), (false, 7));
-        assert!(engine.auth_read(|a| a.has_role("alice", "app")));
+        assert!(engine.server().auth_read(|a| a.has_role("alice", "app")));
         // The new cluster takes writes at the next revision.
         assert_eq!(engine.put("d", "x").unwrap(), 7);
         engine.close().unwrap();
@@ -489,19 +490,19 @@ mod tests {
         let snap = dir.path().join("member-db");
         let mut db = DbWriter::create(File::create_new(&snap).unwrap()).unwrap();
         db.bucket(b"key").unwrap();
-        db.put(&rev_key(2, 0, false), &kv("half", 2, 2, 1, "h1", 0)).unwrap();
-        db.put(&rev_key(2, 1, false), &kv("kept", 2, 2, 1, "k1", 0)).unwrap();
+        db.put(&rev_key(2, 0, false), &kv("half", [2, 2, 1], "h1", 0)).unwrap();
+        db.put(&rev_key(2, 1, false), &kv("kept", [2, 2, 1], "k1", 0)).unwrap();
         db.put(&rev_key(3, 0, true), &tombstone("half")).unwrap();
         db.put(&rev_key(3, 1, true), &tombstone("gone")).unwrap();
-        db.put(&rev_key(5, 0, false), &kv("new", 5, 5, 1, "n1", 0)).unwrap();
+        db.put(&rev_key(5, 0, false), &kv("new", [5, 5, 1], "n1", 0)).unwrap();
         db.bucket(b"meta").unwrap();
         db.put(b"scheduledCompactRev", &rev_key(4, 0, false)).unwrap();
         db.finish().unwrap();
         let members = BTreeMap::from([(1u64, MemberAttributes::default())]);
         let data = dir.path().join("member");
-        Engine::restore_etcd_as_new_cluster(&snap, &data, &members, true).unwrap();
+        crate::offline::import_etcd(&snap, &data, &members, true).unwrap();
         let engine = Engine::builder(&data).member(1).open().unwrap();
-        assert_eq!((engine.current_revision(), engine.compacted_revision()), (5, 4));
+        assert_eq!((engine.current_revision(), engine.status().compacted_revision), (5, 4));
         let all = engine.range(&RangeRequest::all()).unwrap();
         let keys: Vec<&[u8]> = all.kvs.iter().map(|kv| &kv.key[..]).collect();
         assert_eq!(keys, [&b"kept"[..], b"new"]);
@@ -520,14 +521,14 @@ mod tests {
         let bad = dir.path().join("bad.db");
         std::fs::write(&bad, &bytes).unwrap();
         let data = dir.path().join("m");
-        let err = Engine::restore_etcd_as_new_cluster(&bad, &data, &members, false).unwrap_err();
+        let err = crate::offline::import_etcd(&bad, &data, &members, false).unwrap_err();
         assert!(err.to_string().contains("SHA-256"), "{err}");
         assert!(!data.join("data").exists());
         // Without its trailer: refused unless told to skip the check (a member's db file).
         let db_only = dir.path().join("db");
         let clean = std::fs::read(&snap).unwrap();
         std::fs::write(&db_only, &clean[..clean.len() - 32]).unwrap();
-        assert!(Engine::restore_etcd_as_new_cluster(&db_only, &data, &members, false).is_err());
-        Engine::restore_etcd_as_new_cluster(&db_only, &data, &members, true).unwrap();
+        assert!(crate::offline::import_etcd(&db_only, &data, &members, false).is_err());
+        crate::offline::import_etcd(&db_only, &data, &members, true).unwrap();
     }
 }

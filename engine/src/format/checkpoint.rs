@@ -1,4 +1,4 @@
-//! A checkpoint's file (`crate::checkpoint` says what it is for):
+//! A checkpoint: what it holds ([`Checkpoint`]), and its file:
 //!
 //! ```text
 //! offset  size  field
@@ -35,9 +35,42 @@ use serde::{Deserialize, Serialize};
 
 use super::entry;
 use super::state::{self, versions_trailer, Auth, Lease, Members, Recent, Store};
-use crate::checkpoint::Checkpoint;
+use crate::consensus::RecentRequests;
 use crate::error::{Error, Failure, Result};
+use crate::lease::lessor::LeaseRecord;
+use crate::membership::Membership;
+use crate::mvcc::store::StoreMeta;
+use crate::request::Alarm;
 use crate::version::ClusterVersions;
+
+/// What a checkpoint holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    pub(crate) applied_index: u64,
+    /// The term of the entry at `applied_index` (the Raft log's "snapshot" term).
+    pub(crate) applied_term: u64,
+    /// The group's membership at `applied_index`.
+    pub(crate) membership: Membership,
+    /// The last request IDs applied.
+    pub(crate) recent: RecentRequests,
+    /// Defragmentations and installed snapshots so far: of two checkpoints at the same applied index, the later layout wins.
+    pub(crate) epoch: u64,
+    pub(crate) store: StoreMeta,
+    pub(crate) leases: Vec<LeaseRecord>,
+    /// The raised alarms, with the member each was raised for.
+    pub(crate) alarms: Vec<(u64, Alarm)>,
+    /// Users, roles and permissions (its permission cache is rebuilt on load).
+    pub(crate) auth: crate::auth::AuthStore,
+    /// The agreed versions (a trailer of the body: see `format::checkpoint`).
+    pub(crate) versions: ClusterVersions,
+}
+
+impl Checkpoint {
+    /// Which of two checkpoints is newer.
+    pub(crate) fn order(&self) -> (u64, u64) {
+        (self.applied_index, self.epoch)
+    }
+}
 
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
 const HEADER_LEN: usize = 24;

@@ -1,4 +1,5 @@
-//! A snapshot's stream (`crate::snapshot` says what it holds):
+//! A snapshot: the complete state as a stream, written and read in bounded memory. What it
+//! holds besides the records ([`SnapshotMeta`]), and its stream:
 //!
 //! ```text
 //! "CAIRNSNP" | format version u32 LE (6; 5, with alarms without their member, and 4, without
@@ -25,10 +26,34 @@ use serde::{Deserialize, Serialize};
 use super::entry;
 use super::state::{self, versions_trailer, Auth, Lease, Members, Recent};
 use crate::backend::record::{self, Record};
+use crate::consensus::RecentRequests;
 use crate::error::{Error, Failure, Result};
+use crate::lease::lessor::LeaseRecord;
+use crate::membership::Membership;
+use crate::request::Alarm;
 use crate::revision::Revision;
-use crate::snapshot::SnapshotMeta;
 use crate::version::ClusterVersions;
+
+/// Everything in a snapshot besides the records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotMeta {
+    pub(crate) applied_index: u64,
+    /// The term of the entry at `applied_index`.
+    pub(crate) applied_term: u64,
+    /// The group's membership then.
+    pub(crate) membership: Membership,
+    /// The last request IDs applied.
+    pub(crate) recent: RecentRequests,
+    pub(crate) current: i64,
+    pub(crate) compacted: i64,
+    pub(crate) leases: Vec<LeaseRecord>,
+    /// The raised alarms, with the member each was raised for.
+    pub(crate) alarms: Vec<(u64, Alarm)>,
+    /// Users, roles and permissions.
+    pub(crate) auth: crate::auth::AuthStore,
+    /// The agreed versions (a trailer of the meta: see `format::snapshot`).
+    pub(crate) versions: ClusterVersions,
+}
 
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
 

@@ -336,7 +336,7 @@ pub(crate) mod attributes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{Access, AuthChange, Permission};
+    use crate::auth::{Access, AuthChange, AuthInfo, Permission};
     use crate::membership::Membership;
 
     fn hex(bytes: &[u8]) -> String {
@@ -415,11 +415,29 @@ mod tests {
         assert_eq!(alarms_from(back.alarms.into_iter().map(|a| (0, a)).collect()), alarms);
         let at = auth.revision();
         assert_eq!(
-            auth.permitted("v", at, b"k", b"", Access::Write),
+            auth.permitted(
+                AuthInfo {
+                    user: "v",
+                    revision: at
+                },
+                b"k",
+                b"",
+                Access::Write
+            ),
             Ok(()),
             "the cache is rebuilt"
         );
-        assert!(auth.permitted("v", at, b"j", b"", Access::Write).is_err());
+        assert!(auth
+            .permitted(
+                AuthInfo {
+                    user: "v",
+                    revision: at
+                },
+                b"j",
+                b"",
+                Access::Write
+            )
+            .is_err());
 
         let mut m = Membership {
             voters: vec![1, 2],

@@ -4,3 +4,4 @@
 pub(crate) mod build;
 pub(crate) mod range;
 pub(crate) mod txn;
+pub(crate) mod write;

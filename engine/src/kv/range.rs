@@ -8,7 +8,7 @@
 //! returns no key-values). Ties sort by key (etcd leaves their
 //! order unspecified).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mvcc::store::{KeyValue, ReadOptions, Store, WriteTxn};
 
 /// The direction a range answer is sorted in (etcd's `RangeRequest.SortOrder`).
@@ -88,6 +88,14 @@ pub struct RangeResponse {
 }
 
 impl RangeRequest {
+    /// Checks the request on its own, as etcd does: a key is given.
+    pub fn validate(&self) -> Result<()> {
+        match self.key.is_empty() {
+            true => Err(Error::EmptyKey),
+            false => Ok(()),
+        }
+    }
+
     /// One key.
     pub fn key(key: impl Into<Vec<u8>>) -> RangeRequest {
         RangeRequest {

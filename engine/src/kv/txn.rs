@@ -241,11 +241,10 @@ impl TxnRequest {
         }
         for op in self.success.iter().chain(&self.failure) {
             match op {
-                RequestOp::Range(r) if r.key.is_empty() => return Err(Error::EmptyKey),
+                RequestOp::Range(r) => r.validate()?,
                 RequestOp::Put(p) => p.validate()?,
-                RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(Error::EmptyKey),
+                RequestOp::DeleteRange(d) => d.validate()?,
                 RequestOp::Txn(t) => t.check_ops(max_ops - ops)?,
-                _ => {}
             }
         }
         Ok(())
@@ -451,12 +450,12 @@ impl PutRequest {
     }
 
     /// Applies the put as its own write request; returns the response and the new revision.
+    /// Validate it first ([`PutRequest::validate`]).
     pub fn apply(&self, store: &mut Store) -> Result<(PutResponse, i64)> {
         self.apply_checked(store, &|_| true).map(|(r, rev, _)| (r, rev))
     }
 
     pub(crate) fn apply_checked(&self, store: &mut Store, leases: LeaseExists<'_>) -> Result<Written<PutResponse>> {
-        self.validate()?;
         if self.lease != 0 && !leases(self.lease) {
             return Err(Error::LeaseNotFound);
         }
@@ -468,6 +467,14 @@ impl PutRequest {
 }
 
 impl DeleteRangeRequest {
+    /// Checks the delete on its own, as etcd does before proposing it: a key is given.
+    pub fn validate(&self) -> Result<()> {
+        match self.key.is_empty() {
+            true => Err(Error::EmptyKey),
+            false => Ok(()),
+        }
+    }
+
     fn run(&self, w: &mut WriteTxn<'_>) -> Result<DeleteRangeResponse> {
         let deleted = w.delete_range(&self.key, &self.range_end)?;
         Ok(DeleteRangeResponse {

@@ -45,7 +45,7 @@ pub(crate) struct LeaseRecord {
     pub(crate) remaining_ttl: i64,
 }
 
-/// What [`crate::Engine::lease_time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
+/// What [`crate::Leases::time_to_live`] reports (etcd's `LeaseTimeToLiveResponse`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
@@ -307,6 +307,11 @@ impl Lessor {
                 },
             );
         }
+    }
+
+    /// How many leases exist.
+    pub(crate) fn len(&self) -> usize {
+        self.leases.len()
     }
 
     /// Every lease ID, ascending.

@@ -94,6 +94,14 @@ pub enum EventKind {
     Delete,
 }
 
+/// Which history a hash covers: the changes up to revision `to`, as of compaction at
+/// `compacted`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HashScope {
+    pub(crate) to: i64,
+    pub(crate) compacted: i64,
+}
+
 /// etcd's `HashKV` answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -517,18 +525,18 @@ impl Store {
         rev.main > compacted || self.index.get(key, compacted).is_some_and(|f| f.modified == *rev)
     }
 
-    /// The events of revisions `from..=to` on keys of `range`, in revision order, whole
-    /// revisions only, stopping after the revision that reaches `limit` events (0: no limit),
-    /// with each change's previous value if `with_prev`. `from` must not be below the
+    /// The events of `revisions` on keys of `range`, in revision order, whole revisions only,
+    /// stopping after the revision that reaches `limit` events (0: no limit), with each
+    /// change's previous value if `with_prev`. The first revision must not be below the
     /// compacted revision (the caller checks).
     pub(crate) fn events(
         &self,
-        from: i64,
-        to: i64,
+        revisions: std::ops::RangeInclusive<i64>,
         range: &KeyRange,
         limit: usize,
         with_prev: bool,
     ) -> Result<Vec<Event>> {
+        let (from, to) = revisions.into_inner();
         let mut out: Vec<Event> = Vec::new();
         let span = (
             Bound::Included(Revision::new(from, 0)),
@@ -575,7 +583,11 @@ impl Store {
         let at = self.hash_revision(revision)?;
         let mut hasher = crc32fast::Hasher::new();
         let mut after = None;
-        while let Some(last) = self.hash_chunk(&mut hasher, after, at, self.compacted, usize::MAX)? {
+        let scope = HashScope {
+            to: at,
+            compacted: self.compacted,
+        };
+        while let Some(last) = self.hash_chunk(&mut hasher, after, scope, usize::MAX)? {
             after = Some(last);
         }
         Ok(HashKv {
@@ -597,18 +609,18 @@ impl Store {
         self.read_revision(revision)
     }
 
-    /// Adds to `hasher` the changes in history as of compaction at `compacted`, after revision
-    /// `after` (none: from the start) up to revision `to`, at most `limit` looked at. Returns
-    /// the last revision looked at (`None`: nothing was left). The caller keeps the history
-    /// from being swept between chunks (the store's pin).
+    /// Adds to `hasher` the changes in history `scope` covers after revision `after` (none:
+    /// from the start), at most `limit` looked at. Returns the last revision looked at
+    /// (`None`: nothing was left). The caller keeps the history from being swept between
+    /// chunks (the store's pin).
     pub(crate) fn hash_chunk(
         &self,
         hasher: &mut crc32fast::Hasher,
         after: Option<Revision>,
-        to: i64,
-        compacted: i64,
+        scope: HashScope,
         limit: usize,
     ) -> Result<Option<Revision>> {
+        let HashScope { to, compacted } = scope;
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut last = None;
         for (rev, loc) in self
@@ -808,10 +820,12 @@ impl WriteTxn<'_> {
         }
     }
 
-    /// Appends the record of the change at `rev` (a put of the key as `found` says, or a
-    /// tombstone) and logs where it is.
-    fn append(&mut self, key: &[u8], rev: Revision, value: &[u8], lease: i64, found: Option<Found>) -> Result<()> {
-        let (created, version) = found.map_or((Revision::default(), 0), |f| (f.created, f.version));
+    /// Appends the record of `change` to `key` at `rev` and logs where it is.
+    fn append(&mut self, key: &[u8], rev: Revision, change: Change<'_>) -> Result<()> {
+        let (value, lease, created, version) = match change {
+            Change::Put { value, lease, found } => (value, lease, found.created, found.version),
+            Change::Tombstone => (&[][..], 0, Revision::default(), 0),
+        };
         let record = Record {
             rev,
             created,
@@ -873,7 +887,15 @@ impl WriteTxn<'_> {
             tombstone: false,
             previous,
         });
-        self.append(key, rev, &value, lease, Some(found))?;
+        self.append(
+            key,
+            rev,
+            Change::Put {
+                value: &value,
+                lease,
+                found,
+            },
+        )?;
         if let Some(events) = &mut self.store.events {
             let kv = KeyValue {
                 key: Bytes::copy_from_slice(key),
@@ -922,7 +944,7 @@ impl WriteTxn<'_> {
                 tombstone: true,
                 previous,
             });
-            self.append(&k, rev, &[], 0, None)?;
+            self.append(&k, rev, Change::Tombstone)?;
             if let Some(events) = &mut self.store.events {
                 events.push(Event::deleted(Bytes::from(k), rev.main, prev_kv));
             }
@@ -958,6 +980,15 @@ impl WriteTxn<'_> {
     }
 }
 
+/// A change a write makes to one key, as its record holds it.
+enum Change<'a> {
+    /// The key now holds `value` with `lease`; `found` is its generation (creation revision
+    /// and version) as the index has it after the put.
+    Put { value: &'a [u8], lease: i64, found: Found },
+    /// The key is deleted.
+    Tombstone,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -988,7 +1019,7 @@ mod tests {
             write(&mut w);
             let rev = w.end();
             let recorded = store.take_events();
-            let read = store.events(rev, rev, &everything, 0, true).unwrap();
+            let read = store.events(rev..=rev, &everything, 0, true).unwrap();
             assert!(!recorded.is_empty());
             assert_eq!(recorded, read, "at revision {rev}");
         };
@@ -1129,8 +1160,8 @@ mod tests {
                 assert_eq!(a.range(&[0], &[0], opts).unwrap(), b.range(&[0], &[0], opts).unwrap());
             }
             assert_eq!(
-                a.events(20, 31, &everything, 0, true).unwrap(),
-                b.events(20, 31, &everything, 0, true).unwrap()
+                a.events(20..=31, &everything, 0, true).unwrap(),
+                b.events(20..=31, &everything, 0, true).unwrap()
             );
         };
         let mut steps = 0;

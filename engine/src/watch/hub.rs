@@ -270,6 +270,9 @@ struct Group {
     before: Vec<(i64, bool)>,
 }
 
+/// Watchers a shared part's group has room for from the start.
+const ROOM: usize = 128;
+
 /// One sink's deliveries of a batch, being gathered: the watchers of each share.
 #[derive(Default)]
 struct Groups {
@@ -278,6 +281,8 @@ struct Groups {
     shared: Vec<Group>,
     /// Parts built for one watcher alone.
     own: Vec<Group>,
+    /// Watchers of the sink being gathered.
+    watchers: usize,
 }
 
 impl Groups {
@@ -293,11 +298,17 @@ impl Groups {
             g.before.push(before);
             return;
         }
-        let group = Group {
+        // A shared part goes to many of the sink's watchers, often all of them: room for
+        // them at once (up to `ROOM`, as a delivery may wait queued), instead of a vector
+        // doubled a few times per delivery.
+        let room = if shared { self.watchers.min(ROOM) } else { 1 };
+        let mut group = Group {
             events,
-            ids: vec![id],
-            before: vec![before],
+            ids: Vec::with_capacity(room),
+            before: Vec::with_capacity(room),
         };
+        group.ids.push(id);
+        group.before.push(before);
         if shared {
             self.shared.push(group);
         } else {
@@ -530,6 +541,7 @@ impl WatchHub {
         let mut shares = Shares::new(events);
         let mut groups = Groups::default();
         self.sinks.retain(|_, sink| {
+            groups.watchers = sink.watchers.len();
             for (id, w) in &mut sink.watchers {
                 if !w.synced || w.next_rev > revision {
                     continue; // catching up, or starting later
@@ -605,6 +617,7 @@ impl WatchHub {
         let mut shares = Shares::new(events);
         let mut groups = Groups::default();
         self.sinks.retain(|_, sink| {
+            groups.watchers = sink.watchers.len();
             let due = |w: &Watcher| !w.synced && (need.from..=seen).contains(&w.next_rev);
             for (id, w) in sink.watchers.iter_mut().filter(|(_, w)| due(w)) {
                 let before = (w.next_rev, w.quiet);

@@ -6,7 +6,7 @@
 //!
 //! When auth is disabled, nothing is checked and every caller may do everything.
 
-use cairn_engine::{Access, AuthError, AuthStore, Engine};
+use cairn_engine::{Access, AuthError, AuthInfo, AuthStore, Engine};
 use tonic::Status;
 
 use crate::errors::auth_status;
@@ -61,7 +61,7 @@ pub async fn caller_of(
     metadata: &tonic::metadata::MetadataMap,
     extensions: &tonic::Extensions,
 ) -> Result<Option<Caller>, Status> {
-    let (enabled, revision) = engine.auth_status();
+    let (enabled, revision) = engine.server().auth_status();
     if !enabled {
         return Ok(None);
     }
@@ -101,12 +101,12 @@ pub async fn caller_of(
 /// if this member knows no such token, it waits until it has applied that index (bounded by
 /// the request timeout), then looks again, as etcd's members wait.
 async fn simple_token(engine: &Engine, token: &str) -> Option<String> {
-    if let Some(user) = engine.resolve_token(token) {
+    if let Some(user) = engine.server().resolve_token(token) {
         return Some(user);
     }
     let index: u64 = token.rsplit_once('.')?.1.parse().ok()?;
-    engine.applied_async(index).await.ok()?;
-    engine.resolve_token(token)
+    engine.server().applied_async(index).await.ok()?;
+    engine.server().resolve_token(token)
 }
 
 fn user_of(caller: Option<&Caller>) -> (&str, u64) {
@@ -130,26 +130,42 @@ pub enum Need<'a> {
 /// Checks every need in `needs` for `caller` against one view of the auth store.
 pub fn check(engine: &Engine, caller: Option<&Caller>, needs: &[Need<'_>]) -> Result<(), Status> {
     let (user, revision) = user_of(caller);
-    let leased: Vec<(i64, Vec<bytes::Bytes>)> = needs
+    let who = AuthInfo { user, revision };
+    let leases: Vec<i64> = needs
         .iter()
         .filter_map(|n| match n {
-            Need::LeaseWrite(id) | Need::LeaseRead(id) if *id != 0 => Some((*id, engine.lease_keys(*id))),
+            Need::LeaseWrite(id) | Need::LeaseRead(id) if *id != 0 => Some(*id),
             _ => None,
         })
         .collect();
+    // A lease's keys matter only with auth on: without, the lessor is not asked (a keep-alive
+    // checks its lease on every renewal). Requests without a lease skip the question.
+    let keys_needed = !leases.is_empty() && engine.server().auth_status().0;
+    let leased: Vec<(i64, Vec<bytes::Bytes>)> = match keys_needed {
+        true => leases.iter().map(|&id| (id, engine.server().lease_keys(id))).collect(),
+        false => Vec::new(),
+    };
     engine
+        .server()
         .auth_read(|store| {
+            if store.enabled() && !leases.is_empty() && !keys_needed {
+                // Enabled since the keys were skipped: the caller retries, as after any
+                // change of the auth store under a request.
+                return Err(AuthError::OldRevision);
+            }
             for need in needs {
                 match need {
-                    Need::Read(key, end) => store.permitted(user, revision, key, end, Access::Read)?,
-                    Need::Write(key, end) => store.permitted(user, revision, key, end, Access::Write)?,
+                    Need::Read(key, end) => store.permitted(who, key, end, Access::Read)?,
+                    Need::Write(key, end) => store.permitted(who, key, end, Access::Write)?,
                     Need::LeaseWrite(id) | Need::LeaseRead(id) => {
                         let access = if matches!(need, Need::LeaseWrite(_)) {
                             Access::Write
                         } else {
                             Access::Read
                         };
-                        lease_keys_permitted(store, user, revision, &leased, *id, access)?;
+                        if let Some((_, keys)) = leased.iter().find(|(l, _)| l == id) {
+                            lease_keys_permitted(store, who, keys, access)?;
+                        }
                     }
                 }
             }
@@ -158,33 +174,31 @@ pub fn check(engine: &Engine, caller: Option<&Caller>, needs: &[Need<'_>]) -> Re
         .map_err(auth_status)
 }
 
+/// Whether `who` may access each of a lease's `keys` (an admin, or a lease with none, may).
 fn lease_keys_permitted(
     store: &AuthStore,
-    user: &str,
-    revision: u64,
-    leased: &[(i64, Vec<bytes::Bytes>)],
-    id: i64,
+    who: AuthInfo<'_>,
+    keys: &[bytes::Bytes],
     access: Access,
 ) -> Result<(), AuthError> {
-    let Some((_, keys)) = leased.iter().find(|(l, _)| *l == id) else {
-        return Ok(());
-    };
-    if keys.is_empty() || store.admin(user).is_ok() {
+    if keys.is_empty() || store.admin(who.user).is_ok() {
         return Ok(());
     }
-    keys.iter()
-        .try_for_each(|k| store.permitted(user, revision, k, &[], access))
+    keys.iter().try_for_each(|k| store.permitted(who, k, &[], access))
 }
 
 /// etcd's admin check: the caller must hold the root role (when auth is enabled).
 pub fn admin(engine: &Engine, caller: Option<&Caller>) -> Result<(), Status> {
     let (user, _) = user_of(caller);
-    engine.auth_read(|store| store.admin(user)).map_err(auth_status)
+    engine
+        .server()
+        .auth_read(|store| store.admin(user))
+        .map_err(auth_status)
 }
 
 /// etcd's `requireAuthInfo`: any authenticated caller (when auth is enabled).
 pub fn authenticated(engine: &Engine, caller: Option<&Caller>) -> Result<(), Status> {
-    if caller.is_none() && engine.auth_status().0 {
+    if caller.is_none() && engine.server().auth_status().0 {
         return Err(auth_status(AuthError::UserEmpty));
     }
     Ok(())

@@ -43,6 +43,7 @@ impl AuthService {
         let pending = self
             .node
             .engine
+            .server()
             .auth_change_async(change, access::guard(caller))
             .or_status()?;
         let applied = pending.await.or_status()?;
@@ -127,7 +128,7 @@ impl Auth for AuthService {
         &self,
         _r: Request<pb::AuthStatusRequest>,
     ) -> Result<Response<pb::AuthStatusResponse>, Status> {
-        let (enabled, auth_revision) = self.node.engine.auth_status();
+        let (enabled, auth_revision) = self.node.engine.server().auth_status();
         Ok(Response::new(pb::AuthStatusResponse {
             header: Some(self.node.current_header()),
             enabled,
@@ -163,7 +164,10 @@ impl Auth for AuthService {
         // Checked against the latest auth store, as etcd does.
         self.node.bounded(engine.read_barrier_async()).await?;
         loop {
-            let (hash, checked) = engine.auth_read(|a| a.password_hash(&r.name)).map_err(auth_status)?;
+            let (hash, checked) = engine
+                .server()
+                .auth_read(|a| a.password_hash(&r.name))
+                .map_err(auth_status)?;
             let password = r.password.clone();
             let matches = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
                 .await
@@ -176,7 +180,10 @@ impl Auth for AuthService {
                 Some(jwt) => jwt.sign(&r.name, checked).map_err(Status::failed_precondition)?,
                 None => {
                     let prefix = simple_token_prefix();
-                    let pending = engine.authenticate_async(r.name.clone(), prefix, checked).or_status()?;
+                    let pending = engine
+                        .server()
+                        .authenticate_async(r.name.clone(), prefix, checked)
+                        .or_status()?;
                     match pending.await {
                         Ok(token) => token,
                         // The auth store changed while the password was checked: again.
@@ -221,6 +228,7 @@ impl Auth for AuthService {
         let roles = self
             .node
             .engine
+            .server()
             .auth_read(|a| a.user(&name).map(|u| u.roles.clone()))
             .ok_or_else(|| auth_status(AuthError::UserNotFound))?;
         Ok(Response::new(pb::AuthUserGetResponse {
@@ -237,7 +245,7 @@ impl Auth for AuthService {
         access::admin(&self.node.engine, caller.as_ref())?;
         Ok(Response::new(pb::AuthUserListResponse {
             header: Some(self.node.current_header()),
-            users: self.node.engine.auth_read(|a| a.user_names()),
+            users: self.node.engine.server().auth_read(|a| a.user_names()),
         }))
     }
 
@@ -261,6 +269,7 @@ impl Auth for AuthService {
         let no_password = self
             .node
             .engine
+            .server()
             .auth_read(|a| a.user(&r.name).map(|u| u.no_password))
             .ok_or_else(|| auth_status(AuthError::UserNotFound))?;
         let password_hash = self.password_hash(r.password, r.hashed_password, no_password).await?;
@@ -315,13 +324,14 @@ impl Auth for AuthService {
         let role = r.into_inner().role;
         let holds = caller
             .as_ref()
-            .is_some_and(|c| self.node.engine.auth_read(|a| a.has_role(&c.user, &role)));
+            .is_some_and(|c| self.node.engine.server().auth_read(|a| a.has_role(&c.user, &role)));
         if !holds {
             access::admin(&self.node.engine, caller.as_ref())?;
         }
         let perm = self
             .node
             .engine
+            .server()
             .auth_read(|a| {
                 a.role(&role)
                     .map(|r| r.permissions.iter().map(permission_of).collect::<Vec<_>>())
@@ -351,7 +361,7 @@ impl Auth for AuthService {
         access::admin(&self.node.engine, caller.as_ref())?;
         Ok(Response::new(pb::AuthRoleListResponse {
             header: Some(self.node.current_header()),
-            roles: self.node.engine.auth_read(|a| a.role_names()),
+            roles: self.node.engine.server().auth_read(|a| a.role_names()),
         }))
     }
 

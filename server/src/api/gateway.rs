@@ -19,6 +19,8 @@
 use std::convert::Infallible;
 use std::sync::OnceLock;
 
+use crate::transport::listen::Serves;
+
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::{Buf, BufMut, BytesMut};
@@ -136,7 +138,10 @@ fn route(path: &str) -> Option<Route> {
 }
 
 /// The gateway's routes (`/v3/*` and `/v3beta/*`), calling the gRPC services in `grpc`.
-pub fn router(grpc: axum::Router, max_body: usize) -> axum::Router {
+pub fn router<S>(grpc: S, max_body: usize) -> axum::Router
+where
+    S: GrpcService,
+{
     let handler = move |request: Request<Body>| {
         let grpc = grpc.clone();
         async move { with_cors(serve(grpc, request, max_body).await) }
@@ -161,7 +166,12 @@ fn with_cors(mut response: Response<Body>) -> Response<Body> {
     response
 }
 
-async fn serve(grpc: axum::Router, request: Request<Body>, max_body: usize) -> Response<Body> {
+/// The member's gRPC services, as the gateway calls them.
+pub trait GrpcService: Serves<Request<Body>> + Clone + Send + Sync + 'static {}
+
+impl<S: Serves<Request<Body>> + Clone + Send + Sync + 'static> GrpcService for S {}
+
+async fn serve<S: GrpcService>(grpc: S, request: Request<Body>, max_body: usize) -> Response<Body> {
     if request.method() == Method::OPTIONS {
         return plain(StatusCode::OK, "");
     }

@@ -48,7 +48,7 @@ async fn failed_checks(node: &Arc<Node>, params: &HashMap<String, String>) -> Ve
         .flat_map(|(_, v)| v.split(','))
         .collect();
     let mut failed = Vec::new();
-    let alarms = node.engine.alarms();
+    let alarms = node.engine.maintenance().alarms();
     for (_, alarm) in alarms {
         let name = match alarm {
             Alarm::NoSpace => "NOSPACE",
@@ -104,7 +104,13 @@ const READYZ: &[&str] = &[
 /// Runs one of etcd's named checks: `Err` says why it failed.
 async fn check(node: &Arc<Node>, name: &str) -> Result<(), String> {
     match name {
-        "data_corruption" => match node.engine.alarms().iter().any(|(_, a)| *a == Alarm::Corrupt) {
+        "data_corruption" => match node
+            .engine
+            .maintenance()
+            .alarms()
+            .iter()
+            .any(|(_, a)| *a == Alarm::Corrupt)
+        {
             true => Err("alarm activated: CORRUPT".into()),
             false => Ok(()),
         },
@@ -123,7 +129,7 @@ async fn check(node: &Arc<Node>, name: &str) -> Result<(), String> {
                 .map(|_| ())
                 .map_err(|status| status.message().to_string())
         }
-        "non_learner" => match node.engine.raft_status().is_learner {
+        "non_learner" => match node.engine.status().is_learner {
             true => Err("not supported for learner".into()),
             false => Ok(()),
         },
@@ -197,7 +203,7 @@ async fn one_check(node: &Arc<Node>, checks: &[&str], name: &str, params: &[(Str
 /// versions: this build's release, the agreed cluster version and the storage version
 /// (`cairn_engine::version`).
 async fn version(State(h): State<Http>) -> Response {
-    let agreed = h.node.engine.versions();
+    let agreed = h.node.engine.server().versions();
     Json(serde_json::json!({
         "etcdserver": API_VERSION,
         "etcdcluster": API_VERSION,

@@ -69,13 +69,16 @@ impl Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let started = Instant::now();
         let Admitted { request, .. } = self.admit(request, validate::range, access::range_needs).await?;
-        if !request.serializable && self.node.engine.is_learner() {
+        if !request.serializable && self.node.engine.server().is_learner() {
             return Err(Refusal::NotForLearner.into());
         }
         let at_past_revision = request.revision > 0;
         // A serializable read only takes the state's read lock; a linearizable one first awaits
         // the read barrier (a ReadIndex round), without holding a thread.
-        let answer = self.node.bounded(self.node.engine.range_async(&request)).await?;
+        let answer = self
+            .node
+            .bounded(self.node.engine.server().range_async(&request))
+            .await?;
         let header = self
             .node
             .header(header_revision(&self.node, answer.revision, at_past_revision));
@@ -130,7 +133,7 @@ impl Kv for KvService {
             value_size: request.value.len(),
         };
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.server().write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         warn_if_slow(&self.node, started, summary, applied.revision);
@@ -151,7 +154,7 @@ impl Kv for KvService {
             key_size: request.key.len(),
         };
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.server().write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         warn_if_slow(&self.node, started, summary, applied.revision);
@@ -171,14 +174,17 @@ impl Kv for KvService {
         };
         if request.is_read_only() {
             // Served from this member's state after the read barrier, as etcd does, not logged.
-            let applied = self.node.bounded(self.node.engine.read_txn_async(&request)).await?;
+            let applied = self
+                .node
+                .bounded(self.node.engine.server().read_txn_async(&request))
+                .await?;
             let header = self.node.header(applied.revision);
             warn_if_slow(&self.node, started, summary, applied.revision);
             return Ok(Response::new(convert::txn_response(applied.response, header)));
         }
         self.node.admit_write()?;
         let guard = access::guard(caller.as_ref());
-        let pending = self.node.engine.write_async_as(request, guard).or_status()?;
+        let pending = self.node.engine.server().write_async_as(request, guard).or_status()?;
         let applied = pending.await.or_status()?;
         let header = self.node.header(applied.revision);
         warn_if_slow(&self.node, started, summary, applied.revision);
@@ -197,7 +203,7 @@ impl Kv for KvService {
             .blocking(move |e| {
                 let applied = e.compact(request.revision)?;
                 if request.physical {
-                    e.wait_compacted()?;
+                    e.maintenance().wait_compacted()?;
                 }
                 Ok(applied)
             })

@@ -38,7 +38,7 @@ impl Lease for LeaseService {
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let r = request.into_inner();
         self.node.admit_write()?;
-        let applied = self.node.blocking(move |e| e.lease_grant(r.id, r.ttl)).await?;
+        let applied = self.node.blocking(move |e| e.leases().grant(r.id, r.ttl)).await?;
         Ok(Response::new(pb::LeaseGrantResponse {
             header: Some(self.node.header(applied.revision)),
             id: applied.response.id,
@@ -56,7 +56,10 @@ impl Lease for LeaseService {
         access::authenticated(&self.node.engine, caller.as_ref())?;
         access::check(&self.node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
         let guard = access::guard(caller.as_ref());
-        let applied = self.node.blocking(move |e| e.lease_revoke_as(id, guard)).await?;
+        let applied = self
+            .node
+            .blocking(move |e| e.server().lease_revoke_as(id, guard))
+            .await?;
         Ok(Response::new(pb::LeaseRevokeResponse {
             header: Some(self.node.header(applied.revision)),
         }))
@@ -131,7 +134,7 @@ impl Lease for LeaseService {
                 .forwarded(LeaseClient::new(channel).lease_time_to_live(access::onward(&metadata, r)))
                 .await;
         }
-        let status = self.node.engine.lease_time_to_live(r.id, r.keys);
+        let status = self.node.engine.leases().time_to_live(r.id, r.keys);
         Ok(Response::new(pb::LeaseTimeToLiveResponse {
             header: Some(self.node.current_header()),
             id: r.id,
@@ -147,7 +150,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
         let caller = self.node.caller(&request).await?;
         access::authenticated(&self.node.engine, caller.as_ref())?;
-        let ids = self.node.engine.leases();
+        let ids = self.node.engine.leases().list();
         if access::admin(&self.node.engine, caller.as_ref()).is_err() {
             // etcd: one who is not an admin must be able to read every leased key.
             let needs: Vec<Need<'_>> = ids.iter().map(|id| Need::LeaseRead(*id)).collect();
@@ -164,7 +167,7 @@ impl Lease for LeaseService {
 /// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
 async fn keep_alive(node: &Arc<Node>, id: i64, metadata: &tonic::metadata::MetadataMap) -> Result<i64, Status> {
     match node.leader_route().await? {
-        Route::Here => node.bounded(node.engine.lease_keep_alive_async(id)).await,
+        Route::Here => node.bounded(node.engine.leases().keep_alive_async(id)).await,
         Route::Leader(channel) => {
             node.forwarded(async {
                 let request = access::onward(metadata, tokio_stream::once(pb::LeaseKeepAliveRequest { id }));

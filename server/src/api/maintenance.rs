@@ -81,14 +81,18 @@ impl Maintenance for MaintenanceService {
                 .collect()
         };
         let alarms = match (AlarmAction::try_from(r.action), alarm) {
-            (Ok(AlarmAction::Get), _) => report(self.node.engine.alarms()),
+            (Ok(AlarmAction::Get), _) => report(self.node.engine.maintenance().alarms()),
             (Ok(AlarmAction::Activate), Some(a)) => {
-                self.node.blocking(move |e| e.alarm_activate(member, a)).await?;
+                self.node
+                    .blocking(move |e| e.maintenance().alarm_activate(member, a))
+                    .await?;
                 report(vec![(member, a)])
             }
             (Ok(AlarmAction::Deactivate), Some(a)) => {
-                let raised = self.node.engine.alarms().contains(&(member, a));
-                self.node.blocking(move |e| e.alarm_disarm(member, a)).await?;
+                let raised = self.node.engine.maintenance().alarms().contains(&(member, a));
+                self.node
+                    .blocking(move |e| e.maintenance().alarm_disarm(member, a))
+                    .await?;
                 report(if raised { vec![(member, a)] } else { Vec::new() })
             }
             // Activating or deactivating "no alarm" changes nothing.
@@ -105,9 +109,10 @@ impl Maintenance for MaintenanceService {
         let caller = self.node.caller(&request).await?;
         access::authenticated(&self.node.engine, caller.as_ref())?;
         let e = &self.node.engine;
-        let raft = e.raft_status();
-        let versions = e.versions();
+        let status = e.status();
+        let versions = e.server().versions();
         let errors = e
+            .maintenance()
             .alarms()
             .into_iter()
             .map(|(member, a)| alarm_error(member, a))
@@ -115,14 +120,14 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(pb::StatusResponse {
             header: Some(self.node.current_header()),
             version: API_VERSION.to_string(),
-            db_size: i64::try_from(e.size()).unwrap_or(i64::MAX),
-            leader: raft.leader.unwrap_or(0),
-            raft_index: raft.commit_index,
-            raft_term: raft.term,
-            raft_applied_index: raft.applied_index,
+            db_size: i64::try_from(status.size).unwrap_or(i64::MAX),
+            leader: status.leader.unwrap_or(0),
+            raft_index: status.commit_index,
+            raft_term: status.term,
+            raft_applied_index: status.applied_index,
             errors,
-            db_size_in_use: i64::try_from(e.size_in_use()).unwrap_or(i64::MAX),
-            is_learner: raft.is_learner,
+            db_size_in_use: i64::try_from(status.size_in_use).unwrap_or(i64::MAX),
+            is_learner: status.is_learner,
             // cairn's own: the forms its data is written in (`cairn_engine::version`).
             storage_version: full(versions.cluster()),
             db_size_quota: i64::try_from(self.node.limits.quota_backend_bytes).unwrap_or(i64::MAX),
@@ -138,7 +143,7 @@ impl Maintenance for MaintenanceService {
         request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
-        self.node.blocking(|e| e.defragment()).await?;
+        self.node.blocking(|e| e.maintenance().defragment()).await?;
         // No header, as etcd (3.4 to 3.7) answers.
         Ok(Response::new(pb::DefragmentResponse { header: None }))
     }
@@ -147,7 +152,7 @@ impl Maintenance for MaintenanceService {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         // etcd hashes its whole backend file; cairn hashes the history kept (what HashKV at the
         // current revision covers), which members agree on just the same.
-        let hash = self.node.blocking(|e| e.hash_kv(0)).await?;
+        let hash = self.node.blocking(|e| e.maintenance().hash_kv(0)).await?;
         Ok(Response::new(pb::HashResponse {
             header: Some(self.node.header(hash.hash_revision)),
             hash: hash.hash,
@@ -157,7 +162,7 @@ impl Maintenance for MaintenanceService {
     async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let revision = request.into_inner().revision;
-        let hash = self.node.blocking(move |e| e.hash_kv(revision)).await?;
+        let hash = self.node.blocking(move |e| e.maintenance().hash_kv(revision)).await?;
         Ok(Response::new(pb::HashKvResponse {
             header: Some(self.node.current_header()),
             hash: hash.hash,
@@ -209,7 +214,7 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let target = request.into_inner().target_id;
-        self.node.blocking(move |e| e.move_leader(target)).await?;
+        self.node.blocking(move |e| e.members().move_leader(target)).await?;
         // No header, as etcd (3.4 to 3.7) answers.
         Ok(Response::new(pb::MoveLeaderResponse { header: None }))
     }
@@ -222,7 +227,7 @@ impl Maintenance for MaintenanceService {
         use pb::downgrade_request::DowngradeAction;
         access::admin(&self.node.engine, self.node.caller(&request).await?.as_ref())?;
         let request = request.into_inner();
-        let agreed = self.node.engine.versions();
+        let agreed = self.node.engine.server().versions();
         match DowngradeAction::try_from(request.action) {
             Ok(DowngradeAction::Validate) => {
                 validate(&agreed, &request.version).map_err(|r| r.status())?;
@@ -230,14 +235,16 @@ impl Maintenance for MaintenanceService {
             Ok(DowngradeAction::Enable) => {
                 let target = validate(&agreed, &request.version).map_err(|r| r.status())?;
                 tracing::info!(target = %target, "enabling a downgrade");
-                self.node.blocking(move |e| e.set_downgrade(Some(target))).await?;
+                self.node
+                    .blocking(move |e| e.server().set_downgrade(Some(target)))
+                    .await?;
             }
             Ok(DowngradeAction::Cancel) => {
                 if agreed.downgrade.is_none() {
                     return Err(Refusal::NoneInProgress.status());
                 }
                 tracing::info!("cancelling the downgrade");
-                self.node.blocking(|e| e.set_downgrade(None)).await?;
+                self.node.blocking(|e| e.server().set_downgrade(None)).await?;
             }
             Err(_) => return Err(Status::invalid_argument("etcdserver: unknown downgrade action")),
         }
@@ -271,7 +278,7 @@ fn etcd_snapshot(engine: &cairn_engine::Engine) -> cairn_engine::Result<(std::fs
         .open(&path)
         .map_err(io)?;
     std::fs::remove_file(&path).map_err(io)?;
-    let (mut file, len) = engine.snapshot_etcd(file)?;
+    let (mut file, len) = engine.maintenance().snapshot_etcd(file)?;
     file.rewind().map_err(io)?;
     Ok((file, len))
 }

@@ -32,7 +32,15 @@ pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send
 /// Whether a call asked that a leader be known (`hasleader: true` metadata, which etcd's
 /// clients send with `WithRequireLeader`).
 pub fn wants_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
-    metadata.get("hasleader").is_some_and(|v| v.as_bytes() == b"true")
+    asks_for_leader(metadata.get(HASLEADER).map(|v| v.as_bytes()))
+}
+
+/// The metadata key of [`wants_leader`].
+pub const HASLEADER: &str = "hasleader";
+
+/// Whether the value of a call's `hasleader` metadata, if any, asks that a leader be known.
+pub fn asks_for_leader(value: Option<&[u8]>) -> bool {
+    value == Some(b"true")
 }
 
 /// `stream`, ended with etcd's "no leader" once the member has had none for

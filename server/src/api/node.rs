@@ -65,7 +65,7 @@ pub async fn watch_leader(node: Arc<Node>, election: std::time::Duration) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if let Some(e) = node.engine.failure() {
+        if let Some(e) = node.engine.status().failure {
             tracing::error!(
                 error = %e,
                 "this member can take no more writes until it is started again: exiting (start it again once the cause, a full disk say, is gone)"
@@ -89,7 +89,7 @@ impl Node {
             cluster_id: self.cluster.get(),
             member_id: self.member_id,
             revision,
-            raft_term: self.engine.term(),
+            raft_term: self.engine.server().term(),
         }
     }
 
@@ -121,7 +121,7 @@ impl Node {
         &self,
         call: impl std::future::Future<Output = cairn_engine::Result<T>>,
     ) -> Result<T, Status> {
-        match tokio::time::timeout(self.engine.request_timeout(), call).await {
+        match tokio::time::timeout(self.engine.server().request_timeout(), call).await {
             Ok(answer) => answer.or_status(),
             Err(_) => Err(crate::errors::status(&cairn_engine::Error::Timeout)),
         }
@@ -131,7 +131,7 @@ impl Node {
     /// leader that went away without closing its connection must not leave the client
     /// waiting ("etcdserver: request timed out", as etcd answers).
     pub async fn forwarded<T>(&self, call: impl std::future::Future<Output = Result<T, Status>>) -> Result<T, Status> {
-        match tokio::time::timeout(self.engine.request_timeout(), call).await {
+        match tokio::time::timeout(self.engine.server().request_timeout(), call).await {
             Ok(answer) => answer,
             Err(_) => Err(crate::errors::status(&cairn_engine::Error::Timeout)),
         }
@@ -152,7 +152,7 @@ impl Node {
     /// etcd's check before a write is proposed (after [`crate::api::validate`]): whether applying
     /// keeps up with committing.
     pub fn admit_write(&self) -> Result<(), Status> {
-        if self.engine.apply_lag() > MAX_APPLY_LAG {
+        if self.engine.server().apply_lag() > MAX_APPLY_LAG {
             return Err(Refusal::TooManyRequests.into());
         }
         Ok(())

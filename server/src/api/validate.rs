@@ -1,9 +1,13 @@
 //! Every check a client request passes before it reaches the engine, in one place, as etcd
 //! makes them: its size against `--max-request-bytes`, its operations against
-//! `--max-txn-ops`, empty keys, sort options, and the put flags that exclude each other.
+//! `--max-txn-ops`, empty keys, sort options, and the put flags that exclude each other. The
+//! rules for a request on its own are the engine's (`validate`, `WriteRequest::check`), made
+//! here, once, at the server's edge and before any permission is looked at; the engine is then
+//! handed the request through `ServerHooks`, which do not check it again.
 //! Fuzzed by `fuzz/fuzz_targets/grpc_request.rs`.
 
 use cairn_engine as engine;
+use engine::WriteRequest as _;
 use prost::Message as _;
 use tonic::Status;
 
@@ -32,6 +36,7 @@ pub fn range(r: pb::RangeRequest) -> Result<engine::RangeRequest, Status> {
     if r.key.is_empty() {
         return Err(status(&engine::Error::EmptyKey));
     }
+    // The key before the sort options, as etcd checks them.
     Ok(convert::range_request(r)?)
 }
 
@@ -39,24 +44,23 @@ pub fn range(r: pb::RangeRequest) -> Result<engine::RangeRequest, Status> {
 pub fn put(r: pb::PutRequest, limits: &Limits) -> Result<engine::PutRequest, Status> {
     size(r.encoded_len(), limits)?;
     let put = convert::put_request(r);
-    put.validate().map_err(|e| status(&e))?;
+    put.check(limits.max_txn_ops).map_err(|e| status(&e))?;
     Ok(put)
 }
 
 /// A DeleteRange, checked and converted.
 pub fn delete_range(r: pb::DeleteRangeRequest, limits: &Limits) -> Result<engine::DeleteRangeRequest, Status> {
     size(r.encoded_len(), limits)?;
-    if r.key.is_empty() {
-        return Err(status(&engine::Error::EmptyKey));
-    }
-    Ok(convert::delete_request(r))
+    let delete = convert::delete_request(r);
+    delete.check(limits.max_txn_ops).map_err(|e| status(&e))?;
+    Ok(delete)
 }
 
 /// A Txn, checked and converted (every nested request too).
 pub fn txn(r: pb::TxnRequest, limits: &Limits) -> Result<engine::TxnRequest, Status> {
     size(r.encoded_len(), limits)?;
     let txn = convert::txn_request(r)?;
-    txn.validate(limits.max_txn_ops).map_err(|e| status(&e))?;
+    txn.check(limits.max_txn_ops).map_err(|e| status(&e))?;
     Ok(txn)
 }
 

@@ -66,7 +66,7 @@ async fn periodic(node: Arc<Node>, period: Duration) {
 
 async fn compact(node: &Arc<Node>, revision: i64) {
     let leading = node.engine.leader() == Some(node.member_id);
-    if !leading || revision <= node.engine.compacted_revision() || revision <= 1 {
+    if !leading || revision <= node.engine.status().compacted_revision || revision <= 1 {
         return;
     }
     match node.blocking(move |e| e.compact(revision)).await {

@@ -119,7 +119,7 @@ fn comparable(node: &Node, mine: &HashKv, answers: Vec<(u64, Answer)>) -> Vec<(u
 /// revision differs from its own.
 pub async fn initial_check(node: &Arc<Node>, connector: &Connector) -> Result<(), String> {
     let mine = node
-        .blocking(|e| e.hash_kv(0))
+        .blocking(|e| e.maintenance().hash_kv(0))
         .await
         .map_err(|s| format!("hashing this member's data: {}", s.message()))?;
     let answers = ask_peers(node, connector, mine.hash_revision, false).await;
@@ -178,7 +178,7 @@ pub async fn run(node: Arc<Node>, connector: Connector, checks: Checks, kept: Ar
 
 /// The leader's latest-revision check.
 async fn check_latest(node: &Arc<Node>, connector: &Connector) {
-    let mine = match node.blocking(|e| e.hash_kv(0)).await {
+    let mine = match node.blocking(|e| e.maintenance().hash_kv(0)).await {
         Ok(h) => h,
         Err(s) => return tracing::warn!(error = %s.message(), "corruption check: cannot hash this member's data"),
     };
@@ -189,11 +189,11 @@ async fn check_latest(node: &Arc<Node>, connector: &Connector) {
 
 /// Hashes the latest compaction if this member has not yet.
 async fn keep_compaction_hash(node: &Arc<Node>, kept: &Kept) {
-    let compacted = node.engine.compacted_revision();
+    let compacted = node.engine.status().compacted_revision;
     if compacted == 0 || compacted <= kept.newest_revision() {
         return;
     }
-    match node.blocking(|e| e.compaction_hash()).await {
+    match node.blocking(|e| e.maintenance().compaction_hash()).await {
         Ok(Some(hash)) => kept.keep(hash),
         Ok(None) => {}
         Err(s) => tracing::warn!(error = %s.message(), revision = compacted, "cannot hash a compaction"),
@@ -214,7 +214,7 @@ async fn check_compactions(node: &Arc<Node>, connector: &Connector, kept: &Kept)
 
 /// Raises CORRUPT for the members [`verdict`] finds, unless it already is.
 async fn raise(node: &Arc<Node>, hashes: &[(u64, u32)], revision: i64) {
-    let raised = node.engine.alarms();
+    let raised = node.engine.maintenance().alarms();
     for member in verdict(hashes) {
         if raised.contains(&(member, Alarm::Corrupt)) {
             continue;
@@ -224,7 +224,10 @@ async fn raise(node: &Arc<Node>, hashes: &[(u64, u32)], revision: i64) {
             revision,
             "a member's data differs from the others': raising the CORRUPT alarm"
         );
-        if let Err(s) = node.blocking(move |e| e.alarm_activate(member, Alarm::Corrupt)).await {
+        if let Err(s) = node
+            .blocking(move |e| e.maintenance().alarm_activate(member, Alarm::Corrupt))
+            .await
+        {
             tracing::warn!(error = %s.message(), "cannot raise the CORRUPT alarm; will try again at the next check");
         }
     }

@@ -19,12 +19,12 @@ pub async fn run(node: Arc<Node>, every: Duration) {
         if node.engine.leader() != Some(node.member_id) {
             continue;
         }
-        let learners = node.engine.member_list().into_iter().filter(|m| m.is_learner);
+        let learners = node.engine.members().list().into_iter().filter(|m| m.is_learner);
         for learner in learners {
             let (id, engine) = (learner.id, node.engine.clone());
             // A promotion not in sync yet is refused before anything is proposed: asking
             // again on the next tick costs nothing.
-            match tokio::task::spawn_blocking(move || engine.member_promote(id)).await {
+            match tokio::task::spawn_blocking(move || engine.members().promote(id)).await {
                 Ok(Ok(())) => tracing::info!(
                     member = format_args!("{id:x}"),
                     name = %learner.name,

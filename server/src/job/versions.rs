@@ -114,18 +114,18 @@ pub async fn run(node: Arc<Node>, connector: Connector, every: Duration) {
         }
         let members = ask_members(&node, &connector).await;
         all_answered = members.iter().all(|(_, v)| v.is_some());
-        let agreed = node.engine.versions();
+        let agreed = node.engine.server().versions();
         match decide(&agreed, &members) {
             Decision::Keep => warned.clear(),
             Decision::Set(v) => {
                 tracing::info!(from = %agreed.cluster(), to = %v, "setting the cluster version");
-                if let Err(s) = node.blocking(move |e| e.set_cluster_version(v)).await {
+                if let Err(s) = node.blocking(move |e| e.server().set_cluster_version(v)).await {
                     tracing::warn!(error = %s.message(), "cannot set the cluster version");
                 }
             }
             Decision::Downgraded => {
                 tracing::info!(version = %agreed.cluster(), "the cluster has been downgraded");
-                if let Err(s) = node.blocking(|e| e.set_downgrade(None)).await {
+                if let Err(s) = node.blocking(|e| e.server().set_downgrade(None)).await {
                     tracing::warn!(error = %s.message(), "cannot end the downgrade");
                 }
             }

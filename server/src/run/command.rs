@@ -114,13 +114,13 @@ pub fn run_command_line() -> ExitCode {
             .rotation(&f.log_outputs)
             .map_err(|e| e.to_string())
             .and_then(|rotation| {
-                crate::run::logging::init(
-                    f.log_level,
-                    f.log_format,
-                    &f.log_outputs,
-                    rotation.as_ref(),
-                    export.as_ref(),
-                )
+                let logs = crate::run::logging::Logs {
+                    level: f.log_level,
+                    format: f.log_format,
+                    outputs: &f.log_outputs,
+                    rotation: rotation.as_ref(),
+                };
+                crate::run::logging::init(&logs, export.as_ref())
             })
             .map(|()| export)
     });

@@ -40,20 +40,30 @@ pub(super) async fn bind_all(
 
 type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
 
-/// Serves `router` on a bound listener, through `tls` if its URL is https, with `http2`'s
-/// settings, until `stop`.
+/// How one of the member's ports serves: its name (for errors), its TLS, and its HTTP/2
+/// settings.
+pub(super) struct Port<'a> {
+    pub(super) name: &'static str,
+    pub(super) tls: Option<&'a Tls>,
+    pub(super) http2: crate::transport::listen::Http2,
+}
+
+/// Serves `router` on a bound listener of `port`, through its TLS if the URL is https, until
+/// `stop`.
 pub(super) fn serve_on(
     bound: Bound,
-    tls: Option<&Tls>,
-    port: &'static str,
-    router: axum::Router,
-    http2: crate::transport::listen::Http2,
+    port: &Port<'_>,
+    router: impl crate::transport::listen::Routes,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Serving, ServeError> {
-    use crate::transport::listen::{ClientCert, Plain};
+    let (tls, http2, port) = (port.tls, port.http2, port.name);
+    use crate::transport::listen::{serve, Accepting, ClientCert, Plain};
     if !bound.url.starts_with("https://") {
-        let serving = crate::transport::listen::serve(Plain(bound.tcp), router, http2, ClientCert::plain, stop);
-        return Ok(tokio::spawn(serving));
+        let plain = Accepting {
+            listener: Plain(bound.tcp),
+            who: ClientCert::plain,
+        };
+        return Ok(tokio::spawn(serve(plain, router, http2, stop)));
     }
     let tls = tls.ok_or_else(|| {
         TlsError::Config(format!(
@@ -65,13 +75,11 @@ pub(super) fn serve_on(
         url: bound.url.clone(),
         source,
     })?;
-    Ok(tokio::spawn(crate::transport::listen::serve(
+    let tls = Accepting {
         listener,
-        router,
-        http2,
-        ClientCert::of_tls,
-        stop,
-    )))
+        who: ClientCert::of_tls,
+    };
+    Ok(tokio::spawn(serve(tls, router, http2, stop)))
 }
 
 /// `host:port` of a URL the flags accepted.

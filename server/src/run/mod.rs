@@ -4,6 +4,7 @@
 mod command;
 pub mod disk_check;
 mod error;
+mod grpc;
 mod identity;
 mod listeners;
 pub mod logging;

@@ -12,12 +12,12 @@ use crate::api;
 use crate::api::metrics::Metrics;
 use crate::api::node::Node;
 use crate::config::{self, Flags};
-use crate::transport::peer::PeerNetwork;
+use crate::transport::peer::{Dialer, PeerNetwork};
 use crate::transport::tls::Connector;
 
 pub use super::error::ServeError;
 use super::identity::identity;
-use super::listeners::{bind_all, serve_on};
+use super::listeners::{bind_all, serve_on, Port};
 use super::plan::{log_settings, plan};
 use super::router::client_routes;
 
@@ -71,13 +71,11 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     let cluster = Arc::new(crate::transport::peer::ClusterId::new(cluster_id));
     let extensive = f.observability.metrics == config::MetricsLevel::Extensive;
     let metrics = Arc::new(Metrics::new(extensive).map_err(|e| ServeError::Other(e.to_string()))?);
-    let peers = PeerNetwork::new(
-        member_id,
-        cluster.clone(),
-        &plan.initial_peers,
-        Connector::new(plan.peer_tls.clone()),
-        metrics.peers.clone(),
-    );
+    let dialer = Dialer {
+        connector: Connector::new(plan.peer_tls.clone()),
+        metrics: metrics.peers.clone(),
+    };
+    let peers = PeerNetwork::new(member_id, cluster.clone(), &plan.initial_peers, dialer);
     // Bind first: a port in use is reported before anything is opened.
     let client_listeners = bind_all(&plan.client_urls, plan.sockets).await?;
     let client_http_listeners = bind_all(&plan.client_http_urls, plan.sockets).await?;
@@ -90,14 +88,12 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     for bound in peer_listeners {
         let router =
             crate::transport::peer::router(inbox.clone(), cluster.clone(), kept.clone(), metrics.peers.clone());
-        let serving = serve_on(
-            bound,
-            plan.peer_tls.as_ref(),
-            "peer",
-            router,
-            crate::transport::listen::Http2::default(),
-            std::future::pending(),
-        )?;
+        let port = Port {
+            name: "peer",
+            tls: plan.peer_tls.as_ref(),
+            http2: crate::transport::listen::Http2::default(),
+        };
+        let serving = serve_on(bound, &port, router, std::future::pending())?;
         tokio::spawn(async move {
             if let Ok(Err(e)) = serving.await {
                 tracing::error!(error = %e, "the peer listener failed");
@@ -179,14 +175,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         )),
     ];
     let http_only = api::http::router(node.clone(), metrics.clone());
-    let routes = client_routes(
-        node.clone(),
-        metrics,
-        f.initial_cluster_token.clone(),
-        plan.gateway,
-        plan.pprof,
-        plan.http_access.clone(),
-    );
+    let routes = client_routes(node.clone(), metrics, f.initial_cluster_token.clone(), &plan);
     // From here on SIGTERM and SIGINT stop the member gracefully.
     let stopped = stop_signal();
     tracing::info!(
@@ -196,8 +185,8 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         clients = ?plan.client_urls,
         data_dir = %plan.dir.display(),
         release = cairn_engine::version::RELEASE,
-        cluster_version = %engine.versions().cluster(),
-        storage_version = %engine.versions().cluster(),
+        cluster_version = %engine.server().versions().cluster(),
+        storage_version = %engine.server().versions().cluster(),
         "serving"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -211,26 +200,24 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         .into_iter()
         .map(|b| (b, true, !http_apart))
         .chain(client_http_listeners.into_iter().map(|b| (b, false, true)));
+    let client = Port {
+        name: "client",
+        tls: plan.client_tls.as_ref(),
+        http2: plan.http2,
+    };
     for (bound, grpc, http) in listeners {
-        let tls = plan.client_tls.as_ref();
         let router = routes.router(grpc, http, bound.url.starts_with("https://"));
-        servers.push(serve_on(
-            bound,
-            tls,
-            "client",
-            router,
-            plan.http2,
-            stop(stop_rx.clone()),
-        )?);
+        servers.push(serve_on(bound, &client, router, stop(stop_rx.clone()))?);
     }
+    let metrics_port = Port {
+        name: "metrics",
+        ..client
+    };
     for bound in metrics_listeners {
-        let tls = plan.client_tls.as_ref();
         servers.push(serve_on(
             bound,
-            tls,
-            "metrics",
+            &metrics_port,
             http_only.clone(),
-            plan.http2,
             stop(stop_rx.clone()),
         )?);
     }
@@ -246,7 +233,7 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     // without waiting out an election timeout, and the writes in flight carry over to the
     // new leader (the node holds what raft cannot take during the handover).
     let leaving = engine.clone();
-    match tokio::task::spawn_blocking(move || leaving.step_down()).await {
+    match tokio::task::spawn_blocking(move || leaving.members().step_down()).await {
         Ok(Ok(Some(to))) => tracing::info!(leader = %format!("{to:x}"), "stopping: handed the leadership over"),
         Ok(Ok(None)) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "stopping: could not hand the leadership over"),
@@ -292,14 +279,15 @@ async fn publish(node: Arc<Node>, name: String, client_urls: Vec<String>) {
     loop {
         let already = node
             .engine
-            .member_list()
+            .members()
+            .list()
             .into_iter()
             .any(|m| m.id == node.member_id && m.name == name && m.client_urls == client_urls);
         if already {
             return;
         }
         let (n, urls) = (name.clone(), client_urls.clone());
-        match node.blocking(move |e| e.member_publish(n, urls)).await {
+        match node.blocking(move |e| e.server().member_publish(n, urls)).await {
             Ok(()) => return,
             Err(e) => {
                 tracing::debug!(error = %e.message(), "publishing this member's attributes; will retry");

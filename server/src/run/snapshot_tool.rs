@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use cairn_engine::Engine;
+use cairn_engine::offline;
 use sha2::{Digest, Sha256};
 
 use crate::config::{self, RestoreArgs, StatusArgs};
@@ -105,14 +105,14 @@ pub fn restore(args: &RestoreArgs) -> Result<(), ToolError> {
         )));
     }
     let member_dir = data_dir.join("member");
-    let restored = if Engine::is_etcd_snapshot(&args.file)? {
+    let restored = if offline::is_etcd(&args.file)? {
         // etcd's format: a bbolt database, read a page at a time.
-        Engine::restore_etcd_as_new_cluster(&args.file, &member_dir, &attributes, args.skip_hash_check)
+        offline::import_etcd(&args.file, &member_dir, &attributes, args.skip_hash_check)
     } else {
         let (file, data_len) = open_checked(&args.file, args.skip_hash_check)?;
         let bar = progress(data_len, "restoring");
         let mut reader = bar.wrap_read(file.take(data_len));
-        let restored = Engine::restore_as_new_cluster(&mut reader, &member_dir, &attributes);
+        let restored = offline::restore_new_cluster(&mut reader, &member_dir, &attributes);
         bar.finish_and_clear();
         restored
     };
@@ -133,11 +133,11 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
     let size = std::fs::metadata(&args.file)
         .map_err(|e| ToolError::Io(args.file.display().to_string(), e))?
         .len();
-    let (info, hash, total) = if Engine::is_etcd_snapshot(&args.file)? {
+    let (info, hash, total) = if offline::is_etcd(&args.file)? {
         // etcd's format: etcdutl's hash, and the database's size (its pages, the trailer
         // aside), as etcdutl reports them.
-        let info = Engine::inspect_etcd_snapshot(&args.file, true)?;
-        let hash = Engine::etcd_snapshot_hash(&args.file)?;
+        let info = offline::etcd_status(&args.file, true)?;
+        let hash = offline::etcd_hash(&args.file)?;
         (info, hash, size - if size % 512 == 32 { 32 } else { 0 })
     } else {
         let (file, data_len) = open_checked(&args.file, true)?;
@@ -148,7 +148,7 @@ pub fn status(args: &StatusArgs) -> Result<(), ToolError> {
                 inner: &mut reader,
                 crc: &mut crc,
             };
-            Engine::inspect_snapshot(&mut hashing)?
+            offline::status(&mut hashing)?
         };
         (info, crc.finalize(), size)
     };

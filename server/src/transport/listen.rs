@@ -3,6 +3,7 @@
 //! with etcd's gRPC stream and keep-alive settings, until a stop is asked for; the
 //! connections open then finish what they serve.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
 
 use crate::config::KeepAlive;
+use crate::transport::coalesce::Coalesced;
 use crate::transport::http2::pings::PingPolicy;
 use crate::transport::http2::Watched;
 
@@ -82,19 +84,28 @@ impl Default for Http2 {
     }
 }
 
-/// Serves `router` on every connection `listener` accepts until `stop` resolves, then waits
-/// for the connections open to finish. `who(io)` names the client of a connection (its
-/// certificate's common name), which handlers read as `ConnectInfo<ClientCert>`.
-pub async fn serve<L>(
-    mut listener: L,
-    router: axum::Router,
+/// A listener, and how it names the client of a connection it accepted (its certificate's
+/// common name), which handlers read as `ConnectInfo<ClientCert>`.
+pub struct Accepting<L: axum::serve::Listener> {
+    /// Where the connections come from.
+    pub listener: L,
+    /// Names a connection's client.
+    pub who: fn(&L::Io) -> ClientCert,
+}
+
+/// Serves `router` on every connection `accepting` accepts until `stop` resolves, then waits
+/// for the connections open to finish.
+pub async fn serve<L, S>(
+    accepting: Accepting<L>,
+    router: S,
     http2: Http2,
-    who: fn(&L::Io) -> ClientCert,
     stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
+    S: Routes,
 {
+    let Accepting { mut listener, who } = accepting;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http2()
@@ -118,7 +129,7 @@ where
             tower_service::Service::call(&mut router.clone(), request)
         });
         let io = Watched::new(io, http2.keep_alive.min_time.map(PingPolicy::new));
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(Coalesced::new(io)), service);
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -129,6 +140,25 @@ where
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// What a listener serves: axum's router, or any service like it.
+pub trait Routes: Serves<Request> + Clone + Send + Sync + 'static {}
+
+impl<S: Serves<Request> + Clone + Send + Sync + 'static> Routes for S {}
+
+/// A request as hyper hands it over.
+type Request = hyper::Request<hyper::body::Incoming>;
+
+/// A service that answers `R` with an HTTP response, never fails, and can be spawned.
+pub trait Serves<R>:
+    tower_service::Service<R, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
+{
+}
+
+impl<R, S> Serves<R> for S where
+    S: tower_service::Service<R, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
+{
 }
 
 /// The client certificate's common name, if the connection presented a verified one: the

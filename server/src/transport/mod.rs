@@ -3,6 +3,7 @@
 //! peer questions), calls a follower sends on to the leader, and finding the initial cluster.
 //! Imports only the configuration floor and the ground.
 
+pub mod coalesce;
 pub mod discovery;
 pub mod forward;
 pub mod grpc_body;

@@ -125,7 +125,7 @@ impl Shared {
             .engine
             .read()
             .upgrade()
-            .and_then(|e| e.member_list().into_iter().find(|m| m.id == id).map(|m| m.peer_urls));
+            .and_then(|e| e.members().list().into_iter().find(|m| m.id == id).map(|m| m.peer_urls));
         match from_log {
             Some(urls) if !urls.is_empty() => urls,
             _ => self.initial.get(&id).cloned().unwrap_or_default(),
@@ -161,16 +161,21 @@ impl std::fmt::Debug for PeerNetwork {
     }
 }
 
+/// How a member reaches its peers: the connector it dials them with (TLS or not), and the
+/// metrics it counts what it sends in.
+pub struct Dialer {
+    /// Dials a peer's URL.
+    pub connector: Connector,
+    /// Counts what goes to each peer.
+    pub metrics: PeerMetrics,
+}
+
 impl PeerNetwork {
-    /// The transport of member `me` of the cluster `cluster`, dialing peers with `connector`;
-    /// call within a tokio runtime.
-    pub fn new(
-        me: u64,
-        cluster: Arc<ClusterId>,
-        initial: &[(u64, Vec<String>)],
-        connector: Connector,
-        metrics: PeerMetrics,
-    ) -> PeerNetwork {
+    /// The transport of member `me` of the cluster `cluster`, reaching the `initial` members
+    /// at their peer URLs until the log says otherwise, dialing with `dialer`; call within a
+    /// tokio runtime.
+    pub fn new(me: u64, cluster: Arc<ClusterId>, initial: &[(u64, Vec<String>)], dialer: Dialer) -> PeerNetwork {
+        let Dialer { connector, metrics } = dialer;
         PeerNetwork {
             shared: Arc::new(Shared {
                 me,
@@ -370,7 +375,7 @@ async fn reach_every_member(shared: Weak<Shared>) {
         let Some(engine) = s.engine.read().upgrade() else {
             return;
         };
-        for m in engine.member_list() {
+        for m in engine.members().list() {
             if m.id != s.me {
                 s.link(m.id);
             }
@@ -566,7 +571,8 @@ impl Peer for PeerService {
     async fn members(&self, _request: Request<pb::MembersRequest>) -> Result<Response<pb::MembersResponse>, Status> {
         let engine = self.engine()?;
         let members = engine
-            .member_list()
+            .members()
+            .list()
             .into_iter()
             .map(|m| pb::PeerMember {
                 id: m.id,
@@ -603,7 +609,7 @@ impl Peer for PeerService {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 let hashing = engine.clone();
-                tokio::task::spawn_blocking(move || hashing.hash_kv(request.revision))
+                tokio::task::spawn_blocking(move || hashing.maintenance().hash_kv(request.revision))
                     .await
                     .map_err(|e| Status::internal(e.to_string()))?
                     .map_err(|e| crate::errors::status(&e))?
@@ -634,9 +640,9 @@ where
     F: Fn(PeerClient<tonic::transport::Channel>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<T, Status>> + Send,
 {
-    let patience = engine.request_timeout();
+    let patience = engine.server().request_timeout();
     let mut asking = tokio::task::JoinSet::new();
-    for member in engine.member_list() {
+    for member in engine.members().list() {
         if member.id == me {
             continue;
         }

@@ -39,6 +39,16 @@ impl Pair {
     }
 }
 
+/// What a [`Ca`] is asked to certify: the name of the certificate's files (`<file>.pem` and
+/// `<file>-key.pem`), its common name, the names it is valid for and its usage.
+#[derive(Clone, Copy, Debug)]
+struct CertRequest<'a> {
+    file: &'a str,
+    cn: &'a str,
+    sans: &'a [&'a str],
+    usage: Usage,
+}
+
 /// What a certificate is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Usage {
@@ -81,24 +91,19 @@ impl Ca {
     /// from now.
     pub fn issue(&self, file: &str, cn: &str, sans: &[&str], usage: Usage) -> Pair {
         let now = OffsetDateTime::now_utc();
-        self.issue_between(file, cn, sans, usage, now - Duration::hours(1), now + Duration::days(1))
+        let request = CertRequest { file, cn, sans, usage };
+        self.issue_between(request, now - Duration::hours(1), now + Duration::days(1))
     }
 
     /// A certificate that expired an hour ago.
     pub fn issue_expired(&self, file: &str, cn: &str, sans: &[&str], usage: Usage) -> Pair {
         let now = OffsetDateTime::now_utc();
-        self.issue_between(file, cn, sans, usage, now - Duration::days(2), now - Duration::hours(1))
+        let request = CertRequest { file, cn, sans, usage };
+        self.issue_between(request, now - Duration::days(2), now - Duration::hours(1))
     }
 
-    fn issue_between(
-        &self,
-        file: &str,
-        cn: &str,
-        sans: &[&str],
-        usage: Usage,
-        not_before: OffsetDateTime,
-        not_after: OffsetDateTime,
-    ) -> Pair {
+    fn issue_between(&self, request: CertRequest<'_>, not_before: OffsetDateTime, not_after: OffsetDateTime) -> Pair {
+        let CertRequest { file, cn, sans, usage } = request;
         let serial = self.next_serial.get();
         self.next_serial.set(serial + 1);
         let mut params = CertificateParams::new(sans.iter().map(|s| (*s).to_string()).collect::<Vec<_>>()).unwrap();

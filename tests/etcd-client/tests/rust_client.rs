@@ -45,7 +45,11 @@ fn kvs(list: &[KeyValue]) -> Vec<Kv> {
     list.iter().map(kv).collect()
 }
 
-fn t(key: &str, value: &str, create: i64, modr: i64, version: i64) -> Kv {
+/// Where a key is in the history: its create revision, its last mod revision and its version.
+#[derive(Clone, Copy)]
+struct Revisions(i64, i64, i64);
+
+fn t(key: &str, value: &str, Revisions(create, modr, version): Revisions) -> Kv {
     (key.to_string(), value.to_string(), create, modr, version, 0)
 }
 
@@ -103,7 +107,7 @@ async fn collect_events(stream: &mut WatchStream, watch_id: i64, count: usize) -
     out
 }
 
-fn put(key: &str, value: &str, create: i64, modr: i64, version: i64, prev: Option<(&str, i64)>) -> Ev {
+fn put(key: &str, value: &str, Revisions(create, modr, version): Revisions, prev: Option<(&str, i64)>) -> Ev {
     (
         EventType::Put,
         key.to_string(),
@@ -147,7 +151,7 @@ async fn kv_put_get_delete_with_options() {
         .await
         .unwrap();
     assert_eq!(rev(r.header()), 3);
-    assert_eq!(kv(r.prev_key().unwrap()), t("k/a", "1", 2, 2, 1));
+    assert_eq!(kv(r.prev_key().unwrap()), t("k/a", "1", Revisions(2, 2, 1)));
     assert_eq!(rev(c.put("k/b", "3", None).await.unwrap().header()), 4);
     assert_eq!(rev(c.put("k/c", "0", None).await.unwrap().header()), 5);
     assert_eq!(rev(c.put("other", "x", None).await.unwrap().header()), 6);
@@ -156,13 +160,17 @@ async fn kv_put_get_delete_with_options() {
     let r = c.get("k/a", None).await.unwrap();
     assert_eq!(rev(r.header()), 6);
     assert_eq!((r.count(), r.more()), (1, false));
-    assert_eq!(kvs(r.kvs()), vec![t("k/a", "2", 2, 3, 2)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k/a", "2", Revisions(2, 3, 2))]);
 
     // Prefix.
     let r = c.get("k/", Some(GetOptions::new().with_prefix())).await.unwrap();
     assert_eq!(
         kvs(r.kvs()),
-        vec![t("k/a", "2", 2, 3, 2), t("k/b", "3", 4, 4, 1), t("k/c", "0", 5, 5, 1)]
+        vec![
+            t("k/a", "2", Revisions(2, 3, 2)),
+            t("k/b", "3", Revisions(4, 4, 1)),
+            t("k/c", "0", Revisions(5, 5, 1))
+        ]
     );
     assert_eq!((r.count(), r.more()), (3, false));
 
@@ -213,10 +221,10 @@ async fn kv_put_get_delete_with_options() {
         .get("k/", Some(GetOptions::new().with_prefix().with_revision(3)))
         .await
         .unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k/a", "2", 2, 3, 2)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k/a", "2", Revisions(2, 3, 2))]);
     assert_eq!(r.count(), 1);
     let r = c.get("k/a", Some(GetOptions::new().with_revision(2))).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k/a", "1", 2, 2, 1)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k/a", "1", Revisions(2, 2, 1))]);
     let r = c.get("k/a", Some(GetOptions::new().with_revision(1))).await.unwrap();
     assert_eq!((r.count(), r.kvs().len()), (0, 0));
     assert_status(
@@ -232,7 +240,11 @@ async fn kv_put_get_delete_with_options() {
         .unwrap();
     assert_eq!(
         kvs(r.kvs()),
-        vec![t("k/a", "", 2, 3, 2), t("k/b", "", 4, 4, 1), t("k/c", "", 5, 5, 1)]
+        vec![
+            t("k/a", "", Revisions(2, 3, 2)),
+            t("k/b", "", Revisions(4, 4, 1)),
+            t("k/c", "", Revisions(5, 5, 1))
+        ]
     );
     let r = c
         .get("k/", Some(GetOptions::new().with_prefix().with_count_only()))
@@ -272,13 +284,16 @@ async fn kv_put_get_delete_with_options() {
         .await
         .unwrap();
     assert_eq!((r.deleted(), rev(r.header())), (1, 7));
-    assert_eq!(kvs(r.prev_kvs()), vec![t("k/a", "2", 2, 3, 2)]);
+    assert_eq!(kvs(r.prev_kvs()), vec![t("k/a", "2", Revisions(2, 3, 2))]);
     let r = c
         .delete("k/", Some(DeleteOptions::new().with_prefix().with_prev_key()))
         .await
         .unwrap();
     assert_eq!((r.deleted(), rev(r.header())), (2, 8));
-    assert_eq!(kvs(r.prev_kvs()), vec![t("k/b", "3", 4, 4, 1), t("k/c", "0", 5, 5, 1)]);
+    assert_eq!(
+        kvs(r.prev_kvs()),
+        vec![t("k/b", "3", Revisions(4, 4, 1)), t("k/c", "0", Revisions(5, 5, 1))]
+    );
     let r = c.delete("k/", Some(DeleteOptions::new().with_prefix())).await.unwrap();
     assert_eq!((r.deleted(), rev(r.header()), r.prev_kvs().len()), (0, 8, 0));
     let r = c.get("k/", Some(GetOptions::new().with_prefix())).await.unwrap();
@@ -292,7 +307,7 @@ async fn kv_put_get_delete_with_options() {
     // A re-created key starts again at version 1.
     assert_eq!(rev(c.put("k/a", "again", None).await.unwrap().header()), 9);
     let r = c.get("k/a", None).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k/a", "again", 9, 9, 1)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k/a", "again", Revisions(9, 9, 1))]);
 
     // Errors.
     assert_status(
@@ -322,7 +337,7 @@ async fn kv_put_get_delete_with_options() {
         .unwrap();
     assert_eq!(rev(r.header()), 10);
     let r = c.get("k/a", None).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k/a", "again", 9, 10, 2)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k/a", "again", Revisions(9, 10, 2))]);
 }
 
 /// etcd answers a Range at a past revision with the store's current revision in the header
@@ -334,7 +349,7 @@ async fn range_at_a_past_revision_has_current_header() {
     c.put("a", "2", None).await.unwrap(); // 3
     c.put("b", "1", None).await.unwrap(); // 4
     let r = c.get("a", Some(GetOptions::new().with_revision(2))).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("a", "1", 2, 2, 1)]);
+    assert_eq!(kvs(r.kvs()), vec![t("a", "1", Revisions(2, 2, 1))]);
     assert_eq!(rev(r.header()), 4);
     let r = c
         .get(
@@ -381,7 +396,7 @@ async fn txn_compares_branches_and_nested_responses() {
     assert_eq!(ops.len(), 4);
     match &ops[0] {
         TxnOpResponse::Put(p) => {
-            assert_eq!(kv(p.prev_key().unwrap()), t("a", "1", 2, 2, 1));
+            assert_eq!(kv(p.prev_key().unwrap()), t("a", "1", Revisions(2, 2, 1)));
             assert_eq!(rev(p.header()), 4);
         }
         other => panic!("expected a put response, got {other:?}"),
@@ -389,7 +404,7 @@ async fn txn_compares_branches_and_nested_responses() {
     match &ops[1] {
         // A range after a put in the same txn sees the put.
         TxnOpResponse::Get(g) => {
-            assert_eq!(kvs(g.kvs()), vec![t("a", "2", 2, 4, 2)]);
+            assert_eq!(kvs(g.kvs()), vec![t("a", "2", Revisions(2, 4, 2))]);
             assert_eq!(g.count(), 1);
         }
         other => panic!("expected a range response, got {other:?}"),
@@ -397,7 +412,7 @@ async fn txn_compares_branches_and_nested_responses() {
     match &ops[2] {
         TxnOpResponse::Delete(d) => {
             assert_eq!(d.deleted(), 1);
-            assert_eq!(kvs(d.prev_kvs()), vec![t("b", "1", 3, 3, 1)]);
+            assert_eq!(kvs(d.prev_kvs()), vec![t("b", "1", Revisions(3, 3, 1))]);
         }
         other => panic!("expected a delete response, got {other:?}"),
     }
@@ -412,7 +427,10 @@ async fn txn_compares_branches_and_nested_responses() {
     }
     let r = c.get("", Some(GetOptions::new().with_all_keys())).await.unwrap();
     assert_eq!(rev(r.header()), 4);
-    assert_eq!(kvs(r.kvs()), vec![t("a", "2", 2, 4, 2), t("c", "3", 4, 4, 1)]);
+    assert_eq!(
+        kvs(r.kvs()),
+        vec![t("a", "2", Revisions(2, 4, 2)), t("c", "3", Revisions(4, 4, 1))]
+    );
 
     // A failing compare runs the failure branch; a read-only branch does not bump the revision.
     let r = c
@@ -430,7 +448,7 @@ async fn txn_compares_branches_and_nested_responses() {
     assert_eq!(ops.len(), 2);
     match (&ops[0], &ops[1]) {
         (TxnOpResponse::Get(a), TxnOpResponse::Get(x)) => {
-            assert_eq!(kvs(a.kvs()), vec![t("a", "2", 2, 4, 2)]);
+            assert_eq!(kvs(a.kvs()), vec![t("a", "2", Revisions(2, 4, 2))]);
             assert_eq!((x.count(), x.kvs().len()), (0, 0));
         }
         other => panic!("expected two range responses, got {other:?}"),
@@ -453,7 +471,7 @@ async fn txn_compares_branches_and_nested_responses() {
     assert!(!r.succeeded());
     assert_eq!(rev(r.header()), 5);
     let r = c.get("d", None).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("d", "else", 5, 5, 1)]);
+    assert_eq!(kvs(r.kvs()), vec![t("d", "else", Revisions(5, 5, 1))]);
     assert_eq!(c.get("x", None).await.unwrap().count(), 0);
 
     // GREATER, LESS, NOT_EQUAL on each target.
@@ -521,11 +539,11 @@ async fn compaction_and_compacted_reads() {
     assert_status(r, Code::OutOfRange, COMPACTED);
     // At the compaction revision the newest version at or below it is kept.
     let r = c.get("k", Some(GetOptions::new().with_revision(4))).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k", "v3", 2, 4, 3)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k", "v3", Revisions(2, 4, 3))]);
     let r = c.get("k", Some(GetOptions::new().with_revision(5))).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k", "v4", 2, 5, 4)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k", "v4", Revisions(2, 5, 4))]);
     let r = c.get("gone", Some(GetOptions::new().with_revision(7))).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("gone", "x", 7, 7, 1)]);
+    assert_eq!(kvs(r.kvs()), vec![t("gone", "x", Revisions(7, 7, 1))]);
 
     // Compacting at or below the current compaction, or into the future, fails.
     assert_status(c.compact(4, None).await, Code::OutOfRange, COMPACTED);
@@ -545,7 +563,7 @@ async fn compaction_and_compacted_reads() {
     let r = c.get("k", Some(GetOptions::new().with_revision(7))).await;
     assert_status(r, Code::OutOfRange, COMPACTED);
     let r = c.get("k", None).await.unwrap();
-    assert_eq!(kvs(r.kvs()), vec![t("k", "v5", 2, 6, 5)]);
+    assert_eq!(kvs(r.kvs()), vec![t("k", "v5", Revisions(2, 6, 5))]);
     assert_eq!(c.get("gone", None).await.unwrap().count(), 0);
 
     // A watch starting below the compaction is canceled with compact_revision set.
@@ -591,11 +609,11 @@ async fn watch_prefix_prev_kv_replay_cancel_progress() {
     assert_eq!(rev(r.header()), 7);
 
     let expected = vec![
-        put("w/a", "1", 2, 2, 1, None),
-        put("w/a", "2", 2, 3, 2, Some(("1", 2))),
+        put("w/a", "1", Revisions(2, 2, 1), None),
+        put("w/a", "2", Revisions(2, 3, 2), Some(("1", 2))),
         del("w/a", 5, Some(("2", 3))),
-        put("w/b", "b", 6, 6, 1, None),
-        put("w/c", "c", 6, 6, 1, None),
+        put("w/b", "b", Revisions(6, 6, 1), None),
+        put("w/c", "c", Revisions(6, 6, 1), None),
         del("w/b", 7, Some(("b", 6))),
         del("w/c", 7, Some(("c", 6))),
     ];
@@ -630,7 +648,7 @@ async fn watch_prefix_prev_kv_replay_cancel_progress() {
     c.put("w/z", "z", None).await.unwrap(); // 8
     assert_eq!(
         collect_events(&mut w, id2, 1).await,
-        vec![put("w/z", "z", 8, 8, 1, None)]
+        vec![put("w/z", "z", Revisions(8, 8, 1), None)]
     );
     w.request_progress().await.unwrap();
     let p = next_message(&mut w).await;
@@ -647,7 +665,7 @@ async fn watch_prefix_prev_kv_replay_cancel_progress() {
     let created = next_message(&mut replay).await;
     assert!(created.created(), "{created:?}");
     let mut all = expected.clone();
-    all.push(put("w/z", "z", 8, 8, 1, None));
+    all.push(put("w/z", "z", Revisions(8, 8, 1), None));
     assert_eq!(collect_events(&mut replay, created.watch_id(), 8).await, all);
 
     // A single key from revision 1, with a client-chosen watch id on the same stream.
@@ -663,8 +681,8 @@ async fn watch_prefix_prev_kv_replay_cancel_progress() {
     assert_eq!(
         collect_events(&mut replay, 42, 3).await,
         vec![
-            put("w/a", "1", 2, 2, 1, None),
-            put("w/a", "2", 2, 3, 2, None),
+            put("w/a", "1", Revisions(2, 2, 1), None),
+            put("w/a", "2", Revisions(2, 3, 2), None),
             del("w/a", 5, None),
         ]
     );
@@ -700,7 +718,7 @@ async fn watch_prefix_prev_kv_replay_cancel_progress() {
     c.put("w/f", "10", None).await.unwrap(); // 10
     assert_eq!(
         collect_events(&mut future, created.watch_id(), 1).await,
-        vec![put("w/f", "10", 9, 10, 2, None)]
+        vec![put("w/f", "10", Revisions(9, 10, 2), None)]
     );
 }
 

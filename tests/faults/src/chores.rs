@@ -3,7 +3,7 @@
 //! every watcher and the recorder has seen (so none has to resume from a compacted one), and
 //! a random member defragmented.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,8 @@ use cairn_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use cairn_server::pb::etcdserverpb::{CompactionRequest, DefragmentRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tonic::transport::Channel;
+
+use crate::workload::Shared;
 
 /// What the chores did.
 #[derive(Debug, Default)]
@@ -26,15 +27,10 @@ pub struct Chores {
     pub compacted: i64,
 }
 
-/// Does the chores every `every` until `stop`; `seen` are the watchers' and the recorder's
-/// last revisions.
-pub async fn run(
-    channels: Vec<Channel>,
-    seen: Vec<Arc<AtomicI64>>,
-    every: Duration,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) -> Chores {
+/// Does the chores every `every` until `stop`, on the channels of `shared` (its history
+/// records no chore); `seen` are the watchers' and the recorder's last revisions.
+pub async fn run(shared: Shared, seen: Vec<Arc<AtomicI64>>, every: Duration, seed: u64) -> Chores {
+    let Shared { channels, stop, .. } = shared;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut chores = Chores::default();
     loop {

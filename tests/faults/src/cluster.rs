@@ -36,10 +36,20 @@ pub struct Cluster {
     disk_mb: Option<u64>,
 }
 
+/// Where the members keep their data: each in a directory of its own under `root`; with
+/// `disk_mb`, each on an ext4 file system of that many MiB of its own (a sparse image
+/// loop-mounted, to fill or freeze).
+#[derive(Debug, Clone, Copy)]
+pub struct Data<'a> {
+    pub root: &'a Path,
+    pub disk_mb: Option<u64>,
+}
+
 impl Cluster {
-    /// Starts `size` members of `binary` in `net`, data under `root`, and waits until each is
-    /// healthy.
-    pub fn start(binary: &Path, net: Net, size: usize, root: &Path, disk_mb: Option<u64>) -> Result<Cluster, String> {
+    /// Starts `size` members of `binary` in `net`, their data as `data` says, and waits until
+    /// each is healthy.
+    pub fn start(binary: &Path, net: Net, size: usize, data: Data<'_>) -> Result<Cluster, String> {
+        let Data { root, disk_mb } = data;
         let initial = (0..size)
             .map(|i| format!("m{i}=http://{}:2380", net.address(i)))
             .collect::<Vec<_>>()

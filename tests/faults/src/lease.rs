@@ -4,7 +4,7 @@
 //! keep-alive that was acknowledged (counted from when that keep-alive was sent), and every
 //! lease does expire once kept alive no more.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 
-use crate::workload::{History, CALL_TIMEOUT};
+use crate::workload::{History, Shared, CALL_TIMEOUT};
 
 /// The TTL the leases are granted with, in seconds.
 const TTL: i64 = 4;
@@ -33,13 +33,12 @@ pub struct Leases {
 }
 
 /// One lease client until `stop`: grant, attach, keep alive, let expire, again.
-pub async fn client(
-    channels: Vec<Channel>,
-    history: Arc<History>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-    seen: Arc<Mutex<Leases>>,
-) {
+pub async fn client(shared: Shared, seed: u64, seen: Arc<Mutex<Leases>>) {
+    let Shared {
+        channels,
+        history,
+        stop,
+    } = shared;
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.load(Ordering::Relaxed) {
         let pick = |rng: &mut StdRng| {

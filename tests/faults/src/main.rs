@@ -346,9 +346,12 @@ async fn run(args: &Args) -> Result<Report, String> {
     let _ = std::fs::remove_dir_all(&args.workdir);
     std::fs::create_dir_all(&args.workdir).map_err(|e| format!("{}: {e}", args.workdir.display()))?;
     let net = net::Net::new(&format!("cf{}", args.subnet), args.subnet, args.members)?;
-    let disk = (args.disk_mb > 0).then_some(args.disk_mb);
+    let data = cluster::Data {
+        root: &args.workdir,
+        disk_mb: (args.disk_mb > 0).then_some(args.disk_mb),
+    };
     let first = args.upgrade_from.as_ref().unwrap_or(&args.binary);
-    let mut cluster = cluster::Cluster::start(first, net, args.members, &args.workdir, disk)?;
+    let mut cluster = cluster::Cluster::start(first, net, args.members, data)?;
     let channels: Vec<Channel> = (0..args.members)
         .map(|i| {
             Endpoint::from_shared(cluster.client_url(i))
@@ -362,6 +365,11 @@ async fn run(args: &Args) -> Result<Report, String> {
     };
     let history = workload::History::new();
     let stop = Arc::new(AtomicBool::new(false));
+    let shared = workload::Shared {
+        channels: channels.clone(),
+        history: history.clone(),
+        stop: stop.clone(),
+    };
     let progress: Vec<Arc<AtomicI64>> = (0..=channels.len()).map(|_| Arc::default()).collect();
     let watchers: Vec<_> = channels
         .iter()
@@ -382,10 +390,9 @@ async fn run(args: &Args) -> Result<Report, String> {
         progress[channels.len()].clone(),
     ));
     let chores = tokio::spawn(chores::run(
-        channels.clone(),
+        shared.clone(),
         progress.clone(),
         Duration::from_secs(args.compact_seconds.max(1)),
-        stop.clone(),
         args.seed.wrapping_mul(31),
     ));
     let chores = (args.compact_seconds > 0).then_some(chores);
@@ -393,9 +400,7 @@ async fn run(args: &Args) -> Result<Report, String> {
     let lease_clients: Vec<_> = (0..2)
         .map(|n| {
             tokio::spawn(lease::client(
-                channels.clone(),
-                history.clone(),
-                stop.clone(),
+                shared.clone(),
                 args.seed.wrapping_mul(7919).wrapping_add(n),
                 leases.clone(),
             ))
@@ -405,10 +410,8 @@ async fn run(args: &Args) -> Result<Report, String> {
         .map(|id| {
             tokio::spawn(workload::client(
                 id,
-                channels.clone(),
+                shared.clone(),
                 keys.clone(),
-                history.clone(),
-                stop.clone(),
                 args.seed.wrapping_mul(1000).wrapping_add(id as u64),
             ))
         })
@@ -423,9 +426,12 @@ async fn run(args: &Args) -> Result<Report, String> {
             Instant::now(),
             args.seconds,
             args.members,
-            (args.downgrade, args.cycles),
-            old,
-            &args.binary,
+            upgrade::Swaps {
+                old,
+                new: &args.binary,
+                downgrade: args.downgrade,
+                cycles: args.cycles,
+            },
         )?),
         None => None,
     };

@@ -64,17 +64,25 @@ fn release_line(binary: &Path) -> Result<String, String> {
     }
 }
 
+/// What a plan swaps the members between: the `old` build they start on and the `new` one,
+/// `cycles` times over (each an upgrade, then with `downgrade` the downgrade back).
+#[derive(Debug, Clone, Copy)]
+pub struct Swaps<'a> {
+    pub old: &'a Path,
+    pub new: &'a Path,
+    pub downgrade: bool,
+    pub cycles: usize,
+}
+
 impl Plan {
-    /// The steps for `members` members, `cycles` times over (each an upgrade, then with
-    /// `downgrade` the downgrade back), spread evenly over `seconds` from `start`.
-    pub fn new(
-        start: Instant,
-        seconds: u64,
-        members: usize,
-        (downgrade, cycles): (bool, usize),
-        old: &Path,
-        new: &Path,
-    ) -> Result<Plan, String> {
+    /// The steps of `swaps` for `members` members, spread evenly over `seconds` from `start`.
+    pub fn new(start: Instant, seconds: u64, members: usize, swaps: Swaps<'_>) -> Result<Plan, String> {
+        let Swaps {
+            old,
+            new,
+            downgrade,
+            cycles,
+        } = swaps;
         let mut kinds = Vec::new();
         for _ in 0..cycles.max(1) {
             kinds.extend(vec![Step::Upgrade; members]);

@@ -38,15 +38,17 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     end
 }
 
-/// Watches `prefix` on `channel` from revision `from`, handing each event to `each` until it
-/// returns false, the stream ends or fails, or `stop` is set (checked every half second).
-async fn watch_once(
-    channel: &Channel,
-    prefix: &str,
+/// Where a watch starts: the keys under `prefix`, from revision `from`.
+#[derive(Debug, Clone, Copy)]
+struct WatchStart<'a> {
+    prefix: &'a str,
     from: i64,
-    stop: &AtomicBool,
-    mut each: impl FnMut(Event) -> bool,
-) {
+}
+
+/// Watches on `channel` from `start`, handing each event to `each` until it returns false,
+/// the stream ends or fails, or `stop` is set (checked every half second).
+async fn watch_once(channel: &Channel, start: WatchStart<'_>, stop: &AtomicBool, mut each: impl FnMut(Event) -> bool) {
+    let WatchStart { prefix, from } = start;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let create = WatchRequest {
         request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
@@ -100,7 +102,11 @@ pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>, se
             from: next,
             events: Vec::new(),
         };
-        watch_once(&channel, &prefix, next, &stop, |event| {
+        let start = WatchStart {
+            prefix: &prefix,
+            from: next,
+        };
+        watch_once(&channel, start, &stop, |event| {
             next = event.revision + 1;
             seen.store(event.revision, Ordering::Relaxed);
             segment.events.push(event);
@@ -120,7 +126,11 @@ pub async fn watcher(channel: Channel, prefix: String, stop: Arc<AtomicBool>, se
 pub async fn history(channel: &Channel, prefix: &str, after: i64, last: &str) -> Vec<Event> {
     let mut events = Vec::new();
     let stop = AtomicBool::new(false);
-    watch_once(channel, prefix, after + 1, &stop, |event| {
+    let start = WatchStart {
+        prefix,
+        from: after + 1,
+    };
+    watch_once(channel, start, &stop, |event| {
         let done = event.key == last;
         events.push(event);
         !done
@@ -139,7 +149,11 @@ pub async fn recorder(channels: Vec<Channel>, prefix: String, last: String, seen
     for channel in channels.iter().cycle() {
         let next = events.last().map_or(1, |e| e.revision + 1);
         let mut done = false;
-        watch_once(channel, &prefix, next, &never, |event| {
+        let start = WatchStart {
+            prefix: &prefix,
+            from: next,
+        };
+        watch_once(channel, start, &never, |event| {
             done = event.key == last;
             seen.store(event.revision, Ordering::Relaxed);
             events.push(event);

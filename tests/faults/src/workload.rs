@@ -108,15 +108,22 @@ impl History {
     }
 }
 
-/// One client's calls on `channels` (a channel per member), until `stop`.
-pub async fn client(
-    id: usize,
-    channels: Vec<Channel>,
-    keys: Keys,
-    history: Arc<History>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) {
+/// What the run's clients share: a channel per member, the history their calls are recorded
+/// in, and the flag that stops them.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub channels: Vec<Channel>,
+    pub history: Arc<History>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// One client's calls on `keys`, until `stop`.
+pub async fn client(id: usize, shared: Shared, keys: Keys, seed: u64) {
+    let Shared {
+        channels,
+        history,
+        stop,
+    } = shared;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seq = 0u64;
     let mut last_read: Vec<Option<String>> = vec![None; keys.count];

@@ -209,7 +209,8 @@ impl Writer {
             .map_err(|e| format!("stdout: {e}"))?;
             let applied = self
                 .engine
-                .lease_revoke(lease)
+                .leases()
+                .revoke(lease)
                 .map_err(|e| format!("revoke lease {lease}: {e}"))?;
             return self.ack(&Line::Revoked {
                 thread: self.thread,
@@ -220,7 +221,8 @@ impl Writer {
         }
         let granted = self
             .engine
-            .lease_grant(0, LEASE_TTL)
+            .leases()
+            .grant(0, LEASE_TTL)
             .map_err(|e| format!("grant a lease: {e}"))?;
         let lease = granted.response.id;
         self.ack(&Line::Grant {
@@ -345,6 +347,7 @@ impl Writer {
                 // Then return the space while the other writers go on: kills land mid-copy,
                 // mid-switch and mid-delete too.
                 self.engine
+                    .maintenance()
                     .defragment()
                     .map(|_| ())
                     .map_err(|e| format!("defragment: {e}"))

@@ -65,18 +65,18 @@ fn run(out: &Path) -> Result<()> {
         key: b"key/19".to_vec(),
         ..DeleteRangeRequest::default()
     })?;
-    let leased = engine.lease_grant(100, 3600)?.response.id;
+    let leased = engine.leases().grant(100, 3600)?.response.id;
     engine.write(PutRequest {
         lease: leased,
         ..put("leased/a", "la")
     })?;
-    let doomed = engine.lease_grant(200, 3600)?.response.id;
+    let doomed = engine.leases().grant(200, 3600)?.response.id;
     engine.write(PutRequest {
         lease: doomed,
         ..put("doomed/a", "da")
     })?;
-    engine.lease_revoke(doomed)?;
-    engine.checkpoint_leases()?;
+    engine.leases().revoke(doomed)?;
+    engine.leases().checkpoint_now()?;
     let nested = TxnRequest {
         compare: vec![Compare {
             key: b"key/01".to_vec(),
@@ -96,15 +96,17 @@ fn run(out: &Path) -> Result<()> {
     engine.txn(nested)?;
     let compact_at = engine.write(put("key/01", "v1-again"))?.revision;
     engine.compact(compact_at - 1)?;
-    engine.wait_compacted()?;
+    engine.maintenance().wait_compacted()?;
 
     // The middle: a checkpoint; everything after it is replayed from the log on open.
-    engine.checkpoint()?;
+    engine.maintenance().checkpoint()?;
 
-    engine.member_update(1, vec!["http://127.0.0.1:2380".into()])?;
-    engine.member_publish("fixture".into(), vec!["http://127.0.0.1:2379".into()])?;
-    engine.alarm_activate(0, Alarm::NoSpace)?;
-    engine.alarm_disarm(0, Alarm::NoSpace)?;
+    engine.members().update(1, vec!["http://127.0.0.1:2380".into()])?;
+    engine
+        .server()
+        .member_publish("fixture".into(), vec!["http://127.0.0.1:2379".into()])?;
+    engine.maintenance().alarm_activate(0, Alarm::NoSpace)?;
+    engine.maintenance().alarm_disarm(0, Alarm::NoSpace)?;
     let changes = [
         AuthChange::UserAdd {
             name: "root".into(),
@@ -137,17 +139,21 @@ fn run(out: &Path) -> Result<()> {
         AuthChange::Enable,
     ];
     for change in changes {
-        engine.auth_change_async(change, None)?.wait()?;
+        engine.server().auth_change_async(change, None)?.wait()?;
     }
-    let (_, revision) = engine.auth_status();
+    let (_, revision) = engine.server().auth_status();
     engine
+        .server()
         .authenticate_async("root".into(), "fixturetokenabcd".into(), revision)?
         .wait()?;
-    engine.write_async_as(put("app/guarded", "g"), Some(revision))?.wait()?;
+    engine
+        .server()
+        .write_async_as(put("app/guarded", "g"), Some(revision))?
+        .wait()?;
     engine.write(put("key/last", "end"))?;
 
     let mut snapshot = std::fs::File::create(out.join("snapshot.cairn"))?;
-    engine.snapshot(&mut snapshot)?;
+    engine.maintenance().snapshot(&mut snapshot)?;
     snapshot.sync_all()?;
     engine.close()?;
     println!("wrote {}", out.display());

@@ -81,41 +81,43 @@ impl Run {
     }
 }
 
-/// Runs `clients` workers (`worker(c, tally)`) until they return, with a progress bar for
-/// `run`; their merged tally, and the time from the run's start until the last one returned.
-pub(crate) async fn drive<F, Fut>(
-    label: &str,
-    run: &Arc<Run>,
-    clients: usize,
-    shown: bool,
-    worker: F,
-) -> Result<(Tally, Duration), Failure>
-where
-    F: Fn(usize, Tally) -> Fut,
-    Fut: Future<Output = Tally> + Send + 'static,
-{
-    let tallies = (0..clients).map(|_| Tally::new()).collect::<Result<Vec<_>, _>>()?;
-    let bar = progress_bar(label, run, shown);
-    let ticker = tokio::spawn(tick(bar.clone(), Arc::clone(run)));
-    let tasks: Vec<_> = tallies
-        .into_iter()
-        .enumerate()
-        .map(|(c, tally)| tokio::spawn(worker(c, tally)))
-        .collect();
-    let mut merged = Tally::new()?;
-    let mut panicked = None;
-    for t in tasks {
-        match t.await {
-            Ok(tally) => merged.absorb(tally)?,
-            Err(e) => panicked = Some(e),
+impl Bench {
+    /// Runs `clients` workers (`worker(c, tally)`) until they return, with a progress bar for
+    /// `run`; their merged tally, and the time from the run's start until the last one returned.
+    pub(crate) async fn drive<F, Fut>(
+        &self,
+        label: &str,
+        run: &Arc<Run>,
+        clients: usize,
+        worker: F,
+    ) -> Result<(Tally, Duration), Failure>
+    where
+        F: Fn(usize, Tally) -> Fut,
+        Fut: Future<Output = Tally> + Send + 'static,
+    {
+        let tallies = (0..clients).map(|_| Tally::new()).collect::<Result<Vec<_>, _>>()?;
+        let bar = progress_bar(label, run, self.shown);
+        let ticker = tokio::spawn(tick(bar.clone(), Arc::clone(run)));
+        let tasks: Vec<_> = tallies
+            .into_iter()
+            .enumerate()
+            .map(|(c, tally)| tokio::spawn(worker(c, tally)))
+            .collect();
+        let mut merged = Tally::new()?;
+        let mut panicked = None;
+        for t in tasks {
+            match t.await {
+                Ok(tally) => merged.absorb(tally)?,
+                Err(e) => panicked = Some(e),
+            }
         }
-    }
-    let elapsed = run.started.elapsed();
-    ticker.abort();
-    bar.finish_and_clear();
-    match panicked {
-        Some(e) => Err(Failure(format!("a {label} client failed: {e}"))),
-        None => Ok((merged, elapsed)),
+        let elapsed = run.started.elapsed();
+        ticker.abort();
+        bar.finish_and_clear();
+        match panicked {
+            Some(e) => Err(Failure(format!("a {label} client failed: {e}"))),
+            None => Ok((merged, elapsed)),
+        }
     }
 }
 

@@ -84,15 +84,13 @@ pub(crate) async fn watch_events(g: &Global, b: &Bench, a: &WatchArgs) -> Result
             .spawn(async move { open_watchers(&watching, s, n, &prefix).await })
             .await
             .map_err(|e| Failure(format!("watch stream {s}: {e}")))??;
-        let reader = read_events(
-            stream,
-            epoch.at,
+        let reader = Reader {
+            epoch: epoch.at,
             logged,
-            Arc::clone(&received),
-            stopped.clone(),
-            Tally::new()?,
-        );
-        readers.push(reading.handle().spawn(reader));
+            received: Arc::clone(&received),
+            stop: stopped.clone(),
+        };
+        readers.push(reading.handle().spawn(reader.read_events(stream, Tally::new()?)));
     }
 
     // The writers have a connection of their own, as in etcd's benchmark: their requests do
@@ -335,66 +333,79 @@ async fn watch_lean(
     grpc.streaming(tonic::Request::new(requests), path, codec).await
 }
 
-/// Reads events from `stream` until `stop`: each one's put-to-event latency (from the send
-/// time in its value, nanoseconds since `epoch`) goes into the tally (`hits` counts events
-/// without one), and into its log counting from `logged` if given; `received` counts them
-/// all.
-pub(crate) async fn read_events(
-    mut stream: WatchStream<LeanResponse>,
-    epoch: Instant,
-    logged: Option<Origin>,
-    received: Arc<AtomicU64>,
-    mut stop: watch::Receiver<bool>,
-    mut tally: Tally,
-) -> Read {
-    let mut last = None;
-    let mut responses = 0;
-    loop {
-        let answer = tokio::select! {
-            biased;
-            _ = stop.changed() => break,
-            answer = stream.responses.message() => answer,
-        };
-        match answer {
-            Ok(Some(r)) => {
-                if r.canceled {
-                    tally.error(&Status::cancelled(format!("watch canceled: {}", r.cancel_reason)));
-                }
-                if r.events.is_empty() {
-                    continue;
-                }
-                let now = Instant::now();
-                let since_epoch = now.saturating_duration_since(epoch);
-                let mut stamped = 0;
-                for event in &r.events {
-                    match event.kv.as_ref().and_then(|kv| stamp_of(&kv.value)) {
-                        Some(sent) => {
-                            let took = since_epoch.saturating_sub(sent);
-                            if let Some(origin) = logged {
-                                tally.log.push(origin, now, took);
-                            }
-                            tally.record(took, Ok(0));
-                            stamped += 1;
-                        }
-                        None => tally.hits += 1,
+/// A watch stream's reader: what it shares with the others, and when it stops.
+#[derive(Debug)]
+pub(crate) struct Reader {
+    /// Send times in the events' values are nanoseconds since then.
+    pub(crate) epoch: Instant,
+    /// Where the events' log counts from, if they are logged.
+    pub(crate) logged: Option<Origin>,
+    /// Counts the events with a send time, of every reader.
+    pub(crate) received: Arc<AtomicU64>,
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+impl Reader {
+    /// Reads events from `stream` until `stop`: each one's put-to-event latency (from the send
+    /// time in its value, nanoseconds since `epoch`) goes into `tally` (`hits` counts events
+    /// without one), and into its log counting from `logged` if given; `received` counts them
+    /// all.
+    pub(crate) async fn read_events(self, mut stream: WatchStream<LeanResponse>, mut tally: Tally) -> Read {
+        let Reader {
+            epoch,
+            logged,
+            received,
+            mut stop,
+        } = self;
+        let mut last = None;
+        let mut responses = 0;
+        loop {
+            let answer = tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                answer = stream.responses.message() => answer,
+            };
+            match answer {
+                Ok(Some(r)) => {
+                    if r.canceled {
+                        tally.error(&Status::cancelled(format!("watch canceled: {}", r.cancel_reason)));
                     }
+                    if r.events.is_empty() {
+                        continue;
+                    }
+                    let now = Instant::now();
+                    let since_epoch = now.saturating_duration_since(epoch);
+                    let mut stamped = 0;
+                    for event in &r.events {
+                        match event.kv.as_ref().and_then(|kv| stamp_of(&kv.value)) {
+                            Some(sent) => {
+                                let took = since_epoch.saturating_sub(sent);
+                                if let Some(origin) = logged {
+                                    tally.log.push(origin, now, took);
+                                }
+                                tally.record(took, Ok(0));
+                                stamped += 1;
+                            }
+                            None => tally.hits += 1,
+                        }
+                    }
+                    received.fetch_add(stamped, Ordering::SeqCst);
+                    last = Some(now);
+                    responses += 1;
                 }
-                received.fetch_add(stamped, Ordering::SeqCst);
-                last = Some(now);
-                responses += 1;
-            }
-            Ok(None) => {
-                tally.error(&Status::unavailable("watch stream closed by the server"));
-                break;
-            }
-            Err(e) => {
-                tally.error(&e);
-                break;
+                Ok(None) => {
+                    tally.error(&Status::unavailable("watch stream closed by the server"));
+                    break;
+                }
+                Err(e) => {
+                    tally.error(&e);
+                    break;
+                }
             }
         }
+        drop(stream.requests);
+        Read { tally, last, responses }
     }
-    drop(stream.requests);
-    Read { tally, last, responses }
 }
 
 /// What a stream's reader saw.

@@ -51,7 +51,12 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
     )?;
     let mut report = Report::new("range", g);
     if a.load > 0 {
-        load(g, b, &keys, a.load, a.val_size, &mut report).await?;
+        let loaded = Load {
+            keys: &keys,
+            count: a.load,
+            val_size: a.val_size,
+        };
+        load(g, b, loaded, &mut report).await?;
     }
     let (total, seconds) = limits(g, DEFAULT_TOTAL);
     let run = Run::start(total, seconds, g.rate);
@@ -119,7 +124,12 @@ pub(crate) async fn delete(g: &Global, b: &Bench, a: &DeleteArgs) -> Result<Repo
     let keys = Keys::new(&g.key_prefix, a.key_size, a.keys, true)?;
     let mut report = Report::new("delete", g);
     if !a.skip_load {
-        load(g, b, &keys, a.keys, a.val_size, &mut report).await?;
+        let loaded = Load {
+            keys: &keys,
+            count: a.keys,
+            val_size: a.val_size,
+        };
+        load(g, b, loaded, &mut report).await?;
     }
     let (total, seconds) = limits(g, a.keys);
     let run = Run::start(Some(total.unwrap_or(a.keys).min(a.keys)), seconds, g.rate);
@@ -137,21 +147,23 @@ pub(crate) async fn delete(g: &Global, b: &Bench, a: &DeleteArgs) -> Result<Repo
     Ok(report.require_success())
 }
 
-/// Puts keys 0 to `n`-1 of `keys` with all clients, unmeasured, before a workload reads or
-/// deletes them. A load where some puts failed goes on, with a note.
-pub(crate) async fn load(
-    g: &Global,
-    b: &Bench,
-    keys: &Keys,
-    n: u64,
-    val_size: usize,
-    report: &mut Report,
-) -> Result<(), Failure> {
-    eprintln!("{TOOL}: loading {n} keys ...");
-    let run = Run::start(Some(n), None, None);
+/// What [`load`] puts: keys 0 to `count`-1 of `keys`, with values of `val_size` bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Load<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) count: u64,
+    pub(crate) val_size: usize,
+}
+
+/// Puts the keys of `loaded` with all clients, unmeasured, before a workload reads or deletes
+/// them. A load where some puts failed goes on, with a note.
+pub(crate) async fn load(g: &Global, b: &Bench, loaded: Load<'_>, report: &mut Report) -> Result<(), Failure> {
+    let Load { keys, count, val_size } = loaded;
+    eprintln!("{TOOL}: loading {count} keys ...");
+    let run = Run::start(Some(count), None, None);
     let op = Op::Put {
         keys: Keys {
-            space: n,
+            space: count,
             sequential: true,
             ..keys.clone()
         },

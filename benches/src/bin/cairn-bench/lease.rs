@@ -25,36 +25,42 @@ use crate::*;
 
 pub(crate) async fn lease_keepalive(g: &Global, b: &Bench, a: &KeepAliveArgs) -> Result<Report, Failure> {
     let mut report = Report::new("lease-keepalive", g);
-    let ids = grant(g, b, a.leases, a.ttl, &mut report).await?;
-    let ids = Arc::new(ids);
+    let grants = Grants {
+        count: a.leases,
+        ttl: a.ttl,
+    };
+    let ids = grant(g, b, grants, &mut report).await?;
     let (total, seconds) = limits(g, DEFAULT_TOTAL);
-    let run = Run::start(total, seconds, g.rate);
-    let (tally, elapsed) = drive("lease-keepalive", &run, g.clients, b.shown, |c, tally| {
-        keepalive_loop(
-            LeaseClient::new(b.channel(c)),
-            Arc::clone(&ids),
-            Arc::clone(&run),
-            b.timeout,
-            tally,
-        )
-    })
-    .await?;
-    revoke(g, b, &ids, &mut report).await?;
+    let renewals = Renewals {
+        ids: Arc::new(ids),
+        run: Run::start(total, seconds, g.rate),
+        timeout: b.timeout,
+    };
+    let (tally, elapsed) = b
+        .drive("lease-keepalive", &renewals.run, g.clients, |c, tally| {
+            keepalive_loop(LeaseClient::new(b.channel(c)), renewals.clone(), tally)
+        })
+        .await?;
+    revoke(g, b, &renewals.ids, &mut report).await?;
     report.param("leases", a.leases);
     report.param("ttl", a.ttl);
     report.row("keepalive", tally, elapsed);
     Ok(report.require_success())
 }
 
+/// What the clients of lease-keepalive share: the leases they renew, the run, and the
+/// per-request timeout.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewals {
+    pub(crate) ids: Arc<Vec<i64>>,
+    pub(crate) run: Arc<Run>,
+    pub(crate) timeout: Duration,
+}
+
 /// One client of lease-keepalive: one keep-alive stream (reopened after an error), one
 /// renewal in flight, each of the lease picked by the request's number.
-pub(crate) async fn keepalive_loop(
-    mut client: LeaseClient<Conn>,
-    ids: Arc<Vec<i64>>,
-    run: Arc<Run>,
-    timeout: Duration,
-    mut tally: Tally,
-) -> Tally {
+pub(crate) async fn keepalive_loop(mut client: LeaseClient<Conn>, renewals: Renewals, mut tally: Tally) -> Tally {
+    let Renewals { ids, run, timeout } = renewals;
     let mut stream = None;
     while let Some(i) = run.next().await {
         // `ids` is not empty (grant fails otherwise).
@@ -105,11 +111,19 @@ pub(crate) async fn keep_alive_once(
     }
 }
 
-/// Grants `n` leases of `ttl` seconds with all clients; the IDs granted.
-pub(crate) async fn grant(g: &Global, b: &Bench, n: u64, ttl: i64, report: &mut Report) -> Result<Vec<i64>, Failure> {
-    eprintln!("{TOOL}: granting {n} leases ...");
+/// What [`grant`] grants: `count` leases of `ttl` seconds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grants {
+    pub(crate) count: u64,
+    pub(crate) ttl: i64,
+}
+
+/// Grants the leases of `grants` with all clients; the IDs granted.
+pub(crate) async fn grant(g: &Global, b: &Bench, grants: Grants, report: &mut Report) -> Result<Vec<i64>, Failure> {
+    let Grants { count, ttl } = grants;
+    eprintln!("{TOOL}: granting {count} leases ...");
     let granted = Arc::new(Mutex::new(Vec::new()));
-    let run = Run::start(Some(n), None, None);
+    let run = Run::start(Some(count), None, None);
     let op = Op::Grant {
         ttl,
         granted: Arc::clone(&granted),
@@ -155,7 +169,11 @@ pub(crate) async fn lease_expiry(g: &Global, b: &Bench, a: &ExpiryArgs) -> Resul
     report.param("val_size", a.val_size);
     let ttl = Duration::from_secs(a.ttl.unsigned_abs());
     let grant_started = Instant::now();
-    let ids = grant(g, b, a.leases, a.ttl, &mut report).await?;
+    let grants = Grants {
+        count: a.leases,
+        ttl: a.ttl,
+    };
+    let ids = grant(g, b, grants, &mut report).await?;
     let granted = Instant::now();
     // No lease expires before `earliest`; every one has by `latest`.
     let (earliest, latest) = (grant_started + ttl, granted + ttl);
@@ -209,7 +227,11 @@ pub(crate) async fn lease_expiry(g: &Global, b: &Bench, a: &ExpiryArgs) -> Resul
         .collect();
     tokio::time::sleep_until(earliest.into()).await;
     let counter = KvClient::new(connect_to(g, 0).await?);
-    let expired = count_down(counter, b, &prefix, attached.ok, latest + EXPIRY_PATIENCE).await?;
+    let keys = Attached {
+        prefix: &prefix,
+        count: attached.ok,
+    };
+    let expired = count_down(counter, b, keys, latest + EXPIRY_PATIENCE).await?;
     stop.store(true, Ordering::SeqCst);
     let probing_ended = Instant::now();
     // Writes sent from the last count that found every key until none was left may have met
@@ -300,15 +322,22 @@ pub(crate) struct Expiry {
     pub(crate) left: i64,
 }
 
-/// Counts the keys under `prefix` every `EXPIRY_POLL` until none is left or `until`, over
-/// `kv` (a connection of its own, so that the probes' connections carry only their writes).
+/// The keys attached to the leases: `count` of them, under `prefix`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Attached<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) count: u64,
+}
+
+/// Counts the `keys` left every `EXPIRY_POLL` until none is left or `until`, over `kv` (a
+/// connection of its own, so that the probes' connections carry only their writes).
 pub(crate) async fn count_down(
     mut kv: KvClient<Conn>,
     b: &Bench,
-    prefix: &str,
-    attached: u64,
+    keys: Attached<'_>,
     until: Instant,
 ) -> Result<Expiry, Failure> {
+    let Attached { prefix, count } = keys;
     let bar = spinner(b.shown, "keys left");
     let request = RangeRequest {
         key: Bytes::copy_from_slice(prefix.as_bytes()),
@@ -320,7 +349,7 @@ pub(crate) async fn count_down(
         last_full: None,
         first_gone: None,
         all_gone: None,
-        left: i64::try_from(attached).unwrap_or(i64::MAX),
+        left: i64::try_from(count).unwrap_or(i64::MAX),
     };
     let mut last_error = None;
     while Instant::now() < until {
@@ -330,7 +359,7 @@ pub(crate) async fn count_down(
                 let now = Instant::now();
                 expiry.left = r.count;
                 bar.set_message(format!("{} keys left", r.count));
-                if u64::try_from(r.count).unwrap_or(0) >= attached {
+                if u64::try_from(r.count).unwrap_or(0) >= count {
                     expiry.last_full = Some(sent);
                 } else if expiry.first_gone.is_none() {
                     expiry.first_gone = Some(now);

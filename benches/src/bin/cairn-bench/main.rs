@@ -529,7 +529,7 @@ impl Bench {
         op: Op,
     ) -> Result<(Tally, Duration), Failure> {
         let op = Arc::new(op);
-        drive(label, run, clients, self.shown, |c, tally| {
+        self.drive(label, run, clients, |c, tally| {
             request_loop(self.requester(c, &op), Arc::clone(run), tally)
         })
         .await

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 
-use super::{Applying, Entries};
+use super::applying::Applying;
+use super::transition::Entries;
 use crate::consensus::interface::{ApplyQueue, ToApply};
-use crate::engine::State;
+use crate::engine::state::State;
 use crate::error::{Error, Result};
 
 /// The node thread's way to the apply thread ([`ApplyQueue`]). Work is applied in the order it

@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use raft::eraftpb::{ConfState, EntryType};
 
-use super::super::checkpointing::Encoded;
-use super::super::propose::Answer;
-use super::super::watch::Fed;
-use super::super::State;
 use crate::auth::{AuthChange, AuthError};
+use crate::engine::checkpointing::Encoded;
+use crate::engine::state::State;
+use crate::engine::waiters::Answer;
 use crate::error::Error;
 use crate::request::{Alarm, Request, Response};
 use crate::version::Feature;
+use crate::watch::feed::Fed;
 
 /// Committed entries, in order, each with the membership change it applied, if any.
 pub(in crate::engine) type Entries = Vec<(raft::eraftpb::Entry, Option<crate::membership::ConfApplied>)>;
@@ -131,7 +131,7 @@ impl State {
             }
             if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() && !duplicate {
                 let outcome = match crate::format::entry::decode(&entry.data) {
-                    Ok(request) => apply(self, &request, entry.index),
+                    Ok(request) => request.check().and_then(|()| apply(self, &request, entry.index)),
                     Err(e) => {
                         tracing::error!(index = entry.index, error = %e, "a committed entry does not decode");
                         Err(Error::CorruptEntry {

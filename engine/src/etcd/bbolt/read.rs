@@ -316,10 +316,7 @@ impl Db {
                 }
                 leaf_entries(&inline, each)
             }
-            BucketRoot::Page(id) => {
-                let mut seen = HashSet::new();
-                self.walk_page(*id, 0, &mut seen, &mut Vec::new(), each)
-            }
+            BucketRoot::Page(id) => self.walk_page(*id, 0, &mut Walk::default(), each),
         }
     }
 
@@ -327,14 +324,13 @@ impl Db {
         &self,
         id: u64,
         depth: usize,
-        seen: &mut HashSet<u64>,
-        buffers: &mut Vec<Vec<u8>>,
+        walk: &mut Walk,
         each: &mut impl FnMut(u32, &[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
-        if !seen.insert(id) {
+        if !walk.seen.insert(id) {
             return Err(BoltError::Cycle(id).into());
         }
-        let page = self.page(id, buffers.pop().unwrap_or_default())?;
+        let page = self.page(id, walk.buffers.pop().unwrap_or_default())?;
         if depth > MAX_DEPTH {
             return Err(page.bad("the tree is implausibly deep").into());
         }
@@ -344,14 +340,22 @@ impl Db {
                 for i in 0..page.count() {
                     let (_, child) = branch_element(&page.bytes, i)
                         .ok_or_else(|| page.bad(format!("branch element {i} runs past the page")))?;
-                    self.walk_page(child, depth + 1, seen, buffers, each)?;
+                    self.walk_page(child, depth + 1, walk, each)?;
                 }
             }
             other => return Err(page.bad(format!("a tree page with flags {other:#x}")).into()),
         }
-        buffers.push(page.bytes);
+        walk.buffers.push(page.bytes);
         Ok(())
     }
+}
+
+/// A walk down one bucket's tree: the pages seen (a page seen twice is a cycle), and page
+/// buffers to reuse.
+#[derive(Default)]
+struct Walk {
+    seen: HashSet<u64>,
+    buffers: Vec<Vec<u8>>,
 }
 
 fn leaf_entries<E: From<BoltError>>(

@@ -36,7 +36,8 @@ impl ClusterService {
     fn members(&self) -> Vec<pb::Member> {
         self.node
             .engine
-            .member_list()
+            .members()
+            .list()
             .into_iter()
             .map(convert::member)
             .collect()
@@ -47,7 +48,8 @@ impl ClusterService {
         let taken = self
             .node
             .engine
-            .member_list()
+            .members()
+            .list()
             .iter()
             .any(|m| Some(m.id) != except && m.peer_urls.iter().any(|u| urls.contains(u)));
         if taken {
@@ -59,7 +61,7 @@ impl ClusterService {
     /// Refuses `change` if the cluster's members, as this member (the leader) knows them,
     /// cannot take it.
     fn may(&self, change: reconfig::Change) -> Result<(), Status> {
-        let members: Vec<reconfig::Seat> = self.node.engine.member_list().iter().map(Into::into).collect();
+        let members: Vec<reconfig::Seat> = self.node.engine.members().list().iter().map(Into::into).collect();
         reconfig::check(&members, change, self.node.limits.reconfig)
             .map_err(|refused| Status::failed_precondition(refused.to_string()))
     }
@@ -115,9 +117,9 @@ impl Cluster for ClusterService {
         self.node
             .blocking(move |e| {
                 if learner {
-                    e.member_add_learner(id, urls)
+                    e.members().add_learner(id, urls)
                 } else {
-                    e.member_add(id, urls)
+                    e.members().add(id, urls)
                 }
             })
             .await?;
@@ -149,7 +151,7 @@ impl Cluster for ClusterService {
                 .await;
         }
         self.may(reconfig::Change::Remove(r.id))?;
-        let (header, members) = self.apply_change(move |e| e.member_remove(r.id)).await?;
+        let (header, members) = self.apply_change(move |e| e.members().remove(r.id)).await?;
         Ok(Response::new(pb::MemberRemoveResponse { header, members }))
     }
 
@@ -162,7 +164,9 @@ impl Cluster for ClusterService {
         let r = request.into_inner();
         check_urls(&r.peer_ur_ls)?;
         self.urls_taken(&r.peer_ur_ls, Some(r.id))?;
-        let (header, members) = self.apply_change(move |e| e.member_update(r.id, r.peer_ur_ls)).await?;
+        let (header, members) = self
+            .apply_change(move |e| e.members().update(r.id, r.peer_ur_ls))
+            .await?;
         Ok(Response::new(pb::MemberUpdateResponse { header, members }))
     }
 
@@ -196,7 +200,7 @@ impl Cluster for ClusterService {
                 .await;
         }
         self.may(reconfig::Change::Promote(r.id))?;
-        let (header, members) = self.apply_change(move |e| e.member_promote(r.id)).await?;
+        let (header, members) = self.apply_change(move |e| e.members().promote(r.id)).await?;
         Ok(Response::new(pb::MemberPromoteResponse { header, members }))
     }
 }

@@ -45,15 +45,18 @@ fn if_still_leader(key: &[u8], rev: i64, then: pb::RequestOp) -> pb::TxnRequest 
     }
 }
 
+/// A leader's key as its holder knows it: the key, the revision it was created at, and the
+/// lease it is attached to.
+struct Held<'a> {
+    key: &'a [u8],
+    rev: i64,
+    lease: i64,
+}
+
 impl ElectionService {
     /// Sets the value of the leader's key if it still leads; "election: not leader" if not.
-    async fn proclaim_as(
-        client: &Client,
-        key: &[u8],
-        rev: i64,
-        lease: i64,
-        value: bytes::Bytes,
-    ) -> Result<pb::TxnResponse, Status> {
+    async fn proclaim_as(client: &Client, held: Held<'_>, value: bytes::Bytes) -> Result<pb::TxnResponse, Status> {
+        let Held { key, rev, lease } = held;
         let answer = client.txn(if_still_leader(key, rev, put_op(key, value, lease))).await?;
         if !answer.succeeded {
             return Err(super::recipe_error("election: not leader"));
@@ -87,7 +90,8 @@ impl Election for ElectionService {
             let existing = range_kvs(&answer, 0).first().cloned().unwrap_or_default();
             rev = existing.create_revision;
             if existing.value != value {
-                if let Err(e) = Self::proclaim_as(&client, &key, rev, lease, value.clone()).await {
+                let held = Held { key: &key, rev, lease };
+                if let Err(e) = Self::proclaim_as(&client, held, value.clone()).await {
                     resign(rev).now().await;
                     return Err(e);
                 }
@@ -120,7 +124,12 @@ impl Election for ElectionService {
         let ProclaimRequest { leader, value } = request.into_inner();
         let leader = leader.ok_or_else(missing_leader)?;
         let lease = client.session_lease(leader.lease).await?;
-        let answer = Self::proclaim_as(&client, &leader.key, leader.rev, lease, value).await?;
+        let held = Held {
+            key: &leader.key,
+            rev: leader.rev,
+            lease,
+        };
+        let answer = Self::proclaim_as(&client, held, value).await?;
         Ok(Response::new(ProclaimResponse { header: answer.header }))
     }
 

@@ -10,15 +10,16 @@
 //! headers (a trailers-only answer) or trailers; a call whose response is dropped before it
 //! ends (the client went away) is counted as `Canceled`, as grpc-go reports it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::transport::grpc_body::{trailers_only_status, Observed, Observer};
 use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use axum::response::Response;
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 /// etcd's client methods, with their kinds as go-grpc-prometheus labels them.
 pub const METHODS: &[(&str, &str, &str)] = &[
@@ -96,13 +97,20 @@ const CODES: [&str; 17] = [
     "Unauthenticated",
 ];
 
-/// The code named by a `grpc-status` value; an unknown number is `Unknown`, as in grpc-go.
-fn code_name(status: &[u8]) -> &'static str {
+/// `CODES`' `Unknown`.
+const UNKNOWN: usize = 2;
+
+/// `CODES`' `Canceled`.
+const CANCELED: usize = 1;
+
+/// The code of a `grpc-status` value, an index of `CODES`; an unknown number is `Unknown`, as
+/// in grpc-go.
+fn code(status: &[u8]) -> usize {
     std::str::from_utf8(status)
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
-        .and_then(|n| CODES.get(n).copied())
-        .unwrap_or("Unknown")
+        .filter(|&n| n < CODES.len())
+        .unwrap_or(UNKNOWN)
 }
 
 /// The counters, in the member's registry.
@@ -116,6 +124,30 @@ pub struct GrpcMetrics {
     handling: Option<HistogramVec>,
     received_bytes: IntCounter,
     sent_bytes: IntCounter,
+    /// etcd's methods, in `METHODS`' order, each with its series once a call has made them:
+    /// looking a series up by its labels hashes them under a lock, and a call counts four.
+    methods: Vec<Method>,
+    /// Where each method's path (`/<service>/<method>`) is in `methods`.
+    paths: HashMap<String, usize>,
+}
+
+/// One method's labels, and its series, made by its first call.
+#[derive(Debug)]
+struct Method {
+    /// Type, service, method.
+    labels: [&'static str; 3],
+    series: OnceLock<Series>,
+    /// `grpc_server_handled_total` by code, each made the first time the method ends with it.
+    handled: [OnceLock<IntCounter>; CODES.len()],
+}
+
+/// A method's series other than `handled`.
+#[derive(Debug)]
+struct Series {
+    started: IntCounter,
+    received: IntCounter,
+    sent: IntCounter,
+    handling: Option<Histogram>,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> Result<T, prometheus::Error> {
@@ -178,20 +210,38 @@ impl GrpcMetrics {
                     "Bytes of gRPC responses written to clients.",
                 )?,
             )?,
+            methods: METHODS
+                .iter()
+                .map(|&(service, method, kind)| Method {
+                    labels: [kind, service, method],
+                    series: OnceLock::new(),
+                    handled: std::array::from_fn(|_| OnceLock::new()),
+                })
+                .collect(),
+            paths: METHODS
+                .iter()
+                .enumerate()
+                .map(|(i, (service, method, _))| (format!("/{service}/{method}"), i))
+                .collect(),
         })
     }
 
     /// Counts a request to `path` as started, if it names one of etcd's methods: the call,
     /// whose bodies then count its messages and whose end counts it handled.
     fn start(self: &Arc<Self>, path: &str) -> Option<Arc<Call>> {
-        let (service, method) = path.strip_prefix('/')?.split_once('/')?;
-        let &(service, method, kind) = METHODS.iter().find(|(s, m, _)| *s == service && *m == method)?;
-        let labels = [kind, service, method];
-        self.started.with_label_values(&labels).inc();
+        let index = *self.paths.get(path)?;
+        let method = self.methods.get(index)?;
+        let series = method.series.get_or_init(|| Series {
+            started: self.started.with_label_values(&method.labels),
+            received: self.received.with_label_values(&method.labels),
+            sent: self.sent.with_label_values(&method.labels),
+            handling: self.handling.as_ref().map(|h| h.with_label_values(&method.labels)),
+        });
+        series.started.inc();
         Some(Arc::new(Call {
             metrics: self.clone(),
-            labels,
-            started: Instant::now(),
+            method: index,
+            started: series.handling.as_ref().map(|_| Instant::now()),
             finished: AtomicBool::new(false),
         }))
     }
@@ -201,26 +251,40 @@ impl GrpcMetrics {
 #[derive(Debug)]
 struct Call {
     metrics: Arc<GrpcMetrics>,
-    /// Type, service, method.
-    labels: [&'static str; 3],
-    started: Instant,
+    /// Where the call's method is in `metrics.methods`.
+    method: usize,
+    /// When the call started, for the handling-time histogram (`--metrics=extensive`).
+    started: Option<Instant>,
     /// Invariant: the call is counted handled once, when this turns true.
     finished: AtomicBool,
 }
 
 impl Call {
-    fn finish(&self, code: &'static str) {
+    /// The method's labels and series (made when the call started).
+    fn method(&self) -> Option<(&Method, &Series)> {
+        let method = self.metrics.methods.get(self.method)?;
+        Some((method, method.series.get()?))
+    }
+
+    /// Counts the call handled with the status `code`, once.
+    fn finish(&self, code: usize) {
         if self.finished.swap(true, Ordering::AcqRel) {
             return;
         }
-        let [kind, service, method] = self.labels;
-        self.metrics
-            .handled
-            .with_label_values(&[kind, service, method, code])
+        let Some((method, series)) = self.method() else {
+            return;
+        };
+        let [kind, service, name] = method.labels;
+        if let (Some(slot), Some(&code_name)) = (method.handled.get(code), CODES.get(code)) {
+            slot.get_or_init(|| {
+                self.metrics
+                    .handled
+                    .with_label_values(&[kind, service, name, code_name])
+            })
             .inc();
-        if let Some(h) = &self.metrics.handling {
-            h.with_label_values(&self.labels)
-                .observe(self.started.elapsed().as_secs_f64());
+        }
+        if let (Some(h), Some(started)) = (&series.handling, self.started) {
+            h.observe(started.elapsed().as_secs_f64());
         }
     }
 }
@@ -228,7 +292,7 @@ impl Call {
 impl Drop for Call {
     fn drop(&mut self) {
         // Neither a status nor an end reached the client: it went away first.
-        self.finish("Canceled");
+        self.finish(CANCELED);
     }
 }
 
@@ -303,37 +367,50 @@ impl Observer for Counted {
     fn data(&mut self, chunk: &[u8]) {
         let messages = self.framing.take(chunk);
         let m = &self.call.metrics;
-        let (counter, bytes) = match self.way {
-            Way::Received => (&m.received, &m.received_bytes),
-            Way::Sent => (&m.sent, &m.sent_bytes),
+        let bytes = match self.way {
+            Way::Received => &m.received_bytes,
+            Way::Sent => &m.sent_bytes,
         };
         bytes.inc_by(chunk.len() as u64);
-        if messages > 0 {
-            counter.with_label_values(&self.call.labels).inc_by(messages);
+        if let (true, Some((_, series))) = (messages > 0, self.call.method()) {
+            let counter = match self.way {
+                Way::Received => &series.received,
+                Way::Sent => &series.sent,
+            };
+            counter.inc_by(messages);
         }
     }
 
     fn ended(&mut self, status: &[u8], _: &HeaderMap) {
-        self.call.finish(code_name(status));
+        self.call.finish(code(status));
     }
 }
 
-/// Wraps `router` so that every gRPC call to one of etcd's methods is counted.
-pub fn layer(router: axum::Router, metrics: Arc<GrpcMetrics>) -> axum::Router {
-    router.layer(axum::middleware::from_fn(move |request: Request, next: Next| {
-        let call = metrics.start(request.uri().path());
-        async move {
-            let Some(call) = call else {
-                return next.run(request).await;
-            };
-            let request = request.map(|inner| Observed::request(inner, Counted::new(call.clone(), Way::Received)));
-            let response = next.run(request).await;
-            if let Some(status) = trailers_only_status(response.headers()) {
-                call.finish(code_name(status));
-            }
-            response.map(|inner| Observed::response(inner, Counted::new(call, Way::Sent)))
+impl GrpcMetrics {
+    /// Counts `request` as a call started, if its path names one of etcd's methods, and its
+    /// body's messages as received; with the call, which counts the answer.
+    pub fn count(self: &Arc<Self>, request: Request) -> (Request, Option<Counting>) {
+        let Some(call) = self.start(request.uri().path()) else {
+            return (request, None);
+        };
+        let request = request.map(|inner| Observed::request(inner, Counted::new(call.clone(), Way::Received)));
+        (request, Some(Counting(call)))
+    }
+}
+
+/// A call being counted.
+#[derive(Debug)]
+pub struct Counting(Arc<Call>);
+
+impl Counting {
+    /// `response`, its messages counted as sent and the call counted handled when it ends (at
+    /// once for a trailers-only answer).
+    pub fn answered(self, response: Response) -> Response {
+        if let Some(status) = trailers_only_status(response.headers()) {
+            self.0.finish(code(status));
         }
-    }))
+        response.map(|inner| Observed::response(inner, Counted::new(self.0, Way::Sent)))
+    }
 }
 
 #[cfg(test)]
@@ -355,12 +432,13 @@ mod tests {
 
     #[test]
     fn status_codes_are_named_as_grpc_go_names_them() {
-        assert_eq!(code_name(b"0"), "OK");
-        assert_eq!(code_name(b"9"), "FailedPrecondition");
-        assert_eq!(code_name(b"14"), "Unavailable");
-        assert_eq!(code_name(b"16"), "Unauthenticated");
-        assert_eq!(code_name(b"99"), "Unknown");
-        assert_eq!(code_name(b"x"), "Unknown");
+        let name = |status: &[u8]| CODES[code(status)];
+        assert_eq!(name(b"0"), "OK");
+        assert_eq!(name(b"9"), "FailedPrecondition");
+        assert_eq!(name(b"14"), "Unavailable");
+        assert_eq!(name(b"16"), "Unauthenticated");
+        assert_eq!(name(b"99"), "Unknown");
+        assert_eq!(name(b"x"), "Unknown");
     }
 
     #[test]
@@ -369,8 +447,8 @@ mod tests {
         let m = Arc::new(GrpcMetrics::new(&r, true).unwrap());
         assert!(m.start("/made.Up/Method").is_none(), "only etcd's methods");
         let call = m.start("/etcdserverpb.KV/Put").unwrap();
-        call.finish("OK");
-        call.finish("Unknown");
+        call.finish(code(b"0"));
+        call.finish(code(b"2"));
         drop(call);
         drop(m.start("/etcdserverpb.Watch/Watch").unwrap());
         let text = {

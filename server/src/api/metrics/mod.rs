@@ -12,7 +12,7 @@ use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, Me
 use prometheus::{Encoder, IntGauge, Opts, Registry, TextEncoder};
 
 pub use crate::transport::peer_metrics::{PeerMetrics, PROBE_EVERY};
-pub use grpc::{layer as grpc_layer, GrpcMetrics};
+pub use grpc::GrpcMetrics;
 
 use crate::api::node::Node;
 
@@ -125,31 +125,31 @@ impl Metrics {
     /// Reads the engine and renders every metric as Prometheus text.
     pub fn render(&self, node: &Node) -> Result<String, String> {
         let e = &node.engine;
-        let raft = e.raft_status();
-        Self::set(&self.has_leader, u64::from(raft.leader.is_some()));
-        Self::set(&self.is_leader, u64::from(raft.leader == Some(node.member_id)));
-        Self::set(&self.proposals_committed, raft.commit_index);
-        Self::set(&self.proposals_applied, raft.applied_index);
-        Self::set(&self.proposals_pending, raft.proposals_pending);
-        Self::set(&self.db_total_size, e.size());
-        Self::set(&self.db_in_use_size, e.size_in_use());
+        let status = e.status();
+        Self::set(&self.has_leader, u64::from(status.leader.is_some()));
+        Self::set(&self.is_leader, u64::from(status.leader == Some(node.member_id)));
+        Self::set(&self.proposals_committed, status.commit_index);
+        Self::set(&self.proposals_applied, status.applied_index);
+        Self::set(&self.proposals_pending, status.proposals_pending);
+        Self::set(&self.db_total_size, status.size);
+        Self::set(&self.db_in_use_size, status.size_in_use);
         Self::set(&self.quota_backend_bytes, node.limits.quota_backend_bytes);
-        Self::set(&self.keys_total, e.key_count() as u64);
-        Self::set(&self.watchers, e.watcher_count() as u64);
-        Self::set(&self.leases, e.leases().len() as u64);
-        self.current_revision.set(e.current_revision());
-        self.compact_revision.set(e.compacted_revision());
-        Self::set(&self.snapshots_installed, e.snapshots_installed());
+        Self::set(&self.keys_total, status.keys as u64);
+        Self::set(&self.watchers, status.watchers as u64);
+        Self::set(&self.leases, status.leases as u64);
+        self.current_revision.set(status.current_revision);
+        self.compact_revision.set(status.compacted_revision);
+        Self::set(&self.snapshots_installed, status.snapshots_installed);
         let mut families = self.registry.gather();
         families.push(counter_family(
             "etcd_server_leader_changes_seen_total",
             "Times this member has seen the Raft leader change.",
-            raft.leader_changes,
+            status.leader_changes,
         ));
         families.push(counter_family(
             "etcd_server_proposals_failed_total",
             "Proposals that failed or timed out before they were applied.",
-            raft.proposals_failed,
+            status.proposals_failed,
         ));
         families.push(info_family(
             "etcd_server_id",
@@ -163,8 +163,8 @@ impl Metrics {
             "server_version",
             crate::pb::API_VERSION,
         ));
-        let checkpoints = e.checkpoint_latency_us();
-        if let Ok(wal) = e.wal_stats() {
+        let checkpoints = e.server().checkpoint_latency_us();
+        if let Ok(wal) = e.server().wal_stats() {
             families.push(histogram_family(
                 "etcd_disk_wal_fsync_duration_seconds",
                 "Seconds each fdatasync of the write-ahead log took.",

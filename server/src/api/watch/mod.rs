@@ -304,7 +304,7 @@ impl StreamState {
             no_delete: filters.contains(&FilterType::Nodelete),
             progress_notify: create.progress_notify,
         };
-        let engine_id = match self.node.engine.watch_in(&self.group, &request) {
+        let engine_id = match self.group.watch(&request) {
             Ok(engine_id) => engine_id,
             Err(e) => {
                 let _ = self.tx.send(Err(crate::errors::status(&e))).await;
@@ -337,7 +337,9 @@ impl StreamState {
     async fn drain(&mut self) -> bool {
         self.drains += 1;
         let mut batch = Batch {
-            out: Vec::new(),
+            // A drain answers each watcher about once: one response each when the stream
+            // keeps up, one run each when it fell behind.
+            out: Vec::with_capacity(self.routes.len()),
             drain: self.drains,
         };
         let mut cancelled = Vec::new();
@@ -408,7 +410,7 @@ impl StreamState {
             return false;
         }
         if self.progress_wanted {
-            if let Some(revision) = self.node.engine.watch_progress(&self.group) {
+            if let Some(revision) = self.group.progress() {
                 self.progress_wanted = false;
                 let response = pb::WatchResponse {
                     header: Some(self.node.header(revision)),
@@ -461,6 +463,11 @@ impl Batch {
                 }) = self.out.get_mut(open.at)
                 {
                     *last = header;
+                    if events.len() == events.capacity() {
+                        // A run grows to many revisions at once when a stream fell behind:
+                        // fewer, larger steps than doubling.
+                        events.reserve(events.len() * 3);
+                    }
                     events.push(encoded.clone());
                     open.carried += size;
                     return;

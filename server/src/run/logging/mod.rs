@@ -16,19 +16,32 @@ mod rotation;
 
 use crate::config::{LogFormat, LogLevel, Rotation, JOURNAL};
 
-/// Logs at `level` in `format` into every one of `outputs`: stderr, stdout, default (stderr),
-/// `systemd/journal` (journald's native protocol, on its socket), or files appended to, each
-/// rotated as `rotation` says when given (the flags allow it with one file alone).
-/// `RUST_LOG`, when set, refines the level per module. With `export`, spans also go to the
-/// distributed-tracing exporter, whatever the level (each output and the exporter filter
-/// what they take on their own).
-pub fn init(
-    level: LogLevel,
-    format: LogFormat,
-    outputs: &[String],
-    rotation: Option<&Rotation>,
-    export: Option<&crate::run::tracing_export::Exporter>,
-) -> Result<(), String> {
+/// What the flags say of the logs: their level and format, where they go, and how a log file
+/// rotates.
+#[derive(Clone, Copy, Debug)]
+pub struct Logs<'a> {
+    /// `--log-level`.
+    pub level: LogLevel,
+    /// `--log-format`.
+    pub format: LogFormat,
+    /// Each of stderr, stdout, default (stderr), `systemd/journal`, or a file's path.
+    pub outputs: &'a [String],
+    /// When given (the flags allow it with one file alone).
+    pub rotation: Option<&'a Rotation>,
+}
+
+/// Logs at `logs.level` in `logs.format` into every one of its outputs: stderr, stdout,
+/// default (stderr), `systemd/journal` (journald's native protocol, on its socket), or files
+/// appended to, each rotated as `logs.rotation` says when given. `RUST_LOG`, when set, refines
+/// the level per module. With `export`, spans also go to the distributed-tracing exporter,
+/// whatever the level (each output and the exporter filter what they take on their own).
+pub fn init(logs: &Logs<'_>, export: Option<&crate::run::tracing_export::Exporter>) -> Result<(), String> {
+    let Logs {
+        level,
+        format,
+        outputs,
+        rotation,
+    } = *logs;
     use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -110,10 +123,15 @@ fn logged<S>(default: &str) -> impl tracing_subscriber::layer::Filter<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
+    // The filter that leaves the call spans out says it takes every level, so the pair keeps
+    // the EnvFilter's level hint. Without a hint, the registry made and entered every trace
+    // span of h2's, on every poll, whatever the level.
+    let no_call_spans =
+        filter_fn(|meta| !crate::run::tracing_export::is_call_span(meta)).with_max_level_hint(LevelFilter::TRACE);
     tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-        .and(filter_fn(|meta| !crate::run::tracing_export::is_call_span(meta)))
+        .and(no_call_spans)
 }
 /// Where journald listens for its native protocol.
 const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";

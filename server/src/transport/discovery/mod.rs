@@ -178,7 +178,12 @@ pub async fn run(f: &Flags, member_id: u64, member_dir: &Path) -> Result<Option<
                 discovery_endpoints = %endpoints.join(","),
                 "Bootstrapping cluster using v3 discovery."
             );
-            let cluster = v3::join(&endpoints, &token, &client, member_id, &own.join(",")).await?;
+            let value = own.join(",");
+            let me = v3::Registration {
+                id: member_id,
+                value: &value,
+            };
+            let cluster = v3::join(&endpoints, &token, &client, me).await?;
             config::initial_cluster(&cluster, &token).map_err(|e| JoinError::InvalidUrl(e.reason))?;
             tracing::info!(cluster = %cluster, "discovery joined cluster successfully");
             Ok(Some(Found {

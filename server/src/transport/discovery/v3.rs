@@ -30,19 +30,34 @@ use crate::transport::tls::{Connector, Tls};
 /// How long one watch waits for a change before the registrations are read again anyway (a
 /// change missed by a watch that broke silently is seen then).
 const REREAD: Duration = Duration::from_secs(60);
+/// One KV call on a session's client, for [`Client::retried`].
+type KvCall<M, T> =
+    fn(
+        pb::kv_client::KvClient<Channel>,
+        tonic::Request<M>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<tonic::Response<T>, Status>> + Send>>;
+
 /// etcd's answer to Authenticate when authentication is off.
 const AUTH_NOT_ENABLED: &str = "authentication is not enabled";
 
-/// Joins the cluster of `token` at the discovery service's `endpoints` as member `id`,
-/// registered as `value` (`name=peer-URL,…`): the initial cluster, in `--initial-cluster`'s
-/// form.
+/// What a member registers at the discovery service: its ID, and its `name=peer-URL,…`.
+#[derive(Clone, Copy, Debug)]
+pub struct Registration<'a> {
+    /// The member's ID.
+    pub id: u64,
+    /// `name=peer-URL,…`.
+    pub value: &'a str,
+}
+
+/// Joins the cluster of `token` at the discovery service's `endpoints` with `me`'s
+/// registration: the initial cluster, in `--initial-cluster`'s form.
 pub async fn join(
     endpoints: &[String],
     token: &str,
     settings: &DiscoveryClient,
-    id: u64,
-    value: &str,
+    me: Registration<'_>,
 ) -> Result<String, JoinError> {
+    let Registration { id, value } = me;
     let keys = Keys::new(token);
     let own = keys.member(id);
     let mut client = Client::new(endpoints, settings)?;
@@ -189,21 +204,10 @@ impl<'a> Client<'a> {
             range_end: range_end.unwrap_or_default().into(),
             ..pb::RangeRequest::default()
         };
-        loop {
-            let timeout = self.settings.request_timeout;
-            let answer = match self.session().await {
-                Ok(session) => {
-                    let request = session.request(message.clone(), timeout);
-                    let mut kv = pb::kv_client::KvClient::new(session.channel.clone());
-                    bounded(timeout, kv.range(request)).await
-                }
-                Err(failure) => Err(failure),
-            };
-            match self.settle(answer, "reading the discovery service") {
-                Ok(response) => return Ok(response),
-                Err(failure) => self.back_off(failure).await?,
-            }
-        }
+        self.retried(message, "reading the discovery service", |mut kv, request| {
+            Box::pin(async move { kv.range(request).await })
+        })
+        .await
     }
 
     /// A Put of `value` at `key`, retried.
@@ -213,18 +217,29 @@ impl<'a> Client<'a> {
             value: value.as_bytes().to_vec().into(),
             ..pb::PutRequest::default()
         };
+        self.retried(message, "registering this member", |mut kv, request| {
+            Box::pin(async move { kv.put(request).await })
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// `call` with `message` on a session's KV client, each try bounded by the request
+    /// timeout, tried again after a transient failure (a back-off between tries) until it is
+    /// answered or fails for good; `step` names it in the logs.
+    async fn retried<M: Clone, T>(&mut self, message: M, step: &str, call: KvCall<M, T>) -> Result<T, JoinError> {
         loop {
             let timeout = self.settings.request_timeout;
             let answer = match self.session().await {
                 Ok(session) => {
                     let request = session.request(message.clone(), timeout);
-                    let mut kv = pb::kv_client::KvClient::new(session.channel.clone());
-                    bounded(timeout, kv.put(request)).await
+                    let kv = pb::kv_client::KvClient::new(session.channel.clone());
+                    bounded(timeout, call(kv, request)).await
                 }
                 Err(failure) => Err(failure),
             };
-            match self.settle(answer, "registering this member") {
-                Ok(_) => return Ok(()),
+            match self.settle(answer, step) {
+                Ok(response) => return Ok(response),
                 Err(failure) => self.back_off(failure).await?,
             }
         }

@@ -116,6 +116,7 @@ impl ClientCertVerifier for ClientPolicy {
 pub struct AnyServer(pub Arc<CryptoProvider>);
 
 impl ServerCertVerifier for AnyServer {
+    // arguments: rustls's ServerCertVerifier chooses them.
     fn verify_server_cert(
         &self,
         _end_entity: &CertificateDer<'_>,

@@ -41,6 +41,15 @@ pub(crate) enum Kind {
     Pod,
 }
 
+/// An object a writer keeps up to date: its kind, its key, and its MOD revision as last seen
+/// (0 once deleted).
+#[derive(Debug, Clone)]
+pub(crate) struct Object {
+    pub(crate) kind: Kind,
+    pub(crate) key: Bytes,
+    pub(crate) rev: i64,
+}
+
 /// The apiserver's update: if `MOD(key) == rev`, the change; else read the key.
 pub(crate) fn update_txn(key: &Bytes, rev: i64, change: &Change, epoch: Instant) -> TxnRequest {
     let then = match change {
@@ -210,10 +219,10 @@ impl Apiserver {
         self.measured_from <= sent && sent < self.deadline
     }
 
-    /// Writes `change` to `key`, due at `due`, if its MOD revision is still `*rev`; after a
-    /// conflict, again with the revision read (as the apiserver's GuaranteedUpdate does).
-    /// Leaves in `*rev` the key's MOD revision as last seen (0 once deleted).
-    pub(crate) async fn update(&self, kind: Kind, key: &Bytes, rev: &mut i64, change: &Change, due: Instant) {
+    /// Writes `change` to `object`, due at `due`, if its MOD revision is still `object.rev`;
+    /// after a conflict, again with the revision read (as the apiserver's GuaranteedUpdate
+    /// does). Leaves in `object.rev` the key's MOD revision as last seen (0 once deleted).
+    pub(crate) async fn update(&self, object: &mut Object, change: &Change, due: Instant) {
         for attempt in 0..=MAX_CONFLICT_RETRIES {
             let Ok(slot) = self.in_flight.acquire().await else {
                 return;
@@ -228,7 +237,11 @@ impl Apiserver {
                 }
                 self.tallies.lock().delay.record(delay, Ok(0));
             }
-            let answer = timed(self.timeout, self.kv().txn(update_txn(key, *rev, change, self.epoch))).await;
+            let answer = timed(
+                self.timeout,
+                self.kv().txn(update_txn(&object.key, object.rev, change, self.epoch)),
+            )
+            .await;
             drop(slot);
             let took = sent.elapsed();
             self.run.done();
@@ -236,15 +249,15 @@ impl Apiserver {
                 Ok(r) if r.succeeded => {
                     let changes = match change {
                         Change::Put(_) => {
-                            *rev = header_revision(&r);
+                            object.rev = header_revision(&r);
                             1
                         }
                         Change::Delete => {
-                            *rev = 0;
+                            object.rev = 0;
                             deleted(&r)
                         }
                     };
-                    let counter = match kind {
+                    let counter = match object.kind {
                         Kind::Lease => &self.counts.lease_changes,
                         Kind::Pod => &self.counts.pod_changes,
                     };
@@ -252,7 +265,7 @@ impl Apiserver {
                     (Ok(0), true)
                 }
                 Ok(r) => {
-                    *rev = read_revision(&r);
+                    object.rev = read_revision(&r);
                     (Ok(1), false)
                 }
                 Err(e) => (Err(e), true),
@@ -263,7 +276,7 @@ impl Apiserver {
                     Ok(hits) => t.write.answered(self.run.origin(), took, Ok(*hits)),
                     Err(e) => t.write.error(e),
                 }
-                match kind {
+                match object.kind {
                     Kind::Lease => t.lease.record(took, outcome),
                     Kind::Pod => t.pod.record(took, outcome),
                 }

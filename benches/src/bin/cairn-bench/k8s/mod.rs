@@ -71,9 +71,9 @@ use serde_json::Value;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use self::apiserver::{create_all, Apiserver, Counts, Tallies};
+use self::apiserver::{create_all, Apiserver, Counts, Kind, Object, Tallies};
 use self::compactor::compactor;
-use self::schedule::{pod_arrivals, pod_life, renew_loop, ArrivalClock};
+use self::schedule::{renew_loop, ArrivalClock, Pods};
 use self::watch_cache::{open_watch_cache, read_watch_cache, watch_create};
 use crate::drive::*;
 use crate::report::*;
@@ -241,29 +241,28 @@ pub(crate) async fn k8s(g: &Global, b: &Bench, a: &K8sArgs) -> Result<Report, Fa
     let mut revisions = revisions.into_iter();
     for i in 0..a.nodes {
         let first = start + period.mul_f64(i as f64 / a.nodes as f64);
-        let rev = revisions.next().unwrap_or(0);
-        writers.spawn(renew_loop(Arc::clone(&api), names.lease(i), rev, first, period));
+        let lease = Object {
+            kind: Kind::Lease,
+            key: names.lease(i),
+            rev: revisions.next().unwrap_or(0),
+        };
+        writers.spawn(renew_loop(Arc::clone(&api), lease, first, period));
     }
-    for (p, &arrival) in alive.iter().enumerate() {
-        let rev = revisions.next().unwrap_or(0);
-        writers.spawn(pod_life(
-            Arc::clone(&api),
-            names.pod(p as u64),
-            rev,
-            arrival,
-            lifetime,
-            pod_value.clone(),
-        ));
-    }
-    let spawner = tokio::spawn(pod_arrivals(
-        Arc::clone(&api),
-        names.clone(),
-        arrivals,
-        next_arrival,
-        alive.len() as u64,
+    let pods = Arc::new(Pods {
+        api: Arc::clone(&api),
+        names: names.clone(),
         lifetime,
-        pod_value,
-    ));
+        value: pod_value,
+    });
+    for (p, &arrival) in alive.iter().enumerate() {
+        let pod = Object {
+            kind: Kind::Pod,
+            key: names.pod(p as u64),
+            rev: revisions.next().unwrap_or(0),
+        };
+        writers.spawn(Arc::clone(&pods).life(pod, arrival));
+    }
+    let spawner = tokio::spawn(pods.arrivals(arrivals, next_arrival, alive.len() as u64));
     let mut panicked = None;
     while let Some(done) = writers.join_next().await {
         if let Err(e) = done {

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 use tokio::time::sleep_until;
 
-use super::apiserver::{Apiserver, Change, Kind};
+use super::apiserver::{Apiserver, Change, Kind, Object};
 use super::{Arrivals, Names, POD_WRITES};
 
 /// Gaps between pod arrivals, in seconds.
@@ -53,82 +53,78 @@ pub(crate) fn first_pending_step(arrival: f64, lifetime: f64) -> Option<u32> {
     (1..POD_WRITES).find(|&step| arrival + step_offset(step, lifetime) >= 0.0)
 }
 
-/// A kubelet: renews node lease `key` every `period` from `first` until the deadline.
-pub(crate) async fn renew_loop(api: Arc<Apiserver>, key: Bytes, mut rev: i64, first: Instant, period: Duration) {
+/// A kubelet: renews its node `lease` every `period` from `first` until the deadline.
+pub(crate) async fn renew_loop(api: Arc<Apiserver>, mut lease: Object, first: Instant, period: Duration) {
     let change = Change::Put(api.lease_value.clone());
     let mut due = first;
     while due < api.deadline {
         sleep_until(due.into()).await;
-        api.update(Kind::Lease, &key, &mut rev, &change, due).await;
+        api.update(&mut lease, &change, due).await;
         due += period;
     }
 }
 
-/// A pod's life from its first write not made yet: the writes due after `arrival` (seconds
-/// after the start, negative for a pod alive at the start), until the deadline.
-pub(crate) async fn pod_life(
-    api: Arc<Apiserver>,
-    key: Bytes,
-    mut rev: i64,
-    arrival: f64,
-    lifetime: Duration,
-    value: Bytes,
-) {
-    let first = if arrival < 0.0 {
-        first_pending_step(arrival, lifetime.as_secs_f64())
-    } else {
-        Some(0)
-    };
-    let Some(first) = first else {
-        return;
-    };
-    let put = Change::Put(value);
-    for step in first..POD_WRITES {
-        let after_start = arrival + step_offset(step, lifetime.as_secs_f64());
-        let due = api.epoch + Duration::from_secs_f64(after_start.max(0.0));
-        if due >= api.deadline {
-            return;
-        }
-        sleep_until(due.into()).await;
-        let change = if step + 1 == POD_WRITES { &Change::Delete } else { &put };
-        api.update(Kind::Pod, &key, &mut rev, change, due).await;
-    }
+/// What the pods' lives share: the apiserver they write through, their names, how long they
+/// live, and the object they write.
+#[derive(Debug)]
+pub(crate) struct Pods {
+    pub(crate) api: Arc<Apiserver>,
+    pub(crate) names: Names,
+    pub(crate) lifetime: Duration,
+    /// A Pod object, the same for every pod (the stamp makes each write differ).
+    pub(crate) value: Bytes,
 }
 
-/// Starts a pod at each arrival from `next` (seconds after the start) until the deadline, numbered
-/// from `first_id`; returns how many it started, once their lives are over.
-pub(crate) async fn pod_arrivals(
-    api: Arc<Apiserver>,
-    names: Names,
-    mut clock: ArrivalClock,
-    mut next: f64,
-    first_id: u64,
-    lifetime: Duration,
-    value: Bytes,
-) -> u64 {
-    let mut pods = JoinSet::new();
-    let mut id = first_id;
-    loop {
-        let due = api.epoch + Duration::from_secs_f64(next);
-        if due >= api.deadline {
-            break;
+impl Pods {
+    /// A pod's life from its first write not made yet: the writes due after `arrival` (seconds
+    /// after the start, negative for a pod alive at the start), until the deadline.
+    pub(crate) async fn life(self: Arc<Self>, mut pod: Object, arrival: f64) {
+        let first = if arrival < 0.0 {
+            first_pending_step(arrival, self.lifetime.as_secs_f64())
+        } else {
+            Some(0)
+        };
+        let Some(first) = first else {
+            return;
+        };
+        let put = Change::Put(self.value.clone());
+        for step in first..POD_WRITES {
+            let after_start = arrival + step_offset(step, self.lifetime.as_secs_f64());
+            let due = self.api.epoch + Duration::from_secs_f64(after_start.max(0.0));
+            if due >= self.api.deadline {
+                return;
+            }
+            sleep_until(due.into()).await;
+            let change = if step + 1 == POD_WRITES { &Change::Delete } else { &put };
+            self.api.update(&mut pod, change, due).await;
         }
-        sleep_until(due.into()).await;
-        pods.spawn(pod_life(
-            Arc::clone(&api),
-            names.pod(id),
-            0,
-            next,
-            lifetime,
-            value.clone(),
-        ));
-        id += 1;
-        next += clock.gap();
-        // Finished lives are reaped as they go, so the set holds only the live pods.
-        while pods.try_join_next().is_some() {}
     }
-    while pods.join_next().await.is_some() {}
-    id - first_id
+
+    /// Starts a pod at each arrival from `next` (seconds after the start) until the deadline,
+    /// numbered from `first_id`; returns how many it started, once their lives are over.
+    pub(crate) async fn arrivals(self: Arc<Self>, mut clock: ArrivalClock, mut next: f64, first_id: u64) -> u64 {
+        let mut pods = JoinSet::new();
+        let mut id = first_id;
+        loop {
+            let due = self.api.epoch + Duration::from_secs_f64(next);
+            if due >= self.api.deadline {
+                break;
+            }
+            sleep_until(due.into()).await;
+            let pod = Object {
+                kind: Kind::Pod,
+                key: self.names.pod(id),
+                rev: 0,
+            };
+            pods.spawn(Arc::clone(&self).life(pod, next));
+            id += 1;
+            next += clock.gap();
+            // Finished lives are reaped as they go, so the set holds only the live pods.
+            while pods.try_join_next().is_some() {}
+        }
+        while pods.join_next().await.is_some() {}
+        id - first_id
+    }
 }
 
 #[cfg(test)]

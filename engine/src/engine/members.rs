@@ -6,27 +6,26 @@ use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Sender};
 
-use super::propose::wait_answer;
-use super::Core;
-use super::Engine;
+use super::core::Core;
+use super::staged::Staged;
+use super::waiters::wait_answer;
 use crate::consensus::interface::{Input, MemberChange, Transferee};
-use crate::engine::staged::Staged;
 use crate::error::{Error, Failure, Result};
 use crate::lease::lessor::Lessor;
 use crate::membership::MemberAttributes;
 use crate::request::Request;
 
-/// The members of a group (etcd's `MemberList`, by ID).
+/// The members of a group by ID, voters and learners ([`Members::ids`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Members {
+pub struct MemberIds {
     /// Members that vote.
     pub voters: Vec<u64>,
     /// Members that receive the log without voting.
     pub learners: Vec<u64>,
 }
 
-/// A member of the group, as [`Engine::member_list`] reports it.
+/// A member of the group, as [`Members::list`] reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Member {
@@ -42,7 +41,7 @@ pub struct Member {
     pub client_urls: Vec<String>,
 }
 
-/// Delivers Raft messages to one member (see [`Engine::inbox`]). It does not keep the
+/// Delivers Raft messages to one member (see [`Engine::inbox`](crate::Engine::inbox)). It does not keep the
 /// member open.
 #[derive(Clone, Debug)]
 pub struct Inbox {
@@ -51,6 +50,13 @@ pub struct Inbox {
 }
 
 impl Inbox {
+    pub(super) fn new(core: &Arc<Core>) -> Result<Inbox> {
+        Ok(Inbox {
+            tx: core.node_tx()?,
+            core: Arc::downgrade(core),
+        })
+    }
+
     /// Delivers one message; fails once the member is closed. A message that does not decode
     /// is dropped (with a log line): a peer cannot harm the member with one.
     pub fn deliver(&self, message: &[u8]) -> Result<()> {
@@ -112,36 +118,21 @@ impl Inbox {
     }
 }
 
-impl Engine {
-    /// Hands this member a message from another member of its group (what their
-    /// [`Transport`] sent). Never blocks; a message that does not decode is dropped.
-    ///
-    /// [`Transport`]: crate::Transport
-    pub fn receive(&self, message: &[u8]) -> Result<()> {
-        self.inbox()?.deliver(message)
+/// etcd's Cluster service, and leadership transfer ([`Engine::members`](crate::Engine::members)).
+#[derive(Clone, Copy, Debug)]
+pub struct Members<'a> {
+    core: &'a Core,
+}
+
+impl<'a> Members<'a> {
+    pub(super) fn new(core: &'a Core) -> Members<'a> {
+        Members { core }
     }
 
-    /// Hands this member a snapshot from its leader (what the leader's
-    /// [`Transport::send_snapshot`] sent); see [`Inbox::deliver_snapshot`].
-    ///
-    /// [`Transport::send_snapshot`]: crate::Transport::send_snapshot
-    pub fn receive_snapshot(&self, message: &[u8], data: &mut dyn std::io::Read) -> Result<()> {
-        self.inbox()?.deliver_snapshot(message, data)
-    }
-
-    /// A handle that delivers messages to this member without holding the engine (for a
-    /// transport's receiving side).
-    pub fn inbox(&self) -> Result<Inbox> {
-        Ok(Inbox {
-            tx: self.core.node_tx()?,
-            core: Arc::downgrade(&self.core),
-        })
-    }
-
-    /// The group's membership, as this member has applied it.
-    pub fn members(&self) -> Members {
+    /// The group's voters and learners, as this member has applied them.
+    pub fn ids(&self) -> MemberIds {
         let st = self.core.state.read();
-        Members {
+        MemberIds {
             voters: st.membership.voters.clone(),
             learners: st.membership.learners.clone(),
         }
@@ -149,7 +140,7 @@ impl Engine {
 
     /// Every member with its attributes, in ID order (etcd's `MemberList`), as this member
     /// has applied them.
-    pub fn member_list(&self) -> Vec<Member> {
+    pub fn list(&self) -> Vec<Member> {
         let st = self.core.state.read();
         let m = &st.membership;
         let mut ids: Vec<u64> = m
@@ -177,17 +168,8 @@ impl Engine {
     }
 
     /// Replaces member `id`'s peer URLs (etcd's `MemberUpdate`); returns once applied here.
-    pub fn member_update(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+    pub fn update(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
         self.core.propose(Request::MemberUpdate { id, peer_urls }).map(|_| ())
-    }
-
-    /// Records this member's name and client URLs in the group (what an etcd member publishes
-    /// when it starts); returns once applied here.
-    pub fn member_publish(&self, name: String, client_urls: Vec<String>) -> Result<()> {
-        let id = self.core.member_id;
-        self.core
-            .propose(Request::MemberPublish { id, name, client_urls })
-            .map(|_| ())
     }
 
     fn change_members(&self, change: MemberChange) -> Result<()> {
@@ -198,13 +180,13 @@ impl Engine {
     /// Adds voter `id`, reached at `peer_urls` (etcd's `MemberAdd`); returns once the change
     /// is applied here. Call it on the leader. One membership change at a time: a second
     /// fails with [`Error::ConfChangePending`] until the first is applied.
-    pub fn member_add(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+    pub fn add(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
         self.change_members(MemberChange::AddVoter(id, MemberAttributes::with_peer_urls(peer_urls)))
     }
 
     /// Adds learner `id` (etcd's `MemberAdd` with `is_learner`): it receives the log but does
-    /// not vote, until [`Engine::member_promote`].
-    pub fn member_add_learner(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+    /// not vote, until [`Members::promote`].
+    pub fn add_learner(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
         self.change_members(MemberChange::AddLearner(
             id,
             MemberAttributes::with_peer_urls(peer_urls),
@@ -213,12 +195,12 @@ impl Engine {
 
     /// Promotes learner `id` to voter (etcd's `MemberPromote`); it must have caught up with
     /// the leader ([`Error::LearnerNotReady`] otherwise).
-    pub fn member_promote(&self, id: u64) -> Result<()> {
+    pub fn promote(&self, id: u64) -> Result<()> {
         self.change_members(MemberChange::Promote(id))
     }
 
     /// Removes member `id` (etcd's `MemberRemove`).
-    pub fn member_remove(&self, id: u64) -> Result<()> {
+    pub fn remove(&self, id: u64) -> Result<()> {
         self.change_members(MemberChange::Remove(id))
     }
 
@@ -265,7 +247,7 @@ impl Engine {
                 // Leadership moved already: to the transferee (done), or on to someone else.
                 Ok(Err(Error::NotLeader)) => {
                     return match chosen {
-                        Some(to) if self.leader() == Some(to) => Ok(to),
+                        Some(to) if self.core.leader() == Some(to) => Ok(to),
                         _ => Err(Error::NotLeader),
                     }
                 }
