@@ -443,10 +443,14 @@ impl PutRequest {
                 lease = kv.lease;
             }
         }
-        let prev = w.put(&self.key, value, lease)?;
-        Ok(PutResponse {
-            prev_kv: if self.prev_kv { prev } else { None },
-        })
+        let prev_kv = match self.prev_kv {
+            true => w.put(&self.key, value, lease)?,
+            false => {
+                w.put_only(&self.key, value, lease)?;
+                None
+            }
+        };
+        Ok(PutResponse { prev_kv })
     }
 
     /// Applies the put as its own write request; returns the response and the new revision.

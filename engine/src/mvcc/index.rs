@@ -90,6 +90,18 @@ pub(crate) struct IndexRange {
     pub(crate) count: usize,
 }
 
+/// What [`TreeIndex::put`] found and made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Put {
+    /// The key just before the put, if it existed.
+    pub(crate) before: Option<Found>,
+    /// The revision that last changed the key before the put (a put or its tombstone), `None`
+    /// for a key with no history: what [`TreeIndex::undo`] takes to put it back.
+    pub(crate) previous: Option<Revision>,
+    /// The key after the put: its new revision, creation revision and version.
+    pub(crate) now: Found,
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TreeIndex {
     /// Keys as boxed slices, not `Vec`s: 8 bytes less in every entry of every node.
@@ -119,15 +131,25 @@ impl TreeIndex {
         result
     }
 
-    /// Records a put at `rev`; returns the key as it now is (its create revision and version).
-    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<Found, KeyIndexError> {
-        let mut found = None;
+    /// Records a put at `rev`, finding the key once: returns the key as it was just before
+    /// (so as a read inside the same request sees it) and as it now is. A put refused
+    /// changes nothing.
+    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> Result<Put, KeyIndexError> {
+        let mut before = None;
+        let mut previous = None;
+        let mut now = None;
         self.change(key, |ki| {
+            // A key in the tree has history (`change` removes emptied ones); a new one has none.
+            if !ki.is_empty() {
+                previous = Some(ki.modified());
+                before = ki.current();
+            }
             ki.put(rev)?;
-            found = ki.get(rev.main);
+            now = ki.current();
             Ok(())
         })?;
-        found.ok_or(KeyIndexError::NotLive)
+        let now = now.ok_or(KeyIndexError::NotLive)?;
+        Ok(Put { before, previous, now })
     }
 
     pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
@@ -299,6 +321,41 @@ mod tests {
         );
         assert_eq!(then.count, 2, "at revision 2 only a and b existed");
         assert_eq!(idx.live_keys(&KeyRange::new(b"a", b"c")), vec![b"a".to_vec()]);
+    }
+
+    #[test]
+    fn a_put_reports_the_key_before_and_after_it() {
+        let mut idx = TreeIndex::default();
+        let first = idx.put(b"k", rev(2)).unwrap();
+        let created = Found {
+            modified: rev(2),
+            created: rev(2),
+            version: 1,
+        };
+        assert_eq!(
+            first,
+            Put {
+                before: None,
+                previous: None,
+                now: created
+            }
+        );
+        let second = idx.put(b"k", Revision::new(3, 1)).unwrap();
+        assert_eq!(second.before, Some(created));
+        assert_eq!(second.previous, Some(rev(2)));
+        assert_eq!(second.now.version, 2);
+        assert_eq!(second.now.created, rev(2));
+        assert_eq!(Some(second.now), idx.get(b"k", 3));
+        // Deleted, then put again: nothing lives before, but the tombstone is its history.
+        idx.tombstone(b"k", rev(4)).unwrap();
+        let again = idx.put(b"k", rev(5)).unwrap();
+        assert_eq!((again.before, again.previous), (None, Some(rev(4))));
+        assert_eq!((again.now.version, again.now.created), (1, rev(5)));
+        // A refused put (not after the key's last revision) changes nothing.
+        let live = idx.live();
+        assert!(idx.put(b"k", rev(5)).is_err());
+        assert_eq!(idx.get(b"k", 9), Some(again.now));
+        assert_eq!(idx.live(), live);
     }
 
     #[test]

@@ -139,6 +139,17 @@ impl KeyIndex {
         }
     }
 
+    /// The key as it is now, at its newest revision, if it exists: what [`KeyIndex::get`]
+    /// finds at any revision from its last change on, without searching for it.
+    pub(crate) fn current(&self) -> Option<Found> {
+        let g = self.generations.last()?;
+        Some(Found {
+            modified: *g.revs.last()?,
+            created: g.created,
+            version: g.ver,
+        })
+    }
+
     /// Whether the key exists at the newest revision.
     pub(crate) fn is_live(&self) -> bool {
         self.generations.last().is_some_and(|g| !g.is_empty())

@@ -841,14 +841,16 @@ impl WriteTxn<'_> {
 
     /// `key` as it was before this request, which an event's previous value is (as in etcd),
     /// given what it is now within the request (`at_found`, read as `at_kv`): the same unless
-    /// the request changed the key already.
+    /// the request changed the key already. `first_change`: nothing in the request changed
+    /// anything before, so the key is as it was before the request.
     fn before_request(
         &self,
         key: &[u8],
+        first_change: bool,
         at_found: Option<Found>,
         at_kv: &Option<KeyValue>,
     ) -> Result<Option<KeyValue>> {
-        if self.sub == 0 {
+        if first_change {
             return Ok(at_kv.clone());
         }
         match self.store.index.get(key, self.main - 1) {
@@ -860,48 +862,65 @@ impl WriteTxn<'_> {
 
     /// Puts `value` at `key`; returns the previous key-value, if the key existed.
     pub fn put(&mut self, key: &[u8], value: Bytes, lease: i64) -> Result<Option<KeyValue>> {
+        self.put_reading(key, value, lease, true)
+    }
+
+    /// Puts `value` at `key`, for a caller that does not want the previous key-value: its
+    /// value is read only if a watcher wants it for its event, its lease always (the lessor
+    /// follows which keys each lease holds).
+    pub(crate) fn put_only(&mut self, key: &[u8], value: Bytes, lease: i64) -> Result<()> {
+        self.put_reading(key, value, lease, false).map(drop)
+    }
+
+    /// [`WriteTxn::put`], returning the previous key-value only if `want_previous`. The index
+    /// is changed first, in one lookup that also finds the key as it was, and its undo is
+    /// recorded before anything that can fail.
+    fn put_reading(&mut self, key: &[u8], value: Bytes, lease: i64, want_previous: bool) -> Result<Option<KeyValue>> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        let at = self.read_at();
-        let at_found = self.store.index.get(key, at);
-        let prev = match at_found {
-            Some(found) => Some(self.store.key_value(key, found, false)?),
-            None => None,
-        };
-        let event_prev = match self.store.events {
-            Some(_) => self.before_request(key, at_found, &prev)?,
-            None => None,
-        };
-        let from = prev.as_ref().map_or(0, |kv| kv.lease);
-        if from != lease {
-            let key = Bytes::copy_from_slice(key);
-            self.lease_changes.push(LeaseChange { key, from, to: lease });
-        }
-        let previous = self.store.index.modified(key);
+        let first_change = self.sub == 0;
         let rev = self.next_revision();
-        let found = self.store.index.put(key, rev).map_err(internal)?;
+        let put = self.store.index.put(key, rev).map_err(internal)?;
         self.undo.push(Undo {
             key: key.to_vec(),
             rev,
             tombstone: false,
-            previous,
+            previous: put.previous,
         });
+        let watched = self.store.events.is_some();
+        let prev = match put.before {
+            Some(found) if want_previous || watched => Some(self.store.key_value(key, found, false)?),
+            _ => None,
+        };
+        let from = match (&prev, put.before) {
+            (Some(kv), _) => kv.lease,
+            (None, Some(found)) => self.store.record(found.modified)?.lease,
+            (None, None) => 0,
+        };
+        if from != lease {
+            let key = Bytes::copy_from_slice(key);
+            self.lease_changes.push(LeaseChange { key, from, to: lease });
+        }
+        let event_prev = match watched {
+            true => self.before_request(key, first_change, put.before, &prev)?,
+            false => None,
+        };
         self.append(
             key,
             rev,
             Change::Put {
                 value: &value,
                 lease,
-                found,
+                found: put.now,
             },
         )?;
         if let Some(events) = &mut self.store.events {
             let kv = KeyValue {
                 key: Bytes::copy_from_slice(key),
-                create_revision: found.created.main,
+                create_revision: put.now.created.main,
                 mod_revision: rev.main,
-                version: found.version,
+                version: put.now.version,
                 value,
                 lease,
             };
@@ -931,7 +950,7 @@ impl WriteTxn<'_> {
                     });
                 }
                 if self.store.events.is_some() {
-                    prev_kv = self.before_request(&k, at_found, &Some(kv.clone()))?;
+                    prev_kv = self.before_request(&k, self.sub == 0, at_found, &Some(kv.clone()))?;
                 }
                 deleted.push(kv);
             }
@@ -1004,6 +1023,40 @@ mod tests {
             }
         }
         w.end();
+    }
+
+    /// A put that does not return the previous key-value still tells the lessor which lease
+    /// the key left, as a put that does: across requests, and within one request whose
+    /// earlier put gave the key its lease.
+    #[test]
+    fn a_put_without_its_previous_value_still_moves_keys_between_leases() {
+        let v = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        let change = |key: &str, from, to| LeaseChange { key: v(key), from, to };
+        for returning in [true, false] {
+            let mut store = Store::new();
+            let put = |w: &mut WriteTxn<'_>, key: &str, value: &str, lease| match returning {
+                true => w
+                    .put(key.as_bytes(), v(value), lease)
+                    .map(|prev| prev.map(|kv| kv.value)),
+                false => w.put_only(key.as_bytes(), v(value), lease).map(|()| None),
+            };
+            let mut w = store.write();
+            assert_eq!(put(&mut w, "a", "1", 7).unwrap(), None);
+            assert_eq!(put(&mut w, "a", "2", 8).unwrap(), returning.then(|| v("1")));
+            let (_, changes) = w.finish();
+            assert_eq!(
+                changes,
+                [change("a", 0, 7), change("a", 7, 8)],
+                "returning: {returning}"
+            );
+            let mut w = store.write();
+            put(&mut w, "a", "3", 0).unwrap();
+            put(&mut w, "b", "4", 0).unwrap();
+            let (_, changes) = w.finish();
+            assert_eq!(changes, [change("a", 8, 0)], "returning: {returning}");
+            let got = store.range(b"a", &[], ReadOptions::default()).unwrap();
+            assert_eq!((got.kvs[0].value.clone(), got.kvs[0].version), (v("3"), 3));
+        }
     }
 
     /// The events a write records as it goes are the ones its history holds, read back from
