@@ -619,3 +619,66 @@ fn an_invalid_request_is_refused_where_it_enters_and_at_the_log() {
     drop(cases);
     engine.close().unwrap();
 }
+
+/// Response headers read the current revision, and permission checks the auth store's status,
+/// without the state's lock: both must follow every write and every auth change (a refused
+/// one changes nothing), and come back the same after a reopen.
+#[test]
+fn the_lock_free_revision_and_auth_status_follow_every_change_and_a_reopen() {
+    use cairn_engine::AuthChange;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    for i in 0..5 {
+        let revision = engine.put(format!("k{i}"), "v").unwrap();
+        assert_eq!(engine.current_revision(), revision);
+    }
+    assert!(engine.delete("k0").unwrap());
+    let revision = engine.current_revision();
+    assert_eq!(engine.range(&RangeRequest::all()).unwrap().revision, revision);
+    let change = |change: AuthChange| engine.server().auth_change_async(change, None).unwrap().wait();
+    assert_eq!(
+        engine.server().auth_status(),
+        (false, 1),
+        "a new auth store is at revision 1"
+    );
+    let steps = [
+        (
+            AuthChange::UserAdd {
+                name: "root".into(),
+                password_hash: Some("hash".into()),
+                no_password: false,
+            },
+            (false, 2),
+        ),
+        (
+            AuthChange::UserGrantRole {
+                user: "root".into(),
+                role: "root".into(),
+            },
+            (false, 3),
+        ),
+        // etcd does not bump the revision on enabling.
+        (AuthChange::Enable, (true, 3)),
+        (AuthChange::RoleAdd { name: "app".into() }, (true, 4)),
+    ];
+    for (step, status) in steps {
+        change(step).unwrap();
+        assert_eq!(engine.server().auth_status(), status);
+    }
+    assert!(
+        change(AuthChange::RoleAdd { name: "app".into() }).is_err(),
+        "the role exists"
+    );
+    assert_eq!(
+        engine.server().auth_status(),
+        (true, 4),
+        "a refused change changes nothing"
+    );
+    change(AuthChange::Disable).unwrap();
+    assert_eq!(engine.server().auth_status(), (false, 5));
+    assert_eq!(engine.current_revision(), revision, "auth changes take no revision");
+    engine.close().unwrap();
+    let engine = Engine::open(dir.path(), small()).unwrap();
+    assert_eq!(engine.current_revision(), revision);
+    assert_eq!(engine.server().auth_status(), (false, 5));
+}

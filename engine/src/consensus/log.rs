@@ -13,6 +13,7 @@
 //! entries.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -62,6 +63,10 @@ impl LogState {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RaftLog {
     state: Arc<RwLock<LogState>>,
+    /// The hard state's commit index, stored under the state's write lock whenever it changes,
+    /// so that every request's apply-lag check reads it without the lock the node thread
+    /// writes under.
+    committed: Arc<AtomicU64>,
 }
 
 fn corrupt(what: &str) -> impl FnOnce(protobuf::ProtobufError) -> Error + '_ {
@@ -243,7 +248,18 @@ impl RaftLog {
         };
         RaftLog {
             state: Arc::new(RwLock::new(state)),
+            committed: Arc::new(AtomicU64::new(index)),
         }
+    }
+
+    /// Mirrors `st`'s commit index for [`RaftLog::committed`]; called under the write lock.
+    fn mirror_commit(&self, st: &LogState) {
+        self.committed.store(st.hard_state.commit, Ordering::Release);
+    }
+
+    /// The commit index of the hard state, read without a lock.
+    pub(crate) fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
     }
 
     /// Replays one WAL record into the log.
@@ -286,6 +302,7 @@ impl RaftLog {
                 let (mut hs, cs) = decode_state(&bytes)?;
                 hs.commit = hs.commit.max(st.snapshot_index);
                 st.hard_state = hs;
+                self.mirror_commit(&st);
                 if !cs.voters.is_empty() {
                     st.conf_state = cs;
                 }
@@ -348,7 +365,9 @@ impl RaftLog {
     }
 
     pub(crate) fn set_hard_state(&self, hs: HardState) {
-        self.state.write().hard_state = hs;
+        let mut st = self.state.write();
+        st.hard_state = hs;
+        self.mirror_commit(&st);
     }
 
     pub(crate) fn set_conf_state(&self, cs: ConfState) {
@@ -396,6 +415,7 @@ impl RaftLog {
         st.snapshot_index = index;
         st.snapshot_term = term;
         st.hard_state.commit = st.hard_state.commit.max(index);
+        self.mirror_commit(&st);
         st.conf_state = conf_state.clone();
         if index >= st.applied.0 {
             st.applied = (index, term, conf_state);

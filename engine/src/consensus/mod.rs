@@ -15,7 +15,7 @@ pub(crate) mod transfer;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RecentRequests {
     order: std::collections::VecDeque<u64>,
-    set: std::collections::HashSet<u64>,
+    set: foldhash::HashSet<u64>,
 }
 
 /// How many request IDs are remembered: a duplicate arriving later than this many entries

@@ -162,9 +162,9 @@ impl Engine {
         self.core.member_id
     }
 
-    /// The store's current revision.
+    /// The store's current revision: the last applied batch's (no lock).
     pub fn current_revision(&self) -> i64 {
-        self.core.state.read().store.current_revision()
+        self.core.revision.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Watches a key or range from `start_revision` (etcd's `Watch`). Past revisions are

@@ -53,6 +53,12 @@ pub(crate) struct Core {
     pub(super) defragmenting: Arc<Mutex<()>>,
     /// The next server-chosen lease ID candidate.
     pub(super) next_lease_id: AtomicI64,
+    /// The store's current revision, stored after each applied batch (before its events go
+    /// to the watchers) and each installed snapshot: what response headers carry, read
+    /// without the state's lock.
+    pub(super) revision: AtomicI64,
+    /// The state's [`AuthStatus`] (the same one: it is never replaced).
+    pub(super) auth_status: Arc<super::state::AuthStatus>,
 }
 
 impl std::fmt::Debug for Core {

@@ -67,6 +67,7 @@ pub(super) fn recover(dir: &Path, config: &Config) -> Result<Recovered> {
         state.lessor.apply_changes(&state.store.leased_keys()?);
         state.alarms = c.alarms.into_iter().collect();
         state.auth = c.auth;
+        state.auth_status.mirror(&state.auth);
         state.applied_index = c.applied_index;
         state.applied_term = c.applied_term;
         state.membership = c.membership;
@@ -180,6 +181,8 @@ impl Engine {
         );
         // Everything the threads share exists before any of them starts: the core, and the
         // channels between them.
+        let revision = state.store.current_revision();
+        let auth_status = state.auth_status.clone();
         let core = Arc::new(Core {
             checkpointing: Arc::new(Checkpointing {
                 newest: Mutex::new((state.applied_index, state.epoch)),
@@ -197,6 +200,8 @@ impl Engine {
             defragmenting: Arc::new(Mutex::new(())),
             swept: Arc::default(),
             next_lease_id: AtomicI64::new((seed << 8) & i64::MAX),
+            revision: AtomicI64::new(revision),
+            auth_status,
             member_id,
             dir,
             config,

@@ -1,6 +1,7 @@
 //! How far applying has got, for those who wait on it: the applied index ([`AppliedIndex`])
 //! and the compaction sweep ([`Swept`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -13,6 +14,9 @@ use crate::error::{Error, Result};
 pub(super) struct AppliedIndex {
     state: Mutex<Applied>,
     changed: parking_lot::Condvar,
+    /// `state.index`, stored under its lock: a read whose index is applied already, and every
+    /// request's apply-lag check, read it without taking the lock.
+    index: AtomicU64,
 }
 
 #[derive(Default)]
@@ -28,16 +32,20 @@ impl AppliedIndex {
     pub(super) fn set(&self, index: u64) {
         let mut st = self.state.lock();
         st.index = index;
-        for (_, _, reader) in st.waiting.extract_if(.., |(at, _, _)| *at <= index) {
+        self.index.store(index, Ordering::Release);
+        let due: Vec<_> = st.waiting.extract_if(.., |(at, _, _)| *at <= index).collect();
+        drop(st);
+        // Answered once the lock is free: a woken reader's task may run on another thread
+        // at once, and must not find the lock still held.
+        for (_, _, reader) in due {
             let _ = reader.send(Ok(()));
         }
-        drop(st);
         self.changed.notify_all();
     }
 
-    /// The last applied index.
+    /// The last applied index (no lock).
     pub(super) fn get(&self) -> u64 {
-        self.state.lock().index
+        self.index.load(Ordering::Acquire)
     }
 
     /// Waits until `index` is applied; false on timeout.
@@ -56,6 +64,9 @@ impl AppliedIndex {
     /// [`Error::Timeout`] if that is not before `deadline` (or failing if the engine goes
     /// away first).
     pub(super) fn reached(&self, index: u64, deadline: Instant) -> Option<oneshot::Receiver<Result<()>>> {
+        if self.get() >= index {
+            return None;
+        }
         let mut st = self.state.lock();
         if st.index >= index {
             return None;
@@ -68,7 +79,9 @@ impl AppliedIndex {
     /// Answers [`Error::Timeout`] to the async readers past their deadline.
     pub(super) fn expire(&self, now: Instant) {
         let mut st = self.state.lock();
-        for (_, _, reader) in st.waiting.extract_if(.., |(_, deadline, _)| *deadline <= now) {
+        let late: Vec<_> = st.waiting.extract_if(.., |(_, deadline, _)| *deadline <= now).collect();
+        drop(st);
+        for (_, _, reader) in late {
             let _ = reader.send(Err(Error::Timeout));
         }
     }

@@ -63,7 +63,7 @@ impl<'a> ServerHooks<'a> {
 
     /// Whether auth is enabled, and the auth store's revision.
     pub fn auth_status(&self) -> (bool, u64) {
-        self.auth_read(|a| (a.enabled(), a.revision()))
+        self.core.auth_status.get()
     }
 
     /// Changes the auth store through the log; `guard` as for
@@ -157,7 +157,7 @@ impl<'a> ServerHooks<'a> {
     /// How many committed log entries this member has not applied yet (etcd refuses writes
     /// while this is large). Cheap enough for every request: no state lock.
     pub fn apply_lag(&self) -> u64 {
-        let committed = self.core.log.hard_state().commit;
+        let committed = self.core.log.committed();
         committed.saturating_sub(self.core.applied.get())
     }
 

@@ -2,7 +2,7 @@
 //! membership, always together, at one applied index.
 
 use parking_lot::Mutex;
-#[cfg(test)]
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::config::Config;
@@ -21,6 +21,9 @@ pub(crate) struct State {
     pub(super) alarms: std::collections::BTreeSet<(u64, Alarm)>,
     /// Users, roles and permissions.
     pub(super) auth: crate::auth::AuthStore,
+    /// Whether `auth` is enabled, and its revision, stored whenever either changes (under the
+    /// state's write lock): every request's permission check reads them without the lock.
+    pub(super) auth_status: Arc<AuthStatus>,
     /// The versions the members agreed (`crate::version`).
     pub(super) versions: crate::version::ClusterVersions,
     /// Simple tokens, registered as their entries are applied (not persisted).
@@ -40,6 +43,35 @@ pub(crate) struct State {
     pub(super) installs: u64,
 }
 
+/// An auth store's enabled flag and revision in one word, read without a lock (see
+/// [`State::auth_status`]): the top bit says enabled, the rest is the revision, so the two are
+/// always read as one store left them.
+#[derive(Debug, Default)]
+pub(crate) struct AuthStatus(AtomicU64);
+
+const AUTH_ENABLED: u64 = 1 << 63;
+
+impl AuthStatus {
+    fn of(auth: &crate::auth::AuthStore) -> AuthStatus {
+        let status = AuthStatus::default();
+        status.mirror(auth);
+        status
+    }
+
+    /// Stores `auth`'s status; called under the lock of the state that holds it.
+    pub(super) fn mirror(&self, auth: &crate::auth::AuthStore) {
+        let enabled = if auth.enabled() { AUTH_ENABLED } else { 0 };
+        self.0
+            .store(enabled | (auth.revision() & !AUTH_ENABLED), Ordering::Release);
+    }
+
+    /// Whether auth is enabled, and the auth store's revision.
+    pub(crate) fn get(&self) -> (bool, u64) {
+        let word = self.0.load(Ordering::Acquire);
+        (word & AUTH_ENABLED != 0, word & !AUTH_ENABLED)
+    }
+}
+
 impl State {
     /// The state of `store` before anything is applied: membership, leases, alarms and users
     /// come from a checkpoint, or from the log (a new group's first entries add its members).
@@ -49,6 +81,7 @@ impl State {
             lessor: Lessor::new(config.min_lease_ttl, config.clock.clone()),
             alarms: Default::default(),
             auth: Default::default(),
+            auth_status: Arc::new(AuthStatus::of(&crate::auth::AuthStore::default())),
             versions: Default::default(),
             tokens: Mutex::new(crate::auth::tokens::SimpleTokens::new(
                 config.simple_token_ttl,

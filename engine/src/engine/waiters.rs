@@ -1,7 +1,6 @@
 //! Proposals waiting for their answers ([`Waiters`]), by request ID, and what they are
 //! answered ([`Answer`]).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -33,7 +32,7 @@ pub(super) fn wait_answer(rx: oneshot::Receiver<Answer>, timeout: std::time::Dur
 /// answers "request timed out".
 #[derive(Default)]
 pub(super) struct Waiters {
-    by_id: Mutex<HashMap<u64, Waiter>>,
+    by_id: Mutex<foldhash::HashMap<u64, Waiter>>,
 }
 
 struct Waiter {
@@ -52,13 +51,19 @@ impl Waiters {
     }
 
     /// Answers the waiters among `answers` still waiting (a request proposed through another
-    /// member has none here); one lock for all of them.
+    /// member has none here); one lock for all of them, answered once it is released (an
+    /// answer wakes a task that may run at once on another thread).
     pub(super) fn answer(&self, answers: impl IntoIterator<Item = (u64, Answer)>) {
+        let mut due = Vec::new();
         let mut waiting = self.by_id.lock();
         for (id, outcome) in answers {
             if let Some(w) = waiting.remove(&id) {
-                let _ = w.reply.send(outcome);
+                due.push((w.reply, outcome));
             }
+        }
+        drop(waiting);
+        for (reply, outcome) in due {
+            let _ = reply.send(outcome);
         }
     }
 

@@ -11,7 +11,7 @@
 //! expired leases, and the engine proposes a revoke for each through the normal write path, so
 //! mass expiry becomes many small writes interleaved with everyone else's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,9 @@ struct Lease {
     remaining_ttl: i64,
     /// Local: when it expires on this member's clock.
     expiry: Duration,
+    /// Local: where `by_expiry` holds it, at or before `expiry`. A renewal moves `expiry` on
+    /// and leaves the entry; [`Lessor::expired`] moves it when it comes due first.
+    queued: Duration,
     keys: BTreeSet<Bytes>,
     /// Local: a revoke has been proposed and not yet applied.
     revoking: bool,
@@ -62,8 +65,10 @@ pub struct LeaseStatus {
 
 #[derive(Debug)]
 pub(crate) struct Lessor {
-    leases: HashMap<i64, Lease>,
-    /// Local expiry order: (expiry, id). Invariant: one entry per lease, matching its expiry.
+    leases: foldhash::HashMap<i64, Lease>,
+    /// Local expiry order: (queued, id). Invariant: one entry per lease, at its `queued`,
+    /// which is at or before its expiry. A keep-alive renews a lease every few seconds: it
+    /// then changes only the lease, and the entry moves once per TTL, not per renewal.
     by_expiry: BTreeMap<(Duration, i64), ()>,
     /// Grants below this TTL (seconds) are raised to it.
     min_ttl: i64,
@@ -77,7 +82,7 @@ fn secs(d: i64) -> Duration {
 impl Lessor {
     pub(crate) fn new(min_ttl: i64, clock: Arc<dyn Clock>) -> Lessor {
         Lessor {
-            leases: HashMap::new(),
+            leases: foldhash::HashMap::default(),
             by_expiry: BTreeMap::new(),
             min_ttl,
             clock,
@@ -88,11 +93,16 @@ impl Lessor {
         self.leases.contains_key(&id)
     }
 
+    /// Sets when lease `id` expires; its queue entry moves only if that is earlier than
+    /// where it is queued.
     fn set_expiry(&mut self, id: i64, expiry: Duration) {
         if let Some(lease) = self.leases.get_mut(&id) {
-            self.by_expiry.remove(&(lease.expiry, id));
             lease.expiry = expiry;
-            self.by_expiry.insert((expiry, id), ());
+            if expiry < lease.queued {
+                self.by_expiry.remove(&(lease.queued, id));
+                lease.queued = expiry;
+                self.by_expiry.insert((expiry, id), ());
+            }
         }
     }
 
@@ -121,6 +131,7 @@ impl Lessor {
                 ttl,
                 remaining_ttl: 0,
                 expiry,
+                queued: expiry,
                 keys: BTreeSet::new(),
                 revoking: false,
             },
@@ -138,7 +149,7 @@ impl Lessor {
     /// Applies a revoke (its keys are deleted by the caller in the same request).
     pub(crate) fn revoke(&mut self, id: i64) -> Result<()> {
         let lease = self.leases.remove(&id).ok_or(Error::LeaseNotFound)?;
-        self.by_expiry.remove(&(lease.expiry, id));
+        self.by_expiry.remove(&(lease.queued, id));
         Ok(())
     }
 
@@ -207,19 +218,35 @@ impl Lessor {
         let mut out = Vec::new();
         let mut keys = 0;
         let mut more = false;
-        for &(expiry, id) in self.by_expiry.keys() {
-            if expiry > now {
+        // Due entries of leases renewed since they were queued: queued again at their expiry.
+        let mut renewed = Vec::new();
+        for &(queued, id) in self.by_expiry.keys() {
+            if queued > now {
                 break;
             }
-            let Some(lease) = self.leases.get(&id).filter(|l| !l.revoking) else {
+            let Some(lease) = self.leases.get(&id) else {
                 continue;
             };
+            if lease.expiry > now {
+                renewed.push((queued, id, lease.expiry));
+                continue;
+            }
+            if lease.revoking {
+                continue;
+            }
             if !out.is_empty() && (out.len() >= limit || keys + lease.keys.len() > max_keys) {
                 more = true;
                 break;
             }
             keys += lease.keys.len();
             out.push(id);
+        }
+        for (queued, id, expiry) in renewed {
+            self.by_expiry.remove(&(queued, id));
+            self.by_expiry.insert((expiry, id), ());
+            if let Some(lease) = self.leases.get_mut(&id) {
+                lease.queued = expiry;
+            }
         }
         for id in &out {
             if let Some(l) = self.leases.get_mut(id) {
@@ -302,6 +329,7 @@ impl Lessor {
                     ttl: r.ttl,
                     remaining_ttl: r.remaining_ttl,
                     expiry,
+                    queued: expiry,
                     keys: Default::default(),
                     revoking: false,
                 },
@@ -365,6 +393,38 @@ mod tests {
         clock.advance(Duration::from_secs(19));
         assert!(l.expired(10, usize::MAX).0.is_empty());
         assert_eq!(l.time_to_live(2, false).ttl, 1);
+    }
+
+    /// A keep-alive changes only its lease; the lease's one queue entry moves when it comes due
+    /// before the lease does, and a clock restarted earlier moves it at once.
+    #[test]
+    fn a_renewed_lease_expires_a_full_ttl_after_its_last_renewal_with_one_queue_entry() {
+        let (mut l, clock) = lessor();
+        l.grant(1, 10).unwrap();
+        let entry = |l: &Lessor| l.by_expiry.keys().copied().collect::<Vec<_>>();
+        let first = entry(&l);
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(4));
+            l.renew(1).unwrap();
+            assert_eq!(entry(&l), first, "a renewal leaves the entry where it is");
+        }
+        // 12 s on: the entry (at 10 s) is due, the lease (renewed at 12 s) is not.
+        assert!(l.expired(10, usize::MAX).0.is_empty());
+        assert_eq!(entry(&l), vec![(clock.now() + Duration::from_secs(10), 1)]);
+        clock.advance(Duration::from_millis(9_999));
+        assert!(l.expired(10, usize::MAX).0.is_empty(), "not a millisecond early");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(l.expired(10, usize::MAX), (vec![1], false));
+        // A lease queued far out, then restarted from a shorter checkpoint: moved earlier.
+        l.grant(2, 100).unwrap();
+        l.checkpoint(2, 5);
+        l.restart_clocks();
+        assert_eq!(entry(&l).len(), 2, "one entry per lease");
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(l.expired(10, usize::MAX).0, vec![2]);
+        l.revoke(1).unwrap();
+        l.revoke(2).unwrap();
+        assert!(entry(&l).is_empty(), "a revoke takes the entry where it is queued");
     }
 
     #[test]

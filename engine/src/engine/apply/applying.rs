@@ -51,6 +51,8 @@ impl Publisher {
     /// to the watchers (in order: publishing is serialized by [`Shared`]'s lock), the applied
     /// position is published, and the waiters are answered.
     fn publish(&self, outcome: Outcome) {
+        // Before the events: no watcher is sent a revision newer than the headers say.
+        self.core.revision.store(outcome.revision, Ordering::Release);
         for fed in outcome.events {
             // Never waits: a full queue drops the revision, and the watchers due it catch up
             // from history (see `WatchHub::notify`).
@@ -92,6 +94,7 @@ fn install(state: &RwLock<State>, hub: &Mutex<WatchHub>, staged: Staged) -> Resu
     st.alarms = meta.alarms.into_iter().collect();
     st.versions = meta.versions;
     st.auth = meta.auth;
+    st.auth_status.mirror(&st.auth);
     // Tokens name users of the old auth store; clients authenticate again.
     st.tokens.get_mut().clear();
     st.applied_index = meta.applied_index;
@@ -264,6 +267,7 @@ impl Applying {
                 if let Ok(index) = outcome {
                     let (term, conf_state, learner) = {
                         let st = core.state.read();
+                        core.revision.store(st.store.current_revision(), Ordering::Release);
                         let learner = st.membership.learners.contains(&core.member_id);
                         (st.applied_term, st.membership.to_conf_state(), learner)
                     };

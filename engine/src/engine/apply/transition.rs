@@ -34,6 +34,8 @@ pub(in crate::engine) struct Outcome {
     pub(super) applied_index: u64,
     pub(super) applied_term: u64,
     pub(super) conf_state: ConfState,
+    /// The store's current revision after the batch.
+    pub(super) revision: i64,
     /// Whether this member is a learner, if the batch changed the membership.
     pub(super) learner: Option<bool>,
     /// A compaction is left for the apply thread to sweep. Unfinished, not only pending: one
@@ -177,6 +179,7 @@ impl State {
         }
         out.applied_index = self.applied_index;
         out.applied_term = self.applied_term;
+        out.revision = self.store.current_revision();
         out.conf_state = self.membership.to_conf_state();
         out.compacting = self.store.compaction_unfinished();
         out
@@ -193,6 +196,7 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
         alarms,
         membership,
         auth,
+        auth_status,
         tokens,
         versions,
         ..
@@ -296,7 +300,9 @@ pub(super) fn apply(state: &mut State, request: &Request, index: u64) -> Answer 
             Ok((Response::Alarm, store.current_revision()))
         }
         Request::Auth(change) => {
-            auth.apply(change)?;
+            let applied = auth.apply(change);
+            auth_status.mirror(auth);
+            applied?;
             match change {
                 AuthChange::UserDelete { name } | AuthChange::UserChangePassword { name, .. } => {
                     tokens.get_mut().invalidate_user(name);
