@@ -77,7 +77,7 @@ def verdict(out, p99_limit_us=P99_LIMIT_US):
 
 def largest_n(bench_bin, start_target, stop_target, members=1, step_seconds=20, start_n=250, cap=64_000,
               floor=25, bisect_steps=2, warmup=5, retries=1, p99_limit_us=P99_LIMIT_US, bench_args=(),
-              k8s_args=()):
+              k8s_args=(), cpu_seconds=None):
     """Finds the largest N whose all-writes p99 stays under `p99_limit_us`.
 
     `start_target(members)` starts the target on a fresh data dir and returns its client endpoints;
@@ -88,20 +88,30 @@ def largest_n(bench_bin, start_target, stop_target, members=1, step_seconds=20, 
     times, and counts as good if any run was: on a small VM disk whose fdatasync p99.9 is over
     20 ms, one stall decides a short step's p99. Returns (the largest good N, or None if even the
     smallest tried was bad; the steps in the order run, each a dict with n, good, why, the headline
-    figures and the report).
+    figures and the report). With `cpu_seconds` (the target's CPU time so far, in seconds), each
+    step also reports the target's CPU per write, `cpu_per_write_us`: its CPU over the whole step
+    (the objects' creation and the warm-up included) over the writes of the whole step, counted
+    as the measured rate times the step's seconds, warm-up included.
     """
     steps = []
     tried = {}
 
     def attempt(n):
         endpoints = start_target(members)
+        cpu = None
         try:
+            cpu_before = cpu_seconds() if cpu_seconds else None
             out = run_step(bench_bin, endpoints, n, step_seconds, warmup, bench_args, k8s_args)
+            if cpu_before is not None:
+                cpu = cpu_seconds() - cpu_before
         finally:
             stop_target()
         good, why = verdict(out, p99_limit_us)
+        rate = out.get("writes_per_sec")
+        writes = rate * (warmup + step_seconds) if rate else 0
         s = {"n": n, "good": good, "why": why, "write_p99_us": out.get("write_p99_us"),
-             "writes_per_sec": out.get("writes_per_sec"), "behind_schedule_fraction": out.get("behind_schedule_fraction"),
+             "writes_per_sec": rate, "behind_schedule_fraction": out.get("behind_schedule_fraction"),
+             "cpu_per_write_us": cpu * 1e6 / writes if cpu is not None and writes else None,
              "report": out}
         log(f"N={n}: {'good' if good else 'bad'} ({why}; {s['writes_per_sec']} writes/s)")
         steps.append(s)
