@@ -125,7 +125,11 @@ where
         let client = who(&io);
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(client.clone()));
+            // A connection without a client certificate adds nothing: the extension would be
+            // read as no certificate anyway, and each request would pay for inserting it.
+            if client.0.is_some() {
+                request.extensions_mut().insert(ConnectInfo(client.clone()));
+            }
             tower_service::Service::call(&mut router.clone(), request)
         });
         let io = Watched::new(io, http2.keep_alive.min_time.map(PingPolicy::new));

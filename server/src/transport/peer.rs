@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -292,23 +292,83 @@ fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// Drains member `to`'s queue into a stream to it, reconnecting after failures, until the
+/// Member `to`'s queue, kept by its send loop and lent to one call's stream at a time. Each
+/// call takes a new generation; a stream whose generation has passed takes nothing more.
+struct Queue {
+    rx: Mutex<(mpsc::Receiver<Bytes>, u64)>,
+}
+
+/// The messages of one call to a peer, taken straight from its [`Queue`]: no task or channel
+/// between the queue and the call.
+struct Outgoing {
+    queue: Arc<Queue>,
+    /// This call's generation: once a newer call has started, this stream ends. hyper may
+    /// hold a stream for a while after its call failed, and it must then neither take the
+    /// next call's messages nor its wake-up (the queue wakes only the last to poll it).
+    generation: u64,
+    /// Read for each message: a member that joins learns the cluster's ID after it starts.
+    cluster: Arc<ClusterId>,
+    from: u64,
+    sent: prometheus::IntCounter,
+    /// The queue was closed: the network is detached.
+    detached: Arc<AtomicBool>,
+}
+
+impl tokio_stream::Stream for Outgoing {
+    type Item = pb::RaftMessage;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let mut queue = self.queue.rx.lock();
+        let (rx, generation) = &mut *queue;
+        if *generation != self.generation {
+            return std::task::Poll::Ready(None);
+        }
+        match std::task::ready!(rx.poll_recv(cx)) {
+            Some(message) => {
+                self.sent.inc_by(message.len() as u64);
+                std::task::Poll::Ready(Some(pb::RaftMessage {
+                    cluster_id: self.cluster.get(),
+                    message,
+                    from: self.from,
+                }))
+            }
+            None => {
+                self.detached.store(true, Ordering::Relaxed);
+                std::task::Poll::Ready(None)
+            }
+        }
+    }
+}
+
+/// Sends member `to`'s queue over a stream to it, reconnecting after failures, until the
 /// network is gone or the queue is dropped.
-async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>) {
-    // Drops what queued while the peer could not be reached (Raft sends again), counting
-    // each as a failed send.
-    let drop_queued = |rx: &mut mpsc::Receiver<Bytes>, metrics: &PeerMetrics| {
+async fn send_loop(shared: Weak<Shared>, to: u64, rx: mpsc::Receiver<Bytes>) {
+    let queue = Arc::new(Queue {
+        rx: Mutex::new((rx, 0)),
+    });
+    let detached = Arc::new(AtomicBool::new(false));
+    // Drops what queued while the peer could not be reached or the call failed (Raft sends
+    // again), counting each as a failed send, and starts the next generation: no stream of
+    // an earlier call takes anything after this.
+    let drop_queued = |metrics: &PeerMetrics| -> u64 {
+        let mut queue = queue.rx.lock();
+        let (rx, generation) = &mut *queue;
+        *generation += 1;
         let mut dropped = 0;
         while rx.try_recv().is_ok() {
             dropped += 1;
         }
         metrics.send_failed(to, dropped);
+        *generation
     };
     loop {
-        let (url, cluster_id, connector, metrics, me) = match shared.upgrade() {
+        let (url, cluster, connector, metrics, me) = match shared.upgrade() {
             Some(s) => (
                 s.peer_urls(to).first().cloned(),
-                s.cluster.get(),
+                s.cluster.clone(),
                 s.connector.clone(),
                 s.metrics.clone(),
                 s.me,
@@ -318,48 +378,36 @@ async fn send_loop(shared: Weak<Shared>, to: u64, mut rx: mpsc::Receiver<Bytes>)
         let Some(url) = url else {
             tracing::debug!(to = format_args!("{to:x}"), "no peer URL yet");
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            drop_queued(&mut rx, &metrics);
+            drop_queued(&metrics);
             continue;
         };
-        let client = match connector.channel(&url).await {
+        let mut client = match connector.channel(&url).await {
             Ok(c) => PeerClient::new(c).max_encoding_message_size(usize::MAX),
             Err(e) => {
                 tracing::debug!(to = format_args!("{to:x}"), %url, error = %e, "cannot reach peer");
                 tokio::time::sleep(RECONNECT_PAUSE).await;
-                drop_queued(&mut rx, &metrics);
+                drop_queued(&metrics);
                 continue;
             }
         };
-        let (call_tx, call_rx) = mpsc::channel::<pb::RaftMessage>(64);
-        let mut client = client;
-        let call = tokio::spawn(async move { client.send(tokio_stream::wrappers::ReceiverStream::new(call_rx)).await });
-        loop {
-            let Some(message) = rx.recv().await else {
-                return; // detached
-            };
-            let cluster_id = if cluster_id == 0 {
-                shared.upgrade().map_or(0, |s| s.cluster.get())
-            } else {
-                cluster_id
-            };
-            let bytes = message.len();
-            if call_tx
-                .send(pb::RaftMessage {
-                    cluster_id,
-                    message,
-                    from: me,
-                })
-                .await
-                .is_err()
-            {
-                metrics.send_failed(to, 1);
-                break;
-            }
-            metrics.sent(to, bytes);
-        }
-        if let Ok(Err(status)) = call.await {
+        let generation = queue.rx.lock().1;
+        let outgoing = Outgoing {
+            queue: queue.clone(),
+            generation,
+            cluster,
+            from: me,
+            sent: metrics.sent_to(to),
+            detached: detached.clone(),
+        };
+        if let Err(status) = client.send(outgoing).await {
             tracing::debug!(to = format_args!("{to:x}"), error = %status.message(), "peer stream ended");
         }
+        if detached.load(Ordering::Relaxed) {
+            return;
+        }
+        // What queued meanwhile is dropped and counted as failed, as an unreachable peer's is
+        // (etcd_network_peer_sent_failures_total, which the etcdMembersDown alert reads).
+        drop_queued(&metrics);
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
 }

@@ -67,9 +67,10 @@ impl PeerMetrics {
         })
     }
 
-    /// `bytes` sent to member `to`.
-    pub fn sent(&self, to: u64, bytes: usize) {
-        self.sent_bytes.with_label_values(&[&id(to)]).inc_by(bytes as u64);
+    /// The counter of bytes sent to member `to`, looked up once for a call's stream of
+    /// messages.
+    pub fn sent_to(&self, to: u64) -> prometheus::IntCounter {
+        self.sent_bytes.with_label_values(&[&id(to)])
     }
 
     /// `bytes` received from member `from`.
