@@ -309,7 +309,11 @@ struct Outgoing {
     /// Read for each message: a member that joins learns the cluster's ID after it starts.
     cluster: Arc<ClusterId>,
     from: u64,
-    sent: prometheus::IntCounter,
+    to: u64,
+    metrics: PeerMetrics,
+    /// The bytes-sent counter to `to`, looked up at the call's first message (a series
+    /// appears only once something was sent, as etcd's does).
+    sent: Option<prometheus::IntCounter>,
     /// The queue was closed: the network is detached.
     detached: Arc<AtomicBool>,
 }
@@ -321,22 +325,25 @@ impl tokio_stream::Stream for Outgoing {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        let mut queue = self.queue.rx.lock();
+        let this = self.get_mut();
+        let mut queue = this.queue.rx.lock();
         let (rx, generation) = &mut *queue;
-        if *generation != self.generation {
+        if *generation != this.generation {
             return std::task::Poll::Ready(None);
         }
         match std::task::ready!(rx.poll_recv(cx)) {
             Some(message) => {
-                self.sent.inc_by(message.len() as u64);
+                let (metrics, to) = (&this.metrics, this.to);
+                let sent = this.sent.get_or_insert_with(|| metrics.sent_to(to));
+                sent.inc_by(message.len() as u64);
                 std::task::Poll::Ready(Some(pb::RaftMessage {
-                    cluster_id: self.cluster.get(),
+                    cluster_id: this.cluster.get(),
                     message,
-                    from: self.from,
+                    from: this.from,
                 }))
             }
             None => {
-                self.detached.store(true, Ordering::Relaxed);
+                this.detached.store(true, Ordering::Relaxed);
                 std::task::Poll::Ready(None)
             }
         }
@@ -396,7 +403,9 @@ async fn send_loop(shared: Weak<Shared>, to: u64, rx: mpsc::Receiver<Bytes>) {
             generation,
             cluster,
             from: me,
-            sent: metrics.sent_to(to),
+            to,
+            metrics: metrics.clone(),
+            sent: None,
             detached: detached.clone(),
         };
         if let Err(status) = client.send(outgoing).await {
