@@ -142,11 +142,12 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
     }
     let (auto_promote, promoting) = (f.auto_promote_learners, node.clone());
     let every = Duration::from_millis(f.heartbeat_interval.saturating_mul(5));
+    let (published, published_rx) = tokio::sync::oneshot::channel();
     let background = [
         tokio::spawn(publish(
             node.clone(),
-            f.name.clone(),
-            plan.advertise_client_urls.clone(),
+            (f.name.clone(), plan.advertise_client_urls.clone()),
+            published,
         )),
         tokio::spawn(crate::job::compactor::run(
             node.clone(),
@@ -189,6 +190,12 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
         storage_version = %engine.server().versions().cluster(),
         "serving"
     );
+    // etcd serves clients once this member's name and client URLs are in the membership, so a
+    // client's first member list names them. cairn waits for that too, but an election
+    // timeout at most: a member that cannot reach a quorum yet still serves health and
+    // serializable reads (and a harness that waits for one member before starting the next
+    // still gets it).
+    let _ = tokio::time::timeout(Duration::from_millis(f.election_timeout), published_rx).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -274,8 +281,9 @@ pub async fn serve(f: Flags) -> Result<(), ServeError> {
 }
 
 /// Records this member's name and client URLs in the cluster once it can (etcd's publish),
-/// retrying until it is applied.
-async fn publish(node: Arc<Node>, name: String, client_urls: Vec<String>) {
+/// retrying until it is applied; then says so on `published`.
+async fn publish(node: Arc<Node>, attributes: (String, Vec<String>), published: tokio::sync::oneshot::Sender<()>) {
+    let (name, client_urls) = attributes;
     loop {
         let already = node
             .engine
@@ -284,11 +292,15 @@ async fn publish(node: Arc<Node>, name: String, client_urls: Vec<String>) {
             .into_iter()
             .any(|m| m.id == node.member_id && m.name == name && m.client_urls == client_urls);
         if already {
+            let _ = published.send(());
             return;
         }
         let (n, urls) = (name.clone(), client_urls.clone());
         match node.blocking(move |e| e.server().member_publish(n, urls)).await {
-            Ok(()) => return,
+            Ok(()) => {
+                let _ = published.send(());
+                return;
+            }
             Err(e) => {
                 tracing::debug!(error = %e.message(), "publishing this member's attributes; will retry");
                 tokio::time::sleep(Duration::from_millis(500)).await;
