@@ -499,6 +499,18 @@ fn the_builder_refuses_an_identity_that_cannot_be() {
 /// A write through one way in, answering its revision.
 type Way<'a> = Box<dyn Fn() -> cairn_engine::Result<i64> + 'a>;
 
+/// `request` proposed through the server's hooks, which check nothing themselves: only the
+/// log's edge can refuse it.
+fn through_the_log<W: cairn_engine::WriteRequest + Clone + 'static>(engine: &Engine, request: W) -> Way<'_> {
+    Box::new(move || {
+        engine
+            .server()
+            .write_async_as(request.clone(), None)?
+            .wait()
+            .map(|a| a.revision)
+    })
+}
+
 /// What is sent, through the embedded API and through the log, and the refusal expected.
 type Case<'a> = (&'static str, Way<'a>, Way<'a>, Error);
 
@@ -528,73 +540,37 @@ fn an_invalid_request_is_refused_where_it_enters_and_at_the_log() {
         (
             "a put of no key",
             Box::new(|| engine.write(put("", "v")).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(put("", "v"), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, put("", "v")),
             Error::EmptyKey,
         ),
         (
             "a value with ignore_value",
             Box::new(|| engine.write(value_with_ignore_value.clone()).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(value_with_ignore_value.clone(), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, value_with_ignore_value.clone()),
             Error::ValueProvided,
         ),
         (
             "a lease with ignore_lease",
             Box::new(|| engine.write(lease_with_ignore_lease.clone()).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(lease_with_ignore_lease.clone(), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, lease_with_ignore_lease.clone()),
             Error::LeaseProvided,
         ),
         (
             "a delete of no key",
             Box::new(|| engine.write(DeleteRangeRequest::key("")).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(DeleteRangeRequest::key(""), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, DeleteRangeRequest::key("")),
             Error::EmptyKey,
         ),
         (
             "a txn that puts a key twice",
             Box::new(|| engine.txn(twice.clone()).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(twice.clone(), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, twice.clone()),
             Error::DuplicateKey,
         ),
         (
             "a txn that puts no key",
             Box::new(|| engine.txn(empty_key_in_txn.clone()).map(|a| a.revision)),
-            Box::new(|| {
-                engine
-                    .server()
-                    .write_async_as(empty_key_in_txn.clone(), None)?
-                    .wait()
-                    .map(|a| a.revision)
-            }),
+            through_the_log(&engine, empty_key_in_txn.clone()),
             Error::EmptyKey,
         ),
     ];
