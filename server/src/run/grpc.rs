@@ -1,9 +1,11 @@
 //! The gRPC services of a client URL, and what every call passes on its way to one: the span
 //! (with an exporter), the metrics, the learner's refusal and the `hasleader` check.
 //!
-//! A call is dispatched by its path's service name straight to tonic's server for it. The
-//! services once sat in an axum router, behind two middlewares and tonic's interceptor: each
-//! call then cloned and boxed every layer, and perf put a sixth of a serializable range's
+//! A call is dispatched by its path: the unary calls of the KV and Lease services, the ones a
+//! busy member serves most, to their methods through cairn's own framing
+//! (`transport::grpc_unary`); the others by their service's name to tonic's server for it.
+//! The services once sat in an axum router, behind two middlewares and tonic's interceptor:
+//! each call then cloned and boxed every layer, and perf put a sixth of a serializable range's
 //! server CPU in those layers. Here a call costs one box for its future.
 
 use std::convert::Infallible;
@@ -24,12 +26,13 @@ use crate::api::node::Node;
 use crate::errors::Refusal;
 use crate::pb::etcdserverpb::auth_server::AuthServer;
 use crate::pb::etcdserverpb::cluster_server::ClusterServer;
-use crate::pb::etcdserverpb::kv_server::KvServer;
-use crate::pb::etcdserverpb::lease_server::LeaseServer;
+use crate::pb::etcdserverpb::kv_server::{Kv, KvServer};
+use crate::pb::etcdserverpb::lease_server::{Lease, LeaseServer};
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::v3electionpb::election_server::ElectionServer;
 use crate::pb::v3lockpb::lock_server::LockServer;
 use crate::pb::watch_wire::watch_server::WatchServer;
+use crate::transport::grpc_unary;
 
 /// What a tonic server answers.
 type Answer = axum::http::Response<tonic::body::Body>;
@@ -48,6 +51,11 @@ pub(super) struct GrpcServices(Arc<Services>);
 struct Services {
     node: Arc<Node>,
     metrics: Arc<GrpcMetrics>,
+    /// The largest request message, in bytes.
+    limit: usize,
+    /// The services whose unary calls cairn frames itself.
+    kv_unary: api::kv::KvService,
+    lease_unary: api::lease::LeaseService,
     kv: KvServer<api::kv::KvService>,
     watch: WatchServer<api::watch::WatchService>,
     lease: LeaseServer<api::lease::LeaseService>,
@@ -70,10 +78,15 @@ impl GrpcServices {
                     .max_encoding_message_size(usize::MAX)
             };
         }
+        let kv = api::kv::KvService::new(node.clone());
+        let lease = api::lease::LeaseService::new(node.clone());
         GrpcServices(Arc::new(Services {
-            kv: server!(KvServer, api::kv::KvService::new(node.clone())),
+            limit,
+            kv: server!(KvServer, kv.clone()),
+            kv_unary: kv,
             watch: server!(WatchServer, api::watch::WatchService::new(node.clone())),
-            lease: server!(LeaseServer, api::lease::LeaseService::new(node.clone())),
+            lease: server!(LeaseServer, lease.clone()),
+            lease_unary: lease,
             cluster: server!(ClusterServer, api::cluster::ClusterService::new(node.clone(), token)),
             maintenance: server!(
                 MaintenanceServer,
@@ -96,16 +109,38 @@ impl Services {
     /// A call counted in the metrics: started, its messages each way, and handled.
     async fn counted(&self, request: Request) -> Response {
         let (request, counting) = self.metrics.count(request);
-        let response = match self.dispatch(request) {
-            Ok(answer) => match answer.await {
-                Ok(answer) => answer.map(axum::body::Body::new),
-                Err(never) => match never {},
+        let response = match Unary::of(request.uri().path()) {
+            Some(method) => match self.admit(&request, true) {
+                Ok(()) => self.unary(method, request).await,
+                Err(refused) => refused.answer(),
             },
-            Err(refused) => refused.answer(),
+            None => match self.dispatch(request) {
+                Ok(answer) => match answer.await {
+                    Ok(answer) => answer.map(axum::body::Body::new),
+                    Err(never) => match never {},
+                },
+                Err(refused) => refused.answer(),
+            },
         };
         match counting {
             Some(counting) => counting.answered(response),
             None => response,
+        }
+    }
+
+    /// The answer of `method` to `request`.
+    async fn unary(&self, method: Unary, request: Request) -> Response {
+        let (kv, lease, limit) = (&self.kv_unary, &self.lease_unary, self.limit);
+        match method {
+            Unary::Range => grpc_unary::serve(request, limit, |r| kv.range(r)).await,
+            Unary::Put => grpc_unary::serve(request, limit, |r| kv.put(r)).await,
+            Unary::DeleteRange => grpc_unary::serve(request, limit, |r| kv.delete_range(r)).await,
+            Unary::Txn => grpc_unary::serve(request, limit, |r| kv.txn(r)).await,
+            Unary::Compact => grpc_unary::serve(request, limit, |r| kv.compact(r)).await,
+            Unary::LeaseGrant => grpc_unary::serve(request, limit, |r| lease.lease_grant(r)).await,
+            Unary::LeaseRevoke => grpc_unary::serve(request, limit, |r| lease.lease_revoke(r)).await,
+            Unary::LeaseTimeToLive => grpc_unary::serve(request, limit, |r| lease.lease_time_to_live(r)).await,
+            Unary::LeaseLeases => grpc_unary::serve(request, limit, |r| lease.lease_leases(r)).await,
         }
     }
 
@@ -152,6 +187,38 @@ impl Services {
             return Err(Refused::NoLeader);
         }
         Ok(())
+    }
+}
+
+/// The unary methods cairn frames itself.
+#[derive(Debug, Clone, Copy)]
+enum Unary {
+    Range,
+    Put,
+    DeleteRange,
+    Txn,
+    Compact,
+    LeaseGrant,
+    LeaseRevoke,
+    LeaseTimeToLive,
+    LeaseLeases,
+}
+
+impl Unary {
+    /// The method a call's `path` names, if it is one of these.
+    fn of(path: &str) -> Option<Unary> {
+        Some(match path {
+            "/etcdserverpb.KV/Range" => Unary::Range,
+            "/etcdserverpb.KV/Put" => Unary::Put,
+            "/etcdserverpb.KV/DeleteRange" => Unary::DeleteRange,
+            "/etcdserverpb.KV/Txn" => Unary::Txn,
+            "/etcdserverpb.KV/Compact" => Unary::Compact,
+            "/etcdserverpb.Lease/LeaseGrant" => Unary::LeaseGrant,
+            "/etcdserverpb.Lease/LeaseRevoke" => Unary::LeaseRevoke,
+            "/etcdserverpb.Lease/LeaseTimeToLive" => Unary::LeaseTimeToLive,
+            "/etcdserverpb.Lease/LeaseLeases" => Unary::LeaseLeases,
+            _ => return None,
+        })
     }
 }
 

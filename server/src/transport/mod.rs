@@ -7,6 +7,7 @@ pub mod coalesce;
 pub mod discovery;
 pub mod forward;
 pub mod grpc_body;
+pub mod grpc_unary;
 pub mod http2;
 pub mod http_access;
 pub mod listen;
