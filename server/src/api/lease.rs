@@ -5,7 +5,6 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::async_stream;
 use crate::api::access::{self, Need};
 use crate::api::node::Node;
 use crate::pb::etcdserverpb as pb;
@@ -73,47 +72,25 @@ impl Lease for LeaseService {
     ) -> Result<Response<KeepAliveStream>, Status> {
         let metadata = request.metadata().clone();
         let extensions = request.extensions().clone();
-        let mut requests = request.into_inner();
-        let node = self.node.clone();
-        let stream_metadata = metadata.clone();
-        let answers = async_stream(move |tx| async move {
-            let metadata = stream_metadata;
-            while let Some(next) = requests.next().await {
-                let id = match next {
-                    Ok(r) => r.id,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
-                // An unknown lease answers TTL 0, as etcd does.
-                let renewal = async {
-                    // Each renewal is checked as etcd checks it: by an authenticated caller,
-                    // an admin or one who may write every key on the lease.
-                    let caller = access::caller_of(&node.engine, &node.access, &metadata, &extensions).await?;
-                    access::authenticated(&node.engine, caller.as_ref())?;
-                    access::check(&node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
-                    keep_alive(&node, id, &metadata).await
-                };
-                let ttl = match renewal.await {
-                    Ok(ttl) => ttl,
-                    Err(s) if s.message() == "etcdserver: requested lease not found" => 0,
-                    Err(s) => {
-                        let _ = tx.send(Err(s)).await;
-                        return;
-                    }
-                };
-                let answer = pb::LeaseKeepAliveResponse {
-                    header: Some(node.current_header()),
-                    id,
-                    ttl,
-                };
-                if tx.send(Ok(answer)).await.is_err() {
-                    return;
-                }
-            }
+        let renewing = Renewing {
+            requests: request.into_inner(),
+            node: self.node.clone(),
+            metadata: metadata.clone(),
+            extensions,
+        };
+        // Each renewal is answered as the answers are polled, on the call's own task: a task
+        // of its own would cost a hand-off and a wake-up per renewal.
+        let answers = futures_util::stream::unfold(Some(renewing), |renewing| async move {
+            let mut renewing = renewing?;
+            let answer = renewing.next().await?;
+            let more = answer.is_ok().then_some(renewing);
+            Some((answer, more))
         });
-        Ok(Response::new(super::leader_bound(&self.node, &metadata, answers)))
+        Ok(Response::new(super::leader_bound(
+            &self.node,
+            &metadata,
+            Box::pin(answers),
+        )))
     }
 
     async fn lease_time_to_live(
@@ -165,6 +142,45 @@ impl Lease for LeaseService {
 }
 
 /// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
+/// A KeepAlive stream's requests, and what answering them needs.
+struct Renewing {
+    requests: Streaming<pb::LeaseKeepAliveRequest>,
+    node: Arc<Node>,
+    metadata: tonic::metadata::MetadataMap,
+    extensions: tonic::Extensions,
+}
+
+impl Renewing {
+    /// The answer to the next renewal, `None` once the client has sent its last; after an
+    /// error the stream ends.
+    async fn next(&mut self) -> Option<Result<pb::LeaseKeepAliveResponse, Status>> {
+        let id = match self.requests.next().await? {
+            Ok(r) => r.id,
+            Err(status) => return Some(Err(status)),
+        };
+        let (node, metadata) = (&self.node, &self.metadata);
+        // Each renewal is checked as etcd checks it: by an authenticated caller, an admin or
+        // one who may write every key on the lease.
+        let renewal = async {
+            let caller = access::caller_of(&node.engine, &node.access, metadata, &self.extensions).await?;
+            access::authenticated(&node.engine, caller.as_ref())?;
+            access::check(&node.engine, caller.as_ref(), &[Need::LeaseWrite(id)])?;
+            keep_alive(node, id, metadata).await
+        };
+        let ttl = match renewal.await {
+            Ok(ttl) => ttl,
+            // An unknown lease answers TTL 0, as etcd does.
+            Err(s) if s.message() == "etcdserver: requested lease not found" => 0,
+            Err(s) => return Some(Err(s)),
+        };
+        Some(Ok(pb::LeaseKeepAliveResponse {
+            header: Some(node.current_header()),
+            id,
+            ttl,
+        }))
+    }
+}
+
 async fn keep_alive(node: &Arc<Node>, id: i64, metadata: &tonic::metadata::MetadataMap) -> Result<i64, Status> {
     match node.leader_route().await? {
         Route::Here => node.bounded(node.engine.leases().keep_alive_async(id)).await,
