@@ -25,7 +25,8 @@ put-serial, put-100, range-l-100, put-100-mtls, range-l-100-mtls, put-100-auth, 
 (the last four against secured targets: client and peer mTLS, or auth on), range-s-100,
 range-s-pinned-100 and watch-1000,
 watch-pinned-1000 (each the one before with the server and the load generator on a core each),
-keepalive-10k, expiry, million,
+keepalive-10k, expiry, million, scale (--keys keys of --scale-val-size bytes: footprint, a count
+of every key, a 500,000-key keys-only list, restarts with the page cache warm and cold),
 cluster-put-100, apiserver-3 (kube-apiserver 1.37 on three members of cairn and of etcd 3.7 only,
 driven by tests/kubernetes/apiload at a fixed rate), k8s-1, k8s-3 (the last two, the largest
 Kubernetes-shaped cluster each target carries, are searches run in the first round only: see
@@ -66,6 +67,8 @@ def parse_args():
     ap.add_argument("--seconds", type=float, help="length of each timed workload (default 10; 2 with --quick)")
     ap.add_argument("--keys", type=int,
                     help="keys the `million` workload loads (default 1,000,000; 100,000 with --quick)")
+    ap.add_argument("--scale-val-size", type=int, default=1024,
+                    help="bytes of each value the `scale` workload loads (its key count is --keys; default 1024)")
     ap.add_argument("--defrag-budget", type=float,
                     help="seconds the writes go on after their 5 s baseline, for the compaction and the "
                          "defragmentation to finish in (default 30: etcd takes about 24 s with 1,000,000 keys; "
@@ -106,11 +109,12 @@ def main():
         sys.exit("the cairn-baseline target needs --baseline-binary")
     chosen = [targets[t] for t in names]
     wanted = a.only.split(",") if a.only else None
-    chosen_w = [w for w in workloads(a.keys, a.expiry_leases)
+    chosen_w = [w for w in workloads(a.keys, a.expiry_leases, a.scale_val_size)
                 if wanted is None or any(o and o in w.name for o in wanted)]
     if not chosen_w:
         sys.exit(f"--only {a.only} selects no workload")
-    ctx = Context(bench_bin=bench_bin, seconds=a.seconds, keys=a.keys, expiry_leases=a.expiry_leases,
+    ctx = Context(bench_bin=bench_bin, seconds=a.seconds, keys=a.keys, scale_val_size=a.scale_val_size,
+                  expiry_leases=a.expiry_leases,
                   expiry_ttl=a.expiry_ttl, defrag_baseline=a.defrag_baseline, defrag_budget=a.defrag_budget,
                   k8s_step=a.k8s_step, logs=a.dir / "logs")
     if any(w.kube for w in chosen_w):

@@ -7,13 +7,14 @@ Maintenance calls by Debian's etcdctl 3.4.
 """
 
 import json
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from k8s import largest_n
-from targets import etcdctl, log, status
+from targets import ETCDCTL_TIMEOUT, ensure_etcd37, etcdctl, log, status
 
 MIB = 1 << 20
 # The million-key rows: 16-byte keys (`bench/` and a zero-padded number) and 256-byte values.
@@ -59,6 +60,7 @@ class Context:
     bench_bin: Path
     seconds: float
     keys: int
+    scale_val_size: int
     expiry_leases: int
     expiry_ttl: int
     defrag_baseline: float
@@ -281,6 +283,52 @@ def million_keys(ctx, t, endpoints, name):
     return r
 
 
+# --- scale: what the object count costs (issue #38) ---------------------------------------
+
+# Keys the scale workload lists, keys only, in one request (kube-apiserver lists a resource's
+# whole prefix keys-only each minute).
+SCALE_LIST = 500_000
+
+
+def scale(ctx, t, endpoints, name):
+    """Loads --keys keys of --scale-val-size bytes (each key once) with 100 clients; then what
+    the count of objects costs: RSS and disk, a count of every key, a keys-only list of
+    500,000 keys, and restarts until /health with the page cache warm and then cold (dropped
+    after the stop, where the machine lets the run drop it; None where not)."""
+    cpu_before = t.cpu_seconds()
+    args = ["--conns", "10", "--clients", "100", "--total", str(ctx.keys), "put", "--key-size", str(BIG_KEY_SIZE),
+            "--val-size", str(ctx.scale_val_size), "--key-space-size", str(ctx.keys), "--sequential-keys"]
+    load = bench(ctx, endpoints, args, timeout=6 * 3600)
+    cpu = t.cpu_seconds() - cpu_before
+    if load.get("failed"):
+        log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
+    time.sleep(1)
+    puts = load.get("ok") or 0
+    r = {"load": load.get("ops_per_sec"), "load_cpu_us": cpu * 1e6 / puts if puts else None,
+         "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB}
+    # A count (count_only, as kube-apiserver asks it) needs etcd 3.7's etcdctl, which prints it
+    # only as fields: 3.4's has no --count-only.
+    etcdctl37 = ensure_etcd37().parent / "etcdctl"
+    started = time.monotonic()
+    fields = subprocess.run(
+        [str(etcdctl37), "--endpoints", ",".join(endpoints), "--command-timeout", ETCDCTL_TIMEOUT,
+         "get", "", "--from-key", "--count-only", "-w", "fields"], check=True, capture_output=True, text=True).stdout
+    r["count_s"] = time.monotonic() - started
+    counted = re.search(r'"Count" : (\d+)', fields)
+    if counted is None or int(counted.group(1)) != puts:
+        log(f"{t.name}: counted {counted and counted.group(1)} keys after {puts} puts")
+    started = time.monotonic()
+    listed = etcdctl(endpoints, "get", "", "--from-key", "--keys-only", "--limit", str(SCALE_LIST))
+    r["list_s"] = time.monotonic() - started
+    r["listed"] = sum(1 for line in listed.splitlines() if line)
+    _, r["restart_s"] = t.restart()
+    time.sleep(1)
+    r["rss_restarted"] = t.rss_bytes() / MIB
+    _, r["restart_cold_s"] = t.restart(cold=True)
+    r["raw"] = {"load": load, **{k: v for k, v in r.items() if k != "raw"}}
+    return r
+
+
 def defrag_while_serving(ctx, t, endpoints, name):
     """Puts at DEFRAG_RATE over the loaded keys; after a baseline, compacts to the current
     revision (physically: etcdctl returns once it is done) and defragments. Write p99 before,
@@ -426,7 +474,20 @@ MILLION = [
 ]
 
 
-def workloads(keys, expiry_leases):
+SCALE = [
+    Figure("load", "load with 100 clients: throughput", "ops/s", True),
+    Figure("load_cpu_us", "load: server CPU per put", "µs", False),
+    Figure("rss", "RSS after the load", "MiB", False),
+    Figure("disk", "data dir on disk after the load", "MiB", False),
+    Figure("count_s", "count of every key", "s", False),
+    Figure("list_s", f"{SCALE_LIST:,} keys, keys only, in one request", "s", False),
+    Figure("restart_s", "restart, page cache warm: start until /health answers", "s", False),
+    Figure("rss_restarted", "RSS after the restart", "MiB", False),
+    Figure("restart_cold_s", "restart, page cache dropped: start until /health answers", "s", False),
+]
+
+
+def workloads(keys, expiry_leases, scale_val_size=1024):
     """Every workload, in the order they run."""
     kk = f"{keys:,}"
     return [
@@ -472,6 +533,8 @@ def workloads(keys, expiry_leases):
                          "µs", False)], lease_expiry),
         Workload("million", f"{kk} keys ({BIG_KEY_SIZE}-byte keys, {BIG_VAL_SIZE}-byte values)", MILLION,
                  million_keys),
+        Workload("scale", f"{kk} keys of {scale_val_size:,} bytes: footprint, count, list, restart", SCALE,
+                 scale),
         Workload("cluster-put-100", "3-member cluster on loopback: put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]), members=3),
         Workload("apiserver-3", "kube-apiserver 1.37 on a 3-member cluster: client-go load at a fixed rate",
