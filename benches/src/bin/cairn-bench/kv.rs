@@ -64,6 +64,8 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
         keys: Keys { space, ..keys },
         whole_prefix: a.prefix,
         limit: i64::from(a.limit),
+        keys_only: a.keys_only,
+        count_only: a.count_only,
         serializable: a.consistency == Consistency::S,
     };
     let (tally, elapsed) = b.drive_op("range", &run, g.clients, op).await?;
@@ -73,6 +75,8 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
     report.param("consistency", if a.consistency == Consistency::S { "s" } else { "l" });
     report.param("prefix", a.prefix);
     report.param("limit", a.limit);
+    report.param("keys_only", a.keys_only);
+    report.param("count_only", a.count_only);
     report.param("load", a.load);
     let per_read = ratio(tally.hits as f64, tally.ok as f64);
     report.extra(

@@ -273,6 +273,12 @@ pub(crate) struct RangeArgs {
     /// Most keys one read returns (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub(crate) limit: u32,
+    /// Ask for the keys without their values.
+    #[arg(long)]
+    pub(crate) keys_only: bool,
+    /// Ask for the count of keys only.
+    #[arg(long)]
+    pub(crate) count_only: bool,
     /// First put this many keys (0 to N-1 of the key space), unmeasured.
     #[arg(long, default_value_t = 0)]
     pub(crate) load: u64,
@@ -512,7 +518,8 @@ impl Bench {
     pub(crate) fn requester(&self, c: usize, op: &Arc<Op>) -> Requester {
         let channel = self.channel(c);
         Requester {
-            kv: KvClient::new(channel.clone()),
+            // A whole prefix read keys-only can be far larger than tonic's 4 MiB default.
+            kv: KvClient::new(channel.clone()).max_decoding_message_size(usize::MAX),
             lease: LeaseClient::new(channel),
             op: Arc::clone(op),
             rng: StdRng::seed_from_u64(0x5eed ^ c as u64),

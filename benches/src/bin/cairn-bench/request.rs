@@ -35,6 +35,8 @@ pub(crate) enum Op {
         keys: Keys,
         whole_prefix: bool,
         limit: i64,
+        keys_only: bool,
+        count_only: bool,
         serializable: bool,
     },
     TxnPut {
@@ -87,6 +89,8 @@ impl Requester {
                 keys,
                 whole_prefix,
                 limit,
+                keys_only,
+                count_only,
                 serializable,
             } => {
                 let (key, range_end) = if *whole_prefix {
@@ -99,6 +103,8 @@ impl Requester {
                     key,
                     range_end,
                     limit: *limit,
+                    keys_only: *keys_only,
+                    count_only: *count_only,
                     serializable: *serializable,
                     ..RangeRequest::default()
                 };
