@@ -253,26 +253,28 @@ def lease_expiry(ctx, t, endpoints, name):
 # --- a million keys: footprint, restart, compaction and defragmentation while serving ------
 
 
-def big_load(ctx, endpoints):
+def loaded(ctx, t, endpoints, val_size):
+    """Loads --keys keys of `val_size` bytes (each key written once) with 100 clients; the
+    load's report, and the footprint figures (`FOOTPRINT`) after it."""
+    cpu_before = t.cpu_seconds()
     args = ["--conns", "10", "--clients", "100", "--total", str(ctx.keys), "put", "--key-size", str(BIG_KEY_SIZE),
-            "--val-size", str(BIG_VAL_SIZE), "--key-space-size", str(ctx.keys), "--sequential-keys"]
-    return bench(ctx, endpoints, args)
+            "--val-size", str(val_size), "--key-space-size", str(ctx.keys), "--sequential-keys"]
+    load = bench(ctx, endpoints, args, timeout=6 * 3600)
+    cpu = t.cpu_seconds() - cpu_before
+    if load.get("failed"):
+        log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
+    time.sleep(1)
+    puts = load.get("ok") or 0
+    return load, {"load": load.get("ops_per_sec"), "load_cpu_us": cpu * 1e6 / puts if puts else None,
+                  "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB}
 
 
 def million_keys(ctx, t, endpoints, name):
     """Loads --keys keys (one revision each) with 100 clients; RSS, disk and db size; a restart
     on that data; then compaction to the current revision and a defragmentation while writes
     go on at a fixed rate."""
-    cpu_before = t.cpu_seconds()
-    load = big_load(ctx, endpoints)
-    cpu = t.cpu_seconds() - cpu_before
-    if load.get("failed"):
-        log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
-    time.sleep(1)
-    puts = load.get("ok") or 0
-    r = {"load": load.get("ops_per_sec"), "load_cpu_us": cpu * 1e6 / puts if puts else None,
-         "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB,
-         "db_size": status(endpoints[0])["db_size"] / MIB}
+    load, r = loaded(ctx, t, endpoints, BIG_VAL_SIZE)
+    r["db_size"] = status(endpoints[0])["db_size"] / MIB
     stop_s, start_s = t.restart()
     r.update(stop_s=stop_s, restart_s=start_s)
     time.sleep(1)
@@ -292,19 +294,10 @@ SCALE_LIST = 500_000
 def scale(ctx, t, endpoints, name):
     """Loads --keys keys of --scale-val-size bytes (each key once) with 100 clients; then what
     the count of objects costs: RSS and disk, a count of every key and a keys-only list of
-    500,000 keys (each one request), and restarts until /health with the page cache warm and then cold (dropped
-    after the stop, where the machine lets the run drop it; None where not)."""
-    cpu_before = t.cpu_seconds()
-    args = ["--conns", "10", "--clients", "100", "--total", str(ctx.keys), "put", "--key-size", str(BIG_KEY_SIZE),
-            "--val-size", str(ctx.scale_val_size), "--key-space-size", str(ctx.keys), "--sequential-keys"]
-    load = bench(ctx, endpoints, args, timeout=6 * 3600)
-    cpu = t.cpu_seconds() - cpu_before
-    if load.get("failed"):
-        log(f"{t.name}: {load['failed']} of the {ctx.keys} puts failed: {load.get('errors')}")
-    time.sleep(1)
+    500,000 keys (each one request), and restarts until /health with the page cache warm,
+    then cold (dropped after the stop, where the machine lets the run drop it; else None)."""
+    load, r = loaded(ctx, t, endpoints, ctx.scale_val_size)
     puts = load.get("ok") or 0
-    r = {"load": load.get("ops_per_sec"), "load_cpu_us": cpu * 1e6 / puts if puts else None,
-         "rss": t.rss_bytes() / MIB, "disk": t.disk_bytes() / MIB}
     # One request each, timed by cairn-bench (etcdctl's start and its printing of 500,000
     # lines would be most of what it timed): a count (count_only, as kube-apiserver asks it),
     # then keys only.
@@ -448,11 +441,16 @@ def ms_s(seconds):
     return None if seconds is None else seconds * 1000
 
 
-MILLION = [
+# What `loaded` reports.
+FOOTPRINT = [
     Figure("load", "load with 100 clients: throughput", "ops/s", True),
     Figure("load_cpu_us", "load: server CPU per put", "µs", False),
     Figure("rss", "RSS after the load", "MiB", False),
     Figure("disk", "data dir on disk after the load", "MiB", False),
+]
+
+
+MILLION = FOOTPRINT + [
     Figure("db_size", "db size (Maintenance Status)", "MiB", False),
     Figure("restart_s", "restart: start until /health answers", "s", False),
     Figure("rss_restarted", "RSS after the restart", "MiB", False),
@@ -467,11 +465,7 @@ MILLION = [
 ]
 
 
-SCALE = [
-    Figure("load", "load with 100 clients: throughput", "ops/s", True),
-    Figure("load_cpu_us", "load: server CPU per put", "µs", False),
-    Figure("rss", "RSS after the load", "MiB", False),
-    Figure("disk", "data dir on disk after the load", "MiB", False),
+SCALE = FOOTPRINT + [
     Figure("count_s", "count of every key (count_only)", "s", False),
     Figure("list_s", f"{SCALE_LIST:,} keys, keys only, in one request", "s", False),
     Figure("restart_s", "restart, page cache warm: start until /health answers", "s", False),
