@@ -141,7 +141,6 @@ impl Lease for LeaseService {
     }
 }
 
-/// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
 /// A KeepAlive stream's requests, and what answering them needs.
 struct Renewing {
     requests: Streaming<pb::LeaseKeepAliveRequest>,
@@ -181,6 +180,7 @@ impl Renewing {
     }
 }
 
+/// Renews lease `id` on the leader: here, or through the leader's own keep-alive stream.
 async fn keep_alive(node: &Arc<Node>, id: i64, metadata: &tonic::metadata::MetadataMap) -> Result<i64, Status> {
     match node.leader_route().await? {
         Route::Here => node.bounded(node.engine.leases().keep_alive_async(id)).await,
