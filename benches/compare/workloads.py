@@ -307,7 +307,7 @@ def scale(ctx, t, endpoints, name):
     r["list_s"] = (listed.get("max_us") or 0) / 1e6 or None
     if listed.get("kvs_per_read") != min(SCALE_LIST, puts):
         log(f"{t.name}: the list returned {listed.get('kvs_per_read')} keys, not {min(SCALE_LIST, puts)}")
-    _, r["restart_s"] = t.restart()
+    r["stop_s"], r["restart_s"] = t.restart()
     time.sleep(1)
     r["rss_restarted"] = t.rss_bytes() / MIB
     _, r["restart_cold_s"] = t.restart(cold=True)
@@ -468,6 +468,7 @@ MILLION = FOOTPRINT + [
 SCALE = FOOTPRINT + [
     Figure("count_s", "count of every key (count_only)", "s", False),
     Figure("list_s", f"{SCALE_LIST:,} keys, keys only, in one request", "s", False),
+    Figure("stop_s", "stop after the load: SIGTERM until the process exits", "s", False),
     Figure("restart_s", "restart, page cache warm: start until /health answers", "s", False),
     Figure("rss_restarted", "RSS after the restart", "MiB", False),
     Figure("restart_cold_s", "restart, page cache dropped: start until /health answers", "s", False),

@@ -44,6 +44,12 @@ pub struct Config {
     /// Bytes each data file is preallocated with (a record larger than this gets a file of its
     /// own size). Between 4 KiB and 1 GiB. Default 64 MiB.
     pub data_file_size: u64,
+    /// The saved key index (what opening loads instead of reading every record, see
+    /// `mvcc::saved_index`) is rewritten after a checkpoint once the records it does not
+    /// cover reach this many bytes and an eighth of those it covers, and on close once they
+    /// reach this many: a restart scans at most about that much. `u64::MAX`: never written.
+    /// Default 64 MiB.
+    pub saved_index_bytes: u64,
     /// Keys whose compacted history is dropped per step; the apply thread takes one step
     /// between requests, so a compaction never holds writes up for long. Default 250.
     pub compaction_batch: usize,
@@ -100,6 +106,7 @@ impl Default for Config {
             advance_election_ticks: true,
             request_timeout: Duration::from_secs(7),
             data_file_size: 64 << 20,
+            saved_index_bytes: 64 << 20,
             compaction_batch: 250,
             max_txn_ops: 128,
             quota_backend_bytes: 2 << 30,

@@ -269,6 +269,65 @@ fn read_at(bytes: &[u8], len: u64, loc: Loc) -> Result<Record<'_>> {
         .map_err(|e| Error::Backend(Failure::caused_by(format!("record {loc:?}"), e)))
 }
 
+/// Calls `f` with every record of data file `id` in `data_dir` from byte `from` to byte `to`,
+/// with the checksum it stores, until `f` says to stop (false). Read with `pread` a few MiB
+/// at a time, not mapped: a thread without the store's lock (the saved index's writer) reads
+/// files a defragmentation may cut and delete meanwhile, which is then an error, not a fault.
+pub(crate) fn read_records(
+    data_dir: &Path,
+    id: u32,
+    (from, to): (u64, u64),
+    mut f: impl FnMut(Loc, u32, Record<'_>) -> bool,
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    const READ: usize = 4 << 20;
+    let path = file_path(data_dir, id);
+    let file = std::fs::File::open(&path).map_err(io_error(format!("open {}", path.display())))?;
+    let mut buf: Vec<u8> = Vec::new();
+    // `buf` holds the file's bytes from `start`; records are decoded from `at` on.
+    let (mut start, mut at) = (from, 0usize);
+    while start + (at as u64) < to {
+        let rest = buf.get(at..).unwrap_or_default();
+        let need = record::padded(record::u32_at(rest, 0) as usize).max(record::HEADER_LEN);
+        if rest.len() < need {
+            // Keep what is left, then read on.
+            buf.drain(..at);
+            start += at as u64;
+            at = 0;
+            let left = to - start - buf.len() as u64;
+            if left == 0 {
+                return Err(Error::Backend(Failure::new(format!(
+                    "data file {} ends inside a record at offset {start}",
+                    file_name(id),
+                ))));
+            }
+            let have = buf.len();
+            buf.resize(have + (need.max(READ) as u64).min(left) as usize, 0);
+            file.read_exact_at(buf.get_mut(have..).unwrap_or_default(), start + have as u64)
+                .map_err(io_error(format!("read {}", path.display())))?;
+            continue;
+        }
+        let offset = start + at as u64;
+        let (record, used) = record::decode(rest).map_err(|e| {
+            Error::Backend(Failure::new(format!(
+                "data file {} is damaged at offset {offset}: {e}",
+                file_name(id)
+            )))
+        })?;
+        let loc = Loc {
+            file: id,
+            offset: offset as u32,
+            len: used as u32,
+        };
+        let crc = record::u32_at(rest, 4);
+        if !f(loc, crc, record) {
+            break;
+        }
+        at += used;
+    }
+    Ok(())
+}
+
 /// Files for new records: where and how big, and the next free id (shared with
 /// defragmentation, which creates files without the store's lock).
 #[derive(Clone, Debug)]
@@ -543,7 +602,14 @@ impl Backend {
     }
 
     /// Calls `f` with every record of the layout, in order.
-    pub(crate) fn scan(&self, mut f: impl FnMut(Loc, Record<'_>) -> Result<()>) -> Result<()> {
+    pub(crate) fn scan(&self, f: impl FnMut(Loc, Record<'_>) -> Result<()>) -> Result<()> {
+        self.scan_after(&[], f)
+    }
+
+    /// Calls `f` with every record of the layout after `covered`, in order: the first file
+    /// after its first `covered[0]` bytes, and so on (a prefix of the layout, as
+    /// [`Backend::covers`] checks).
+    pub(crate) fn scan_after(&self, covered: &[u64], mut f: impl FnMut(Loc, Record<'_>) -> Result<()>) -> Result<()> {
         let files = self
             .layout
             .iter()
@@ -553,8 +619,8 @@ impl Backend {
                 self.active.map.bytes(),
                 self.active.len,
             )));
-        for (id, bytes, len) in files {
-            let mut offset = 0u64;
+        for (i, (id, bytes, len)) in files.enumerate() {
+            let mut offset = covered.get(i).copied().unwrap_or_default();
             while offset < len {
                 let rest = bytes.get(offset as usize..len as usize).unwrap_or_default();
                 let (record, used) = record::decode(rest).map_err(|e| {
@@ -573,6 +639,21 @@ impl Backend {
             }
         }
         Ok(())
+    }
+
+    /// The checksum stored in the record at `offset` of file `id`, and where the record ends;
+    /// `None` if there is no such file or no record header there.
+    pub(crate) fn stored_crc(&self, id: u32, offset: u64) -> Option<(u32, u64)> {
+        let (bytes, len) = if id == self.active.id {
+            (self.active.map.bytes(), self.active.flushed)
+        } else {
+            let file = self.sealed.get(&id)?;
+            (file.map.bytes(), file.len)
+        };
+        let header = bytes.get(offset as usize..(offset as usize).checked_add(8)?.min(len as usize))?;
+        let word = |at: usize| header.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes);
+        let end = offset + record::padded(word(0)? as usize) as u64;
+        Some((word(4)?, end))
     }
 
     /// The data directory; `None` in memory.

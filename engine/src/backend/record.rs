@@ -112,7 +112,8 @@ pub(crate) fn padded(len: usize) -> usize {
     len.div_ceil(8) * 8
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+/// The little-endian u32 at `at` of `b` (0 if `b` is shorter).
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .and_then(|s| s.try_into().ok())
         .map_or(0, u32::from_le_bytes)

@@ -16,10 +16,11 @@ use cairn_wal::{LogIndex, Wal};
 use parking_lot::Mutex;
 
 use super::state::State;
-use crate::backend::{FileLen, FileMaker, DATA_DIR};
+use crate::backend::{FileMaker, DATA_DIR};
 use crate::error::Result;
 use crate::format::checkpoint;
 use crate::format::checkpoint::Checkpoint;
+use crate::mvcc::saved_index::{self, Target, When};
 
 /// A checkpoint encoded under the state lock, to write without it.
 #[derive(Debug)]
@@ -27,8 +28,8 @@ pub(super) struct Encoded {
     bytes: Vec<u8>,
     order: (u64, u64),
     pub(super) applied: u64,
-    /// Data files to sync first.
-    layout: Vec<FileLen>,
+    /// The data files to sync first, and what the saved index may cover once it is written.
+    target: Target,
 }
 
 impl State {
@@ -50,7 +51,11 @@ impl State {
             bytes: checkpoint::encode(&c)?,
             order: c.order(),
             applied: c.applied_index,
-            layout: c.store.layout,
+            target: Target {
+                epoch: c.epoch,
+                compacted: c.store.compacted,
+                layout: c.store.layout,
+            },
         })
     }
 }
@@ -66,6 +71,8 @@ pub(super) struct Checkpointing {
     pub(super) catch_up: u64,
     /// How long writing each checkpoint took, in microseconds.
     pub(super) latency_us: Mutex<cairn_wal::Distribution>,
+    /// `Config::saved_index_bytes`.
+    pub(super) saved_index_bytes: u64,
 }
 
 /// Syncs the data files a checkpoint names, writes it, and releases the log it covers.
@@ -75,7 +82,7 @@ pub(super) fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointin
         return Ok(());
     }
     let started = std::time::Instant::now();
-    FileMaker::sync_files(&dir.join(DATA_DIR), &c.layout)?;
+    FileMaker::sync_files(&dir.join(DATA_DIR), &c.target.layout)?;
     checkpoint::write_bytes(dir, &c.bytes)?;
     *newest = c.order;
     checkpointing.latency_us.lock().record_duration(started.elapsed());
@@ -86,14 +93,19 @@ pub(super) fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointin
     Ok(())
 }
 
-/// Writes a checkpoint of `state` and releases the log it covers.
-pub(super) fn checkpoint_and_release(
-    dir: &Path,
-    state: &mut State,
-    wal: &Wal,
-    checkpointing: &Checkpointing,
-) -> Result<()> {
-    write_and_release(dir, &state.checkpoint()?, wal, checkpointing)
+/// Brings the saved key index up to a checkpoint just written, when `when` says it is due
+/// (see `mvcc::saved_index`). A failure is logged, not returned: the index is a cache, and
+/// opening scans what it does not cover.
+pub(super) fn refresh_saved_index(dir: &Path, c: &Encoded, when: impl Fn(u64) -> When, checkpointing: &Checkpointing) {
+    if checkpointing.saved_index_bytes == u64::MAX {
+        return;
+    }
+    let started = std::time::Instant::now();
+    match saved_index::refresh(dir, &c.target, when(checkpointing.saved_index_bytes)) {
+        Ok(true) => tracing::debug!(elapsed = ?started.elapsed(), "saved the key index"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot save the key index; opening will scan more records"),
+    }
 }
 
 #[cfg(test)]
@@ -102,7 +114,7 @@ mod tests {
 
     fn at(applied: u64) -> Encoded {
         let mut c = State::empty(applied).checkpoint().unwrap();
-        c.layout.clear();
+        c.target.layout.clear();
         c
     }
 
@@ -119,6 +131,7 @@ mod tests {
             newest: Mutex::new((0, 0)),
             catch_up: 5000,
             latency_us: Mutex::new(cairn_wal::Distribution::default()),
+            saved_index_bytes: u64::MAX,
         };
         write_and_release(dir.path(), &at(10), &wal, &checkpointing).unwrap();
         write_and_release(dir.path(), &at(5), &wal, &checkpointing).unwrap();

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::checkpointing::checkpoint_and_release;
+use super::checkpointing::{refresh_saved_index, write_and_release};
 use super::core::{Core, Replica};
 use crate::error::Result;
+use crate::mvcc::saved_index::When;
 use crate::thread::{Stoppable, Worker};
 
 /// An open engine. `Engine` is `Send + Sync`: share it between threads.
@@ -60,13 +61,11 @@ impl Engine {
         }
         // Proposals never committed: their callers get `Closed`.
         self.core.waiters.clear();
-        // Everything queued is applied: checkpoint it, so the next open replays nothing.
-        checkpoint_and_release(
-            &self.core.dir,
-            &mut self.core.state.write(),
-            &wal,
-            &self.core.checkpointing,
-        )?;
+        // Everything queued is applied: checkpoint it, so the next open replays nothing, and
+        // save the key index, so that it reads few records.
+        let encoded = self.core.state.write().checkpoint()?;
+        write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)?;
+        refresh_saved_index(&self.core.dir, &encoded, When::Closing, &self.core.checkpointing);
         match Arc::try_unwrap(wal) {
             Ok(wal) => wal.close()?,
             Err(shared) => {

@@ -28,6 +28,7 @@ use crate::consensus::log::RaftLog;
 use crate::consensus::node::{NodeHandle, NodeParts};
 use crate::error::{Error, Failure, Result};
 use crate::format::checkpoint;
+use crate::mvcc::saved_index::SavedAt;
 use crate::mvcc::store::Store;
 use crate::thread;
 use crate::watch::feed::{watch_loop, WatchThread, FEED_DEPTH};
@@ -47,12 +48,19 @@ pub(super) fn recover(dir: &Path, config: &Config) -> Result<Recovered> {
     let wal_dir = config.wal_dir.clone().unwrap_or_else(|| dir.join("wal"));
     let mut replay = Wal::open(wal_dir, config.wal.clone())?;
     let checkpoint = checkpoint::read(dir)?;
-    let store = Store::open(
+    let opened = Store::open(
         &dir.join(DATA_DIR),
         config.data_file_size,
         checkpoint.as_ref().map(|c| &c.store),
+        checkpoint.as_ref().map(|c| SavedAt { dir, epoch: c.epoch }),
     )?;
-    let mut state = State::new(store, config);
+    if opened.from_saved_index {
+        tracing::info!(
+            keys = opened.store.key_count(),
+            "opened the store from its saved key index"
+        );
+    }
+    let mut state = State::new(opened.store, config);
     if let Some(c) = checkpoint {
         let (storage, release) = (c.versions.cluster(), crate::version::Version::release());
         if storage > release {
@@ -64,7 +72,7 @@ pub(super) fn recover(dir: &Path, config: &Config) -> Result<Recovered> {
         }
         state.versions = c.versions;
         state.lessor.load(c.leases);
-        state.lessor.apply_changes(&state.store.leased_keys()?);
+        state.lessor.apply_changes(&opened.leased);
         state.alarms = c.alarms.into_iter().collect();
         state.auth = c.auth;
         state.auth_status.mirror(&state.auth);
@@ -188,6 +196,7 @@ impl Engine {
                 newest: Mutex::new((state.applied_index, state.epoch)),
                 catch_up: config.snapshot_catch_up_entries,
                 latency_us: Mutex::new(cairn_wal::Distribution::default()),
+                saved_index_bytes: config.saved_index_bytes,
             }),
             state: Arc::new(RwLock::new(state)),
             hub: Arc::new(Mutex::new(WatchHub::new(config.watch_buffer, config.watch_batch))),

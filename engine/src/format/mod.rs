@@ -7,6 +7,7 @@
 //! | checkpoints                   | [`checkpoint`], [`state`] | 7 (6 and 5 are read too)   |
 //! | snapshots                     | [`snapshot`], [`state`]  | 6 (5 and 4 are read too)    |
 //! | data-file records             | `backend/record.rs`      | one layout, CRC-framed      |
+//! | the saved key index           | [`index`]                | 1                           |
 //! | WAL segments                  | the `cairn-wal` crate    | docs/wal-format.md          |
 //!
 //! The bodies are postcard, which is positional: a field added to a struct, or a variant
@@ -22,5 +23,6 @@
 
 pub(crate) mod checkpoint;
 pub(crate) mod entry;
+pub(crate) mod index;
 pub(crate) mod snapshot;
 pub(crate) mod state;

@@ -245,7 +245,7 @@ mod tests {
     fn writes_go_on_and_every_revision_reads_the_same_after_the_switch() {
         let dir = tempfile::tempdir().unwrap();
         // Small files, so the copies fill and seal several along the way.
-        let mut store = Store::open(dir.path(), 4096, None).unwrap();
+        let mut store = Store::open(dir.path(), 4096, None, None).unwrap().store;
         for i in 0..300 {
             put(
                 &mut store,
@@ -287,7 +287,7 @@ mod tests {
     #[test]
     fn a_key_compacted_away_while_copying_stays_gone_in_a_store_rebuilt_from_the_files() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path(), 4096, None).unwrap();
+        let mut store = Store::open(dir.path(), 4096, None, None).unwrap().store;
         put(&mut store, b"doomed", Bytes::from_static(b"v"));
         for i in 0..100 {
             put(&mut store, format!("k{i}").as_bytes(), Bytes::from_static(b"v"));
@@ -321,7 +321,7 @@ mod tests {
         drop(store);
 
         // What a restart does: the store rebuilt from the files the checkpoint lists.
-        let rebuilt = Store::open(dir.path(), 4096, Some(&meta)).unwrap();
+        let rebuilt = Store::open(dir.path(), 4096, Some(&meta), None).unwrap().store;
         assert!(
             everything(&rebuilt, 0).iter().all(|(k, _, _)| k != b"doomed"),
             "a deleted key came back"
@@ -332,7 +332,7 @@ mod tests {
     #[test]
     fn the_switch_is_refused_until_every_record_points_at_its_copy() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path(), 4096, None).unwrap();
+        let mut store = Store::open(dir.path(), 4096, None, None).unwrap().store;
         for i in 0..100 {
             put(&mut store, format!("k{i}").as_bytes(), Bytes::from_static(b"v"));
         }

@@ -111,6 +111,25 @@ pub(crate) struct TreeIndex {
 }
 
 impl TreeIndex {
+    /// The index of `keys`, which must ascend strictly (a saved index's): the tree is built
+    /// bottom up, its nodes full, without a search per key. `None` if they do not ascend.
+    pub(crate) fn from_sorted(keys: Vec<(Box<[u8]>, KeyIndex)>) -> Option<TreeIndex> {
+        if keys.windows(2).any(|w| matches!(w, [a, b] if a.0 >= b.0)) {
+            return None;
+        }
+        let live = keys.iter().filter(|(_, ki)| ki.is_live()).count();
+        // Sorted input: collecting sorts again (one pass finds it sorted), then builds the
+        // tree from the sorted run.
+        let tree: BTreeMap<Box<[u8]>, KeyIndex> = keys.into_iter().collect();
+        Some(TreeIndex { tree, live })
+    }
+
+    /// Every key with its history, in key order.
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &KeyIndex)> {
+        self.tree.iter().map(|(k, ki)| (&**k, ki))
+    }
+
     /// Applies `change` to the history of `key` (created if it has none), keeping `live`.
     fn change(
         &mut self,

@@ -93,6 +93,25 @@ impl KeyIndex {
             .unwrap_or_default()
     }
 
+    /// The history made of `generations` (a saved index's), if it keeps the invariant: at
+    /// least one generation, only the last one empty, revisions ascending across all.
+    pub(crate) fn from_generations(generations: SmallVec<[Generation; 1]>) -> Option<KeyIndex> {
+        let last = generations.len().checked_sub(1)?;
+        let mut before: Option<Revision> = None;
+        for (i, g) in generations.iter().enumerate() {
+            if g.revs.is_empty() && i != last {
+                return None;
+            }
+            for rev in &g.revs {
+                if before.is_some_and(|b| b >= *rev) {
+                    return None;
+                }
+                before = Some(*rev);
+            }
+        }
+        Some(KeyIndex { generations })
+    }
+
     /// Records a put at `rev`.
     pub(crate) fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
         let last = self.modified();

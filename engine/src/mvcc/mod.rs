@@ -10,4 +10,5 @@ pub(crate) mod defrag;
 pub(crate) mod index;
 pub(crate) mod key_index;
 pub(crate) mod revision_log;
+pub(crate) mod saved_index;
 pub(crate) mod store;

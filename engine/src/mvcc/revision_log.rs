@@ -90,6 +90,28 @@ impl RevisionLog {
         self.len
     }
 
+    /// The log of `entries`, which must ascend strictly by revision (a saved index's, sorted):
+    /// full chunks, built without searching. `None` if they do not ascend.
+    pub(crate) fn from_sorted(entries: &[(Revision, Loc)]) -> Option<RevisionLog> {
+        let mut log = RevisionLog::default();
+        for part in entries.chunks(CHUNK) {
+            let mut chunk = Chunk::with_capacity(part.len());
+            for (rev, loc) in part {
+                let after = chunk.revs.last().or(log.chunks.last().and_then(|c| c.revs.last()));
+                if after.is_some_and(|last| last >= rev) || *loc == DEAD {
+                    return None;
+                }
+                chunk.revs.push(*rev);
+                chunk.locs.push(*loc);
+                log.bytes += u64::from(loc.len);
+            }
+            log.len += part.len();
+            log.lows.push(chunk.revs.first().copied().unwrap_or_default());
+            log.chunks.push(chunk);
+        }
+        Some(log)
+    }
+
     /// The chunk that holds `rev` if any chunk does: the last one whose first revision is at
     /// or below it.
     fn chunk_of(&self, rev: &Revision) -> Option<usize> {

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use super::index::{KeyRange, TreeIndex};
 use super::key_index::{Found, KeyIndexError};
 use super::revision_log::RevisionLog;
+use super::saved_index::{self, SavedAt};
 use crate::backend::record::{self, Record};
 use crate::backend::{Backend, FileLen, FileMaker, Mark};
 use crate::error::{Error, Failure, Result};
@@ -185,6 +186,20 @@ pub(crate) struct StoreMeta {
     pub(crate) layout: Vec<FileLen>,
 }
 
+/// A store opened, with what the lessor needs of it.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub(crate) store: Store,
+    /// Every key that exists with a lease attached, as changes from none, in key order.
+    pub(crate) leased: Vec<LeaseChange>,
+    /// Whether a saved index was loaded (and only the records after it scanned).
+    pub(crate) from_saved_index: bool,
+}
+
+fn disagree(rev: Revision, e: KeyIndexError) -> Error {
+    Error::Backend(Failure::caused_by(format!("data files disagree at revision {rev}"), e))
+}
+
 /// Physical compaction in progress: keys before `next_key` are done.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Compaction {
@@ -233,41 +248,110 @@ impl Store {
     }
 
     /// Opens the store kept in `data_dir`: the state `meta` describes (none: a new store),
-    /// rebuilt by scanning its data files.
-    pub(crate) fn open(data_dir: &Path, file_size: u64, meta: Option<&StoreMeta>) -> Result<Store> {
+    /// from the saved index at `saved` and the records after it, or, without one that
+    /// matches, by scanning every record of its data files.
+    pub(crate) fn open(
+        data_dir: &Path,
+        file_size: u64,
+        meta: Option<&StoreMeta>,
+        saved: Option<SavedAt<'_>>,
+    ) -> Result<Opened> {
         let layout = meta.map(|m| m.layout.as_slice()).unwrap_or_default();
-        let backend = Backend::open(data_dir, file_size, layout)?;
-        match meta {
-            None => Ok(Store::with_backend(backend)),
-            Some(meta) => Store::rebuild(backend, meta.current, meta.compacted),
+        let mut store = Store::with_backend(Backend::open(data_dir, file_size, layout)?);
+        let Some(meta) = meta else {
+            return Ok(Opened {
+                store,
+                leased: Vec::new(),
+                from_saved_index: false,
+            });
+        };
+        if let Some(at) = saved {
+            match store.load_saved(at, meta) {
+                Ok(Some(leased)) => {
+                    return Ok(Opened {
+                        store,
+                        leased,
+                        from_saved_index: true,
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "not using the saved key index: scanning every record");
+                    store = Store::with_backend(store.backend);
+                }
+            }
         }
+        store.scan_all(meta.current, meta.compacted)?;
+        let leased = store.leased_keys()?;
+        Ok(Opened {
+            store,
+            leased,
+            from_saved_index: false,
+        })
+    }
+
+    /// Loads the saved index at `at` and scans the records after it: the leased keys, or
+    /// `None` if there is no saved index. An error leaves the store to be rebuilt.
+    fn load_saved(&mut self, at: SavedAt<'_>, meta: &StoreMeta) -> Result<Option<Vec<LeaseChange>>> {
+        let Some(loaded) = saved_index::load(at, &self.backend, meta)? else {
+            return Ok(None);
+        };
+        (self.index, self.log) = (loaded.index, loaded.log);
+        let mut changed = std::collections::BTreeMap::new();
+        let Store {
+            index, log, backend, ..
+        } = self;
+        backend.scan_after(&loaded.covered, |loc, record| {
+            index
+                .restore(record.key, record.rev, record.created, record.version)
+                .map_err(|e| disagree(record.rev, e))?;
+            log.insert(record.rev, loc);
+            let lease = if record.is_tombstone() { 0 } else { record.lease };
+            changed.insert(record.key.to_vec(), lease);
+            Ok(())
+        })?;
+        self.current = meta.current;
+        if meta.compacted > loaded.compacted || (meta.compacted > 0 && !changed.is_empty()) {
+            self.begin_compaction(meta.compacted)?;
+            while self.compaction_step(usize::MAX) {}
+        } else {
+            self.compacted = meta.compacted;
+        }
+        Ok(Some(saved_index::merge_leases(loaded.leased, changed)))
     }
 
     /// The store whose records `backend` holds, at revision `current`, compacted at
     /// `compacted`: the index and revision log are rebuilt by scanning the records.
     pub(crate) fn rebuild(backend: Backend, current: i64, compacted: i64) -> Result<Store> {
         let mut store = Store::with_backend(backend);
+        store.scan_all(current, compacted)?;
+        Ok(store)
+    }
+
+    /// Builds the index and revision log by scanning every record, then compacts.
+    fn scan_all(&mut self, current: i64, compacted: i64) -> Result<()> {
         let Store {
             index, log, backend, ..
-        } = &mut store;
+        } = self;
         backend.scan(|loc, record| {
             index
                 .restore(record.key, record.rev, record.created, record.version)
-                .map_err(|e| {
-                    Error::Backend(Failure::caused_by(
-                        format!("data files disagree at revision {}", record.rev),
-                        e,
-                    ))
-                })?;
+                .map_err(|e| disagree(record.rev, e))?;
             log.insert(record.rev, loc);
             Ok(())
         })?;
-        store.current = current;
+        self.current = current;
         if compacted > 0 {
-            store.begin_compaction(compacted)?;
-            while store.compaction_step(usize::MAX) {}
+            self.begin_compaction(compacted)?;
+            while self.compaction_step(usize::MAX) {}
         }
-        Ok(store)
+        Ok(())
+    }
+
+    /// The key index and the revision log (to compare stores built two ways).
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (&TreeIndex, &RevisionLog) {
+        (&self.index, &self.log)
     }
 
     /// What creates this store's data files (for a state built beside it).
@@ -1154,7 +1238,7 @@ mod tests {
         // 4 KiB files hold a few records of 1 KiB: the abandoned request starts in one file
         // and ends in the next. Reopening scans the files: its records must not come back.
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path(), 4096, None).unwrap();
+        let mut store = Store::open(dir.path(), 4096, None, None).unwrap().store;
         let big = |c: u8| Bytes::from(vec![c; 1000]);
         for k in ["a", "b"] {
             let mut w = store.write();
@@ -1178,7 +1262,7 @@ mod tests {
             store.hash_kv(0).unwrap(),
         );
         drop(store);
-        let reopened = Store::open(dir.path(), 4096, Some(&meta)).unwrap();
+        let reopened = Store::open(dir.path(), 4096, Some(&meta), None).unwrap().store;
         let got = (
             reopened.range(&[0], &[0], ReadOptions::default()).unwrap(),
             reopened.hash_kv(0).unwrap(),

@@ -11,8 +11,9 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError};
 use super::applying::STALL_RETRY;
 use super::handoff::Shared;
 use crate::consensus::interface::ToApply;
-use crate::engine::checkpointing::{write_and_release, Checkpointing, Encoded};
+use crate::engine::checkpointing::{refresh_saved_index, write_and_release, Checkpointing, Encoded};
 use crate::error::Result;
+use crate::mvcc::saved_index::When;
 
 /// How often the apply thread answers proposals past their deadline ([`Waiters::expire`]).
 const WAITER_SWEEP: Duration = Duration::from_millis(100);
@@ -30,10 +31,12 @@ struct Checkpointer {
 impl Checkpointer {
     fn run(self) {
         for encoded in self.written {
-            if let Err(e) = write_and_release(&self.dir, &encoded, &self.wal, &self.checkpointing) {
-                tracing::error!(error = %e, "checkpoint failed; the log keeps growing");
-            }
+            let written = write_and_release(&self.dir, &encoded, &self.wal, &self.checkpointing);
             self.writing.store(false, Ordering::Release);
+            match written {
+                Ok(()) => refresh_saved_index(&self.dir, &encoded, When::Growing, &self.checkpointing),
+                Err(e) => tracing::error!(error = %e, "checkpoint failed; the log keeps growing"),
+            }
         }
     }
 }
