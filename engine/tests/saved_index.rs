@@ -71,6 +71,20 @@ fn observed(engine: &Engine, lease: i64, read_at: i64) -> (RangeResponse, RangeR
     (all(engine, 0), all(engine, read_at), keys)
 }
 
+/// A closed store of 40 keys named `prefix` with values `value` and a number, all on lease
+/// 7, and what it showed.
+fn leased_store(prefix: &str, value: &str) -> (tempfile::TempDir, (RangeResponse, RangeResponse, Vec<Bytes>)) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config()).unwrap();
+    let lease = engine.leases().grant(7, 3600).unwrap().response.id;
+    for i in 0..40 {
+        put(&engine, &format!("{prefix}{i:03}"), &format!("{value} {i}"), lease);
+    }
+    let shown = observed(&engine, lease, 0);
+    drop(engine);
+    (dir, shown)
+}
+
 fn reopen(dir: &Path, config: Config) -> Engine {
     Engine::open(dir, config).unwrap()
 }
@@ -155,24 +169,10 @@ fn a_torn_stale_or_foreign_saved_index_is_never_trusted() {
 
     // Foreign: another store's index, its files the same ids and lengths (same history, the
     // keys' names and values changed but not their lengths).
-    let other = tempfile::tempdir().unwrap();
-    let engine = Engine::open(other.path(), config()).unwrap();
-    let lease = engine.leases().grant(7, 3600).unwrap().response.id;
-    for i in 0..40 {
-        put(&engine, &format!("yek/{i:03}"), &format!("eulav {i}"), lease);
-    }
-    let before = observed(&engine, lease, 0);
-    drop(engine);
-    let mine = tempfile::tempdir().unwrap();
-    let engine = Engine::open(mine.path(), config()).unwrap();
-    let lease = engine.leases().grant(7, 3600).unwrap().response.id;
-    for i in 0..40 {
-        put(&engine, &format!("key/{i:03}"), &format!("value {i}"), lease);
-    }
-    let mine_before = observed(&engine, lease, 0);
-    drop(engine);
+    let (other, before) = leased_store("yek/", "eulav");
+    let (mine, mine_before) = leased_store("key/", "value");
     assert_ne!(before, mine_before);
     std::fs::copy(other.path().join(INDEX), mine.path().join(INDEX)).unwrap();
     let engine = reopen(mine.path(), never);
-    assert_eq!(observed(&engine, lease, 0), mine_before);
+    assert_eq!(observed(&engine, 7, 0), mine_before);
 }

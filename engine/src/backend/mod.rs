@@ -269,6 +269,23 @@ fn read_at(bytes: &[u8], len: u64, loc: Loc) -> Result<Record<'_>> {
         .map_err(|e| Error::Backend(Failure::caused_by(format!("record {loc:?}"), e)))
 }
 
+/// Decodes the record at the start of `rest`, which is at `offset` of data file `id`: where it
+/// lies, and the record.
+fn record_at(id: u32, offset: u64, rest: &[u8]) -> Result<(Loc, Record<'_>)> {
+    let (record, used) = record::decode(rest).map_err(|e| {
+        Error::Backend(Failure::new(format!(
+            "data file {} is damaged at offset {offset}: {e}",
+            file_name(id)
+        )))
+    })?;
+    let loc = Loc {
+        file: id,
+        offset: offset as u32,
+        len: used as u32,
+    };
+    Ok((loc, record))
+}
+
 /// Calls `f` with every record of data file `id` in `data_dir` from byte `from` to byte `to`,
 /// with the checksum it stores, until `f` says to stop (false). Read with `pread` a few MiB
 /// at a time, not mapped: a thread without the store's lock (the saved index's writer) reads
@@ -307,23 +324,11 @@ pub(crate) fn read_records(
                 .map_err(io_error(format!("read {}", path.display())))?;
             continue;
         }
-        let offset = start + at as u64;
-        let (record, used) = record::decode(rest).map_err(|e| {
-            Error::Backend(Failure::new(format!(
-                "data file {} is damaged at offset {offset}: {e}",
-                file_name(id)
-            )))
-        })?;
-        let loc = Loc {
-            file: id,
-            offset: offset as u32,
-            len: used as u32,
-        };
-        let crc = record::u32_at(rest, 4);
-        if !f(loc, crc, record) {
+        let (loc, record) = record_at(id, start + at as u64, rest)?;
+        if !f(loc, record::u32_at(rest, 4), record) {
             break;
         }
-        at += used;
+        at += loc.len as usize;
     }
     Ok(())
 }
@@ -623,19 +628,9 @@ impl Backend {
             let mut offset = covered.get(i).copied().unwrap_or_default();
             while offset < len {
                 let rest = bytes.get(offset as usize..len as usize).unwrap_or_default();
-                let (record, used) = record::decode(rest).map_err(|e| {
-                    Error::Backend(Failure::new(format!(
-                        "data file {} is damaged at offset {offset}: {e}",
-                        file_name(id)
-                    )))
-                })?;
-                let loc = Loc {
-                    file: id,
-                    offset: offset as u32,
-                    len: used as u32,
-                };
+                let (loc, record) = record_at(id, offset, rest)?;
                 f(loc, record)?;
-                offset += used as u64;
+                offset += u64::from(loc.len);
             }
         }
         Ok(())
