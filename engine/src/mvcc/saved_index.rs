@@ -19,15 +19,12 @@
 //! defragmentation or an installed snapshot since: another layout epoch; files with the same
 //! ids but other records) is not used: opening falls back to the full scan.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
-
-use bytes::Bytes;
 
 use super::index::TreeIndex;
 use super::key_index::KeyIndex;
 use super::revision_log::RevisionLog;
-use super::store::{LeaseChange, StoreMeta};
 use crate::backend::{self, Backend, FileLen, Loc, DATA_DIR};
 use crate::error::{Error, Failure, Result};
 use crate::format::index::{Cover, CoveredFile, LastRecord, Reader, Writer};
@@ -100,14 +97,15 @@ fn covered_prefix(cover: &Cover, epoch: u64, layout: &[FileLen], compacted: i64)
     Ok(covered)
 }
 
-/// Loads the saved index for the store whose checkpoint says `meta`: `None` if there is none.
-/// An error if it is damaged or does not match (the caller falls back to the scan).
-pub(crate) fn load(at: SavedAt<'_>, backend: &Backend, meta: &StoreMeta) -> Result<Option<Loaded>> {
+/// Loads the saved index for the store whose checkpoint names `layout`, compacted at
+/// `compacted`: `None` if there is none. An error if it is damaged or does not match (the
+/// caller falls back to the scan).
+pub(crate) fn load(at: SavedAt<'_>, backend: &Backend, layout: &[FileLen], compacted: i64) -> Result<Option<Loaded>> {
     let Some(mut reader) = Reader::open(at.dir)? else {
         return Ok(None);
     };
     let cover = reader.cover().clone();
-    let covered = covered_prefix(&cover, at.epoch, &meta.layout, meta.compacted)?;
+    let covered = covered_prefix(&cover, at.epoch, layout, compacted)?;
     for f in &cover.files {
         if let Some(last) = f.last {
             if backend.stored_crc(f.id, last.offset) != Some((last.crc, f.len)) {
@@ -137,23 +135,6 @@ pub(crate) fn load(at: SavedAt<'_>, backend: &Backend, meta: &StoreMeta) -> Resu
         covered,
         compacted: cover.compacted,
     }))
-}
-
-/// Leased keys as `leased` (in key order) says, with the later changes of `changed` (each
-/// key's lease now, 0 for none or deleted) over them.
-pub(crate) fn merge_leases(leased: Vec<(Box<[u8]>, i64)>, changed: BTreeMap<Vec<u8>, i64>) -> Vec<LeaseChange> {
-    let kept = leased.into_iter().filter(|(k, _)| !changed.contains_key(&**k));
-    let mut all: Vec<(Bytes, i64)> = kept.map(|(k, l)| (Bytes::from(Vec::from(k)), l)).collect();
-    all.extend(
-        changed
-            .into_iter()
-            .filter(|(_, l)| *l != 0)
-            .map(|(k, l)| (Bytes::from(k), l)),
-    );
-    all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    all.into_iter()
-        .map(|(key, to)| LeaseChange { key, from: 0, to })
-        .collect()
 }
 
 /// What a refresh brings the saved index to: a checkpoint's layout, epoch and compaction.
@@ -332,7 +313,7 @@ pub(crate) fn refresh(dir: &Path, target: &Target, when: When) -> Result<bool> {
             keys: 0,
             files,
         };
-        merge(dir, keys.as_mut(), &changes, target.compacted, next.clone())?;
+        merge(dir, keys.as_mut(), &changes, next.clone())?;
         covered = next.files.iter().map(|f| f.len).collect();
         cover = next;
         if covered.iter().sum::<u64>() == total {
@@ -346,8 +327,9 @@ pub(crate) fn refresh(dir: &Path, target: &Target, when: When) -> Result<bool> {
 }
 
 /// Writes the saved index of `base`'s keys with `changes` (sorted by key) applied, compacted
-/// at `compacted`, covering what `cover` says.
-fn merge(dir: &Path, mut base: Option<&mut Keys>, changes: &[Change], compacted: i64, cover: Cover) -> Result<()> {
+/// and covering what `cover` says.
+fn merge(dir: &Path, mut base: Option<&mut Keys>, changes: &[Change], cover: Cover) -> Result<()> {
+    let compacted = cover.compacted;
     let mut out = Writer::create(dir)?;
     let mut next_saved = match base.as_deref_mut() {
         Some(keys) => keys.next()?,
@@ -411,6 +393,8 @@ fn merge(dir: &Path, mut base: Option<&mut Keys>, changes: &[Change], compacted:
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
     use crate::mvcc::store::Store;
 

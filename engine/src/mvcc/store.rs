@@ -200,6 +200,23 @@ fn disagree(rev: Revision, e: KeyIndexError) -> Error {
     Error::Backend(Failure::caused_by(format!("data files disagree at revision {rev}"), e))
 }
 
+/// Leased keys as `leased` (in key order) says, with the later changes of `changed` (each
+/// key's lease now, 0 for none or deleted) over them, in key order.
+fn merge_leases(leased: Vec<(Box<[u8]>, i64)>, changed: std::collections::BTreeMap<Vec<u8>, i64>) -> Vec<LeaseChange> {
+    let kept = leased.into_iter().filter(|(k, _)| !changed.contains_key(&**k));
+    let mut all: Vec<(Bytes, i64)> = kept.map(|(k, l)| (Bytes::from(Vec::from(k)), l)).collect();
+    all.extend(
+        changed
+            .into_iter()
+            .filter(|(_, l)| *l != 0)
+            .map(|(k, l)| (Bytes::from(k), l)),
+    );
+    all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    all.into_iter()
+        .map(|(key, to)| LeaseChange { key, from: 0, to })
+        .collect()
+}
+
 /// Physical compaction in progress: keys before `next_key` are done.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Compaction {
@@ -293,7 +310,7 @@ impl Store {
     /// Loads the saved index at `at` and scans the records after it: the leased keys, or
     /// `None` if there is no saved index. An error leaves the store to be rebuilt.
     fn load_saved(&mut self, at: SavedAt<'_>, meta: &StoreMeta) -> Result<Option<Vec<LeaseChange>>> {
-        let Some(loaded) = saved_index::load(at, &self.backend, meta)? else {
+        let Some(loaded) = saved_index::load(at, &self.backend, &meta.layout, meta.compacted)? else {
             return Ok(None);
         };
         (self.index, self.log) = (loaded.index, loaded.log);
@@ -311,13 +328,27 @@ impl Store {
             Ok(())
         })?;
         self.current = meta.current;
-        if meta.compacted > loaded.compacted || (meta.compacted > 0 && !changed.is_empty()) {
+        if meta.compacted > loaded.compacted {
+            // Compacted since the index was saved: every key may have history to drop.
             self.begin_compaction(meta.compacted)?;
             while self.compaction_step(usize::MAX) {}
         } else {
+            // The saved keys are compacted at this revision already, and the records after
+            // the index all come after it (the index covered every record of a checkpoint
+            // at or after the compaction): nothing is left to drop. Only the keys those
+            // records changed are looked at, to be sure; no full sweep.
             self.compacted = meta.compacted;
+            if meta.compacted > 0 {
+                for key in changed.keys() {
+                    let (dropped, _) = self.index.compact_batch(meta.compacted, key, 1);
+                    debug_assert!(dropped.is_empty(), "a record after the saved index was compacted");
+                    for rev in &dropped {
+                        self.log.remove(rev);
+                    }
+                }
+            }
         }
-        Ok(Some(saved_index::merge_leases(loaded.leased, changed)))
+        Ok(Some(merge_leases(loaded.leased, changed)))
     }
 
     /// The store whose records `backend` holds, at revision `current`, compacted at
