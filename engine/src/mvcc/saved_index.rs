@@ -208,26 +208,12 @@ impl Keys {
     }
 }
 
-/// The saved index of `dir` if it covers a prefix of `target`'s layout; its keys, cover, and
-/// covered lengths.
+/// The saved index of `dir` if its cover is a prefix of `target`'s layout (by ids and
+/// lengths: [`last_records_match`] checks the records); its keys, cover, and covered lengths.
 fn base(dir: &Path, target: &Target) -> Option<(Keys, Cover, Vec<u64>)> {
     let reader = Reader::open(dir).ok().flatten()?;
     let cover = reader.cover().clone();
     let covered = covered_prefix(&cover, target.epoch, &target.layout, target.compacted).ok()?;
-    // Same ids, same lengths: the last covered record must be the one there now.
-    let data_dir = dir.join(DATA_DIR);
-    for f in &cover.files {
-        if let Some(last) = f.last {
-            let mut found = None;
-            let _ = backend::read_records(&data_dir, f.id, (last.offset, f.len), |_, crc, _| {
-                found = Some(crc);
-                false
-            });
-            if found != Some(last.crc) {
-                return None;
-            }
-        }
-    }
     let keys = Keys {
         reader,
         queued: VecDeque::new(),
@@ -235,11 +221,48 @@ fn base(dir: &Path, target: &Target) -> Option<(Keys, Cover, Vec<u64>)> {
     Some((keys, cover, covered))
 }
 
+/// Whether the last record `cover` names in each data file is the one there now (same ids
+/// and lengths are not enough: another store's files, or a backup's, may have them).
+fn last_records_match(dir: &Path, cover: &Cover) -> bool {
+    let data_dir = dir.join(DATA_DIR);
+    cover.files.iter().all(|f| {
+        let Some(last) = f.last else {
+            return true;
+        };
+        let mut found = None;
+        let _ = backend::read_records(&data_dir, f.id, (last.offset, f.len), |_, crc, _| {
+            found = Some(crc);
+            false
+        });
+        found == Some(last.crc)
+    })
+}
+
 /// Brings the saved index of `dir` (the engine's directory) up to `target` when `when` says
 /// it is due; returns whether it wrote one. An error leaves the previous file in place.
 pub(crate) fn refresh(dir: &Path, target: &Target, when: When) -> Result<bool> {
-    let (mut keys, mut cover, mut covered) = match base(dir, target) {
-        Some(b) => (Some(b.0), b.1, b.2),
+    let total: u64 = target.layout.iter().map(|f| f.len).sum();
+    let due = |done: u64| {
+        let least = match when {
+            When::Growing(min) => min.max(done / 8),
+            When::Closing(min) => min,
+        };
+        total > done && total - done >= least
+    };
+    // After every checkpoint: the cover alone says whether a refresh is due; the data files
+    // are read only when it is.
+    let mut found = base(dir, target);
+    if !due(found.as_ref().map_or(0, |b| b.2.iter().sum())) {
+        return Ok(false);
+    }
+    if found.as_ref().is_some_and(|b| !last_records_match(dir, &b.1)) {
+        found = None;
+        if !due(0) {
+            return Ok(false);
+        }
+    }
+    let (mut keys, mut cover) = match found {
+        Some(b) => (Some(b.0), b.1),
         None => {
             let empty = Cover {
                 epoch: target.epoch,
@@ -247,18 +270,9 @@ pub(crate) fn refresh(dir: &Path, target: &Target, when: When) -> Result<bool> {
                 keys: 0,
                 files: Vec::new(),
             };
-            (None, empty, Vec::new())
+            (None, empty)
         }
     };
-    let total: u64 = target.layout.iter().map(|f| f.len).sum();
-    let done: u64 = covered.iter().sum();
-    let due = match when {
-        When::Growing(min) => min.max(done / 8),
-        When::Closing(min) => min,
-    };
-    if total - done == 0 || total - done < due {
-        return Ok(false);
-    }
     let data_dir = dir.join(DATA_DIR);
     loop {
         // A round: the next records after the cover, sorted by key (stable: a key's changes
@@ -314,11 +328,12 @@ pub(crate) fn refresh(dir: &Path, target: &Target, when: When) -> Result<bool> {
             files,
         };
         merge(dir, keys.as_mut(), &changes, next.clone())?;
-        covered = next.files.iter().map(|f| f.len).collect();
+        let covered: u64 = next.files.iter().map(|f| f.len).sum();
         cover = next;
-        if covered.iter().sum::<u64>() == total {
+        if covered == total {
             return Ok(true);
         }
+        // The file just written: its cover is this round's, its records were just read.
         keys = base(dir, target).map(|b| b.0);
         if keys.is_none() {
             return Err(Error::internal("the saved index just written does not match"));
