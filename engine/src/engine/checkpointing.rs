@@ -94,14 +94,11 @@ pub(super) fn write_and_release(dir: &Path, c: &Encoded, wal: &Wal, checkpointin
 }
 
 /// Brings the saved key index up to a checkpoint just written, when `when` says it is due
-/// (see `mvcc::saved_index`). A failure is logged, not returned: the index is a cache, and
-/// opening scans what it does not cover.
-pub(super) fn refresh_saved_index(dir: &Path, c: &Encoded, when: impl Fn(u64) -> When, checkpointing: &Checkpointing) {
-    if checkpointing.saved_index_bytes == u64::MAX {
-        return;
-    }
+/// (see `mvcc::saved_index`; `u64::MAX` bytes never is). A failure is logged, not returned:
+/// the index is a cache, and opening scans what it does not cover.
+pub(super) fn refresh_saved_index(dir: &Path, c: &Encoded, when: When) {
     let started = std::time::Instant::now();
-    match saved_index::refresh(dir, &c.target, when(checkpointing.saved_index_bytes)) {
+    match saved_index::refresh(dir, &c.target, when) {
         Ok(true) => tracing::debug!(elapsed = ?started.elapsed(), "saved the key index"),
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "cannot save the key index; opening will scan more records"),

@@ -65,7 +65,8 @@ impl Engine {
         // save the key index, so that it reads few records.
         let encoded = self.core.state.write().checkpoint()?;
         write_and_release(&self.core.dir, &encoded, &wal, &self.core.checkpointing)?;
-        refresh_saved_index(&self.core.dir, &encoded, When::Closing, &self.core.checkpointing);
+        let bytes = self.core.checkpointing.saved_index_bytes;
+        refresh_saved_index(&self.core.dir, &encoded, When::Closing(bytes));
         match Arc::try_unwrap(wal) {
             Ok(wal) => wal.close()?,
             Err(shared) => {

@@ -34,7 +34,7 @@ impl Checkpointer {
             let written = write_and_release(&self.dir, &encoded, &self.wal, &self.checkpointing);
             self.writing.store(false, Ordering::Release);
             match written {
-                Ok(()) => refresh_saved_index(&self.dir, &encoded, When::Growing, &self.checkpointing),
+                Ok(()) => refresh_saved_index(&self.dir, &encoded, When::Growing(self.checkpointing.saved_index_bytes)),
                 Err(e) => tracing::error!(error = %e, "checkpoint failed; the log keeps growing"),
             }
         }
