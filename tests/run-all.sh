@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 # as much disk again as the build itself.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's heading gives the minutes and seconds since the run began, so a slow run's log
+# shows which step took the time.
+started=$SECONDS
+step() { printf '\n==> [%d:%02d] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
 
 step "toolchain"
 cargo --version
