@@ -26,7 +26,9 @@ put-serial, put-100, range-l-100, put-100-mtls, range-l-100-mtls, put-100-auth, 
 range-s-pinned-100 and watch-1000,
 watch-pinned-1000 (each the one before with the server and the load generator on a core each),
 keepalive-10k, expiry, million, scale (--keys keys of --scale-val-size bytes: footprint, a count
-of every key, a 500,000-key keys-only list, restarts with the page cache warm and cold),
+of every key, a 500,000-key keys-only list, restarts with the page cache warm and cold), quota
+(a --quota-gib quota filled with history of --keys keys of --scale-val-size bytes: compaction
+and defragmentation while writing near it, then NOSPACE at it),
 cluster-put-100, apiserver-3 (kube-apiserver 1.37 on three members of cairn and of etcd 3.7 only,
 driven by tests/kubernetes/apiload at a fixed rate), k8s-1, k8s-3 (the last two, the largest
 Kubernetes-shaped cluster each target carries, are searches run in the first round only: see
@@ -69,6 +71,9 @@ def parse_args():
                     help="keys the `million` workload loads (default 1,000,000; 100,000 with --quick)")
     ap.add_argument("--scale-val-size", type=int, default=1024,
                     help="bytes of each value the `scale` workload loads (its key count is --keys; default 1024)")
+    ap.add_argument("--quota-gib", type=float, default=20,
+                    help="the `quota` workload's --quota-backend-bytes, in GiB (default 20, as the largest "
+                         "control planes run; the other workloads run with 8)")
     ap.add_argument("--defrag-budget", type=float,
                     help="seconds the writes go on after their 5 s baseline, for the compaction and the "
                          "defragmentation to finish in (default 30: etcd takes about 24 s with 1,000,000 keys; "
@@ -109,7 +114,7 @@ def main():
         sys.exit("the cairn-baseline target needs --baseline-binary")
     chosen = [targets[t] for t in names]
     wanted = a.only.split(",") if a.only else None
-    chosen_w = [w for w in workloads(a.keys, a.expiry_leases, a.scale_val_size)
+    chosen_w = [w for w in workloads(a.keys, a.expiry_leases, a.scale_val_size, int(a.quota_gib * (1 << 30)))
                 if wanted is None or any(o and o in w.name for o in wanted)]
     if not chosen_w:
         sys.exit(f"--only {a.only} selects no workload")
@@ -166,7 +171,8 @@ def run_one(ctx, w, t, data_dir):
                 t.stop()
             t.remove_data()
             return out
-        endpoints = t.start(data_dir, members=w.members, cpus=w.cpus[0] if w.cpus else None, security=w.security)
+        endpoints = t.start(data_dir, members=w.members, cpus=w.cpus[0] if w.cpus else None, security=w.security,
+                            quota=w.quota)
         ctx.bench_flags = t.bench_flags
         try:
             out = w.run(ctx, t, endpoints, w.name)

@@ -136,6 +136,9 @@ def make_pki(d):
 
 # The user the auth variants authenticate as: it may read and write the load's keys only.
 AUTH_USER = ("bench", "bench-password")
+# --quota-backend-bytes unless a workload asks another: room for the million-key rows (etcd
+# 3.4's default quota, as cairn's, is 2 GiB), the same for every target.
+DEFAULT_QUOTA = 8 << 30
 
 
 class Target:
@@ -150,12 +153,15 @@ class Target:
         self.name, self.binary, self.kind = name, binary, kind
         self.procs, self.endpoints, self.ports, self.data_dir, self.cpus = [], [], [], None, None
         self.security, self.pki, self.metrics_ports, self.bench_flags = None, None, [], []
+        self.quota = DEFAULT_QUOTA
 
-    def start(self, data_dir, members=1, cpus=None, security=None, prepare=None):
+    def start(self, data_dir, members=1, cpus=None, security=None, prepare=None, quota=None):
         """Starts `members` processes (a cluster on loopback when > 1) on a fresh data dir,
         on the CPUs `cpus` names (taskset's list; default: any); returns the client endpoints
         once every member answers /health. `prepare(member_dir, name, peer_url, cluster)`, if
-        given, runs for each member first (to restore a snapshot into its data dir, say)."""
+        given, runs for each member first (to restore a snapshot into its data dir, say).
+        `quota` is --quota-backend-bytes (default `DEFAULT_QUOTA`)."""
+        self.quota = quota or DEFAULT_QUOTA
         shutil.rmtree(data_dir, ignore_errors=True)
         data_dir.mkdir(parents=True)
         self.data_dir = data_dir
@@ -216,9 +222,7 @@ class Target:
                    "--initial-advertise-peer-urls", f"{scheme}://127.0.0.1:{p}",
                    "--initial-cluster", cluster,
                    "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_ports[i]}",
-                   # Equivalent settings: room for the million-key rows (etcd 3.4's default
-                   # quota, as cairn's, is 2 GiB), and etcd's default snapshot count.
-                   "--quota-backend-bytes", str(8 << 30),
+                   "--quota-backend-bytes", str(self.quota),
                    "--snapshot-count", "10000"]
             if self.pki:
                 k = self.pki
@@ -315,7 +319,9 @@ def etcdctl(endpoints, *args):
 
 
 def status(endpoint):
-    """Maintenance Status of one member: its header revision and db size in bytes."""
+    """Maintenance Status of one member: its header revision, and its db size and the part of
+    it in use, in bytes."""
     out = json.loads(etcdctl([endpoint], "endpoint", "status", "-w", "json"))
     s = out[0]["Status"]
-    return {"revision": int(s["header"]["revision"]), "db_size": int(s.get("dbSize", 0))}
+    return {"revision": int(s["header"]["revision"]), "db_size": int(s.get("dbSize", 0)),
+            "db_size_in_use": int(s.get("dbSizeInUse", 0))}

@@ -52,6 +52,8 @@ class Workload:
     # Runs against secured targets: "mtls" (client and peer TLS with client certificates) or
     # "auth" (authentication on, a user allowed the load's keys); see targets.Target.
     security: str = None
+    # --quota-backend-bytes; None: targets.DEFAULT_QUOTA.
+    quota: int = None
 
 
 @dataclass
@@ -289,13 +291,20 @@ def million_keys(ctx, t, endpoints, name):
 # Keys the scale workload lists, keys only, in one request (kube-apiserver lists a resource's
 # whole prefix keys-only each minute).
 SCALE_LIST = 500_000
+# A prefix of 1,000,000 keys in any key space of at least that many: 16-byte keys are
+# `bench/` and 10 digits, so `bench/0000` holds 0 to 999,999.
+COUNT_PREFIX, COUNT_PREFIX_KEYS = "bench/0000", 1_000_000
+# Paged lists: kube-apiserver's page size, the clients listing, and for how long.
+PAGE, LISTERS, PAGED_SECONDS = 500, 10, 20
 
 
 def scale(ctx, t, endpoints, name):
     """Loads --keys keys of --scale-val-size bytes (each key once) with 100 clients; then what
-    the count of objects costs: RSS and disk, a count of every key and a keys-only list of
-    500,000 keys (each one request), and restarts until /health with the page cache warm,
-    then cold (dropped after the stop, where the machine lets the run drop it; else None)."""
+    the count of objects costs: RSS and disk, a count of every key, a keys-only list of
+    500,000 keys and a count of a 1,000,000-key prefix (each one request), paged lists under
+    writes, a compaction of every revision under writes, and restarts until /health with the
+    page cache warm, then cold (dropped after the stop, where the machine lets the run drop
+    it; else None)."""
     load, r = loaded(ctx, t, endpoints, ctx.scale_val_size)
     puts = load.get("ok") or 0
     # One request each, timed by cairn-bench (etcdctl's start and its printing of 500,000
@@ -307,6 +316,15 @@ def scale(ctx, t, endpoints, name):
     r["list_s"] = (listed.get("max_us") or 0) / 1e6 or None
     if listed.get("kvs_per_read") != min(SCALE_LIST, puts):
         log(f"{t.name}: the list returned {listed.get('kvs_per_read')} keys, not {min(SCALE_LIST, puts)}")
+    counted = bench(ctx, endpoints, ["--key-prefix", COUNT_PREFIX, "--total", "1", "range", "--prefix",
+                                     "--count-only"])
+    r["count_prefix_s"] = (counted.get("max_us") or 0) / 1e6 or None
+    if counted.get("kvs_per_read") != min(COUNT_PREFIX_KEYS, puts):
+        log(f"{t.name}: the count of {COUNT_PREFIX} found {counted.get('kvs_per_read')} keys, "
+            f"not {min(COUNT_PREFIX_KEYS, puts)}")
+    r.update(paged_lists_while_writing(ctx, t, endpoints, name))
+    compacted = defrag_while_serving(ctx, t, endpoints, name, defrag=False, val_size=ctx.scale_val_size)
+    r.update({k: compacted[k] for k in ("p99_before", "p99_compact", "compact_over_before", "compact_s")})
     r["stop_s"], r["restart_s"] = t.restart()
     time.sleep(1)
     r["rss_restarted"] = t.rss_bytes() / MIB
@@ -315,14 +333,102 @@ def scale(ctx, t, endpoints, name):
     return r
 
 
-def defrag_while_serving(ctx, t, endpoints, name):
-    """Puts at DEFRAG_RATE over the loaded keys; after a baseline, compacts to the current
-    revision (physically: etcdctl returns once it is done) and defragments. Write p99 before,
-    during each, and their durations, from the latency log."""
+# --- a quota of tens of GB: filled, compacted and defragmented, then NOSPACE (issue #38) -----
+
+# The share of the quota the history fills before it is compacted and defragmented.
+QUOTA_FILL = 0.9
+NOSPACE_ERROR = "database space exceeded"
+
+
+def quota(ctx, t, endpoints, name):
+    """Fills the workload's quota with history: --keys keys of --scale-val-size bytes, put once
+    each, then again at random, with 100 clients, up to `QUOTA_FILL` of the quota in use; a
+    compaction to the current revision and a defragmentation while writes go on at
+    DEFRAG_RATE (`defrag_while_serving`); then puts until NOSPACE refuses them, and what was
+    in use then, against the quota; a restart at that size."""
+    load, r = loaded(ctx, t, endpoints, ctx.scale_val_size)
+    in_use = status(endpoints[0])["db_size_in_use"]
+    per_put = in_use / max(load.get("ok") or 1, 1)
+
+    def put(total):
+        args = ["--conns", "10", "--clients", "100", "--total", str(total), "put", "--key-size", str(BIG_KEY_SIZE),
+                "--val-size", str(ctx.scale_val_size), "--key-space-size", str(ctx.keys)]
+        return bench(ctx, endpoints, args, timeout=6 * 3600)
+
+    more = int((QUOTA_FILL * t.quota - in_use) / per_put)
+    if more > 0:
+        filled = put(more)
+        if filled.get("failed"):
+            log(f"{t.name}: {filled['failed']} of {more} puts failed below the quota: {filled.get('errors')}")
+    r["filled_gib"] = status(endpoints[0])["db_size_in_use"] / (1 << 30)
+    r.update(defrag_while_serving(ctx, t, endpoints, name))
+
+    # Past the quota by a twentieth: the last puts must be refused, and only those.
+    in_use = status(endpoints[0])["db_size_in_use"]
+    past = put(int((t.quota - in_use) / per_put * 1.05) + 1000)
+    errors = json.dumps(past.get("errors") or {})
+    if not past.get("failed") or NOSPACE_ERROR not in errors:
+        log(f"{t.name}: no NOSPACE past the quota ({past.get('failed')} failed: {errors})")
+    at = status(endpoints[0])
+    r["nospace_in_use"] = at["db_size_in_use"] / t.quota
+    r["nospace_db"] = at["db_size"] / t.quota
+    r["refused"] = past.get("failed")
+    r["alarm"] = "NOSPACE" in etcdctl(endpoints, "alarm", "list")
+    r["stop_s"], r["restart_s"] = t.restart()
+    r["raw"] = {"load": load, "past_quota": past, **{k: v for k, v in r.items() if k != "raw"}}
+    return r
+
+
+QUOTA = FOOTPRINT + [
+    Figure("filled_gib", f"history in use before compacting ({QUOTA_FILL:.0%} of the quota)", "GiB", True),
+    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
+    Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
+    Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
+    Figure("defrag_over_before", "writes: p99 during defrag / p99 before", "×", False),
+    Figure("ops_defrag", "writes answered per second during defrag", "ops/s", True),
+    Figure("compact_s", "compaction (physical) took", "s", False),
+    Figure("defrag_s", "defragmentation took", "s", False),
+    Figure("db_after", "db size after compaction and defrag", "MiB", False),
+    Figure("nospace_in_use", "in use when NOSPACE refused a put, over the quota", "×", True),
+    Figure("nospace_db", "db size when NOSPACE refused a put, over the quota", "×", True),
+    Figure("refused", "puts refused past the quota (of a twentieth more than fits)", "puts", False),
+    Figure("stop_s", "stop at the quota: SIGTERM until the process exits", "s", False),
+    Figure("restart_s", "restart at the quota: start until /health answers", "s", False),
+]
+
+
+def paged_lists_while_writing(ctx, t, endpoints, name):
+    """Paged lists of every key, `PAGE` at a time at one revision (as kube-apiserver lists),
+    by `LISTERS` clients for `PAGED_SECONDS`, while writes go on at `DEFRAG_RATE`: pages per
+    second and their p99, and the writes' p99 meanwhile."""
+    writes = subprocess.Popen(
+        bench_cmd(ctx, endpoints, ["--conns", "10", "--clients", str(DEFRAG_CLIENTS), "--rate", str(DEFRAG_RATE),
+                                   "put", "--key-size", str(BIG_KEY_SIZE), "--val-size", str(ctx.scale_val_size),
+                                   "--key-space-size", str(ctx.keys)], seconds=PAGED_SECONDS + 2),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The writes' first second warms up their connections.
+        time.sleep(1)
+        pages = bench(ctx, endpoints, ["--conns", str(LISTERS), "--clients", str(LISTERS), "range", "--prefix",
+                                       "--limit", str(PAGE), "--paged"], seconds=PAGED_SECONDS)
+    finally:
+        stdout, stderr = writes.communicate(timeout=PAGED_SECONDS + 600)
+    written = bench_output(["put"], writes.returncode, stdout, stderr)
+    if pages.get("kvs_per_read") != PAGE:
+        log(f"{t.name}: pages of {pages.get('kvs_per_read')} keys, not {PAGE}")
+    return {"paged_ops": pages.get("ops_per_sec"), "paged_p99": ms(pages.get("p99_us")),
+            "paged_write_p99": ms(written.get("p99_us"))}
+
+
+def defrag_while_serving(ctx, t, endpoints, name, defrag=True, val_size=BIG_VAL_SIZE):
+    """Puts `val_size`-byte values at DEFRAG_RATE over the loaded keys; after a baseline,
+    compacts to the current revision (physically: etcdctl returns once it is done) and, if
+    `defrag`, defragments. Write p99 before, during each, and their durations, from the
+    latency log."""
     log_file = ctx.log_path(name, t)
     seconds = ctx.defrag_baseline + ctx.defrag_budget
     args = ["--conns", "10", "--clients", str(DEFRAG_CLIENTS), "--rate", str(DEFRAG_RATE), "put",
-            "--key-size", str(BIG_KEY_SIZE), "--val-size", str(BIG_VAL_SIZE), "--key-space-size", str(ctx.keys)]
+            "--key-size", str(BIG_KEY_SIZE), "--val-size", str(val_size), "--key-space-size", str(ctx.keys)]
     cmd = bench_cmd(ctx, endpoints, args, seconds=seconds, latency_log=log_file)
     writes = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -331,7 +437,8 @@ def defrag_while_serving(ctx, t, endpoints, name):
         compact_started = time.time()
         etcdctl(endpoints, "compact", str(revision), "--physical")
         defrag_started = time.time()
-        etcdctl(endpoints, "defrag")
+        if defrag:
+            etcdctl(endpoints, "defrag")
         defrag_ended = time.time()
         db_after = status(endpoints[0])["db_size"] / MIB
     finally:
@@ -349,12 +456,13 @@ def defrag_while_serving(ctx, t, endpoints, name):
     # The first second warms up connections; the baseline is the rest before the compaction.
     before = [took for at, took in answers if 1.0 <= at < compact[0]]
     during = overlapping(answers, *defrag)
-    base_p99, defrag_p99 = p99(before), p99(during)
+    base_p99, defrag_p99, compact_p99 = p99(before), p99(during), p99(overlapping(answers, *compact))
     in_window = sum(1 for at, _ in answers if defrag[0] <= at <= defrag[1])
     defrag_s = defrag[1] - defrag[0]
     return {
         "p99_before": ms_s(base_p99),
-        "p99_compact": ms_s(p99(overlapping(answers, *compact))),
+        "p99_compact": ms_s(compact_p99),
+        "compact_over_before": compact_p99 / base_p99 if base_p99 and compact_p99 else None,
         "p99_defrag": ms_s(defrag_p99),
         "defrag_over_before": defrag_p99 / base_p99 if base_p99 and defrag_p99 else None,
         "ops_defrag": in_window / defrag_s if defrag_s > 0 else None,
@@ -468,6 +576,15 @@ MILLION = FOOTPRINT + [
 SCALE = FOOTPRINT + [
     Figure("count_s", "count of every key (count_only)", "s", False),
     Figure("list_s", f"{SCALE_LIST:,} keys, keys only, in one request", "s", False),
+    Figure("count_prefix_s", f"count of a prefix holding {COUNT_PREFIX_KEYS:,} keys", "s", False),
+    Figure("paged_ops", f"paged lists ({PAGE} a page, {LISTERS} clients) under {DEFRAG_RATE} writes/s: pages",
+           "pages/s", True),
+    Figure("paged_p99", "paged lists: p99 of a page", "ms", False),
+    Figure("paged_write_p99", "paged lists: the writes' p99 meanwhile", "ms", False),
+    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
+    Figure("p99_compact", "writes: p99 during the compaction of every revision", "ms", False),
+    Figure("compact_over_before", "writes: p99 during the compaction / p99 before", "×", False),
+    Figure("compact_s", "compaction (physical) took", "s", False),
     Figure("stop_s", "stop after the load: SIGTERM until the process exits", "s", False),
     Figure("restart_s", "restart, page cache warm: start until /health answers", "s", False),
     Figure("rss_restarted", "RSS after the restart", "MiB", False),
@@ -475,7 +592,7 @@ SCALE = FOOTPRINT + [
 ]
 
 
-def workloads(keys, expiry_leases, scale_val_size=1024):
+def workloads(keys, expiry_leases, scale_val_size=1024, quota_bytes=20 << 30):
     """Every workload, in the order they run."""
     kk = f"{keys:,}"
     return [
@@ -523,6 +640,9 @@ def workloads(keys, expiry_leases, scale_val_size=1024):
                  million_keys),
         Workload("scale", f"{kk} keys of {scale_val_size:,} bytes: footprint, count, list, restart", SCALE,
                  scale),
+        Workload("quota", f"a {quota_bytes / (1 << 30):g} GiB quota, filled with {kk} keys of {scale_val_size:,} bytes "
+                          f"put again and again: compaction and defrag while writing, then NOSPACE", QUOTA, quota,
+                 quota=quota_bytes),
         Workload("cluster-put-100", "3-member cluster on loopback: put, 100 clients", THROUGHPUT,
                  throughput(["--conns", "10", "--clients", "100", "put", "--key-space-size", "100000"]), members=3),
         Workload("apiserver-3", "kube-apiserver 1.37 on a 3-member cluster: client-go load at a fixed rate",

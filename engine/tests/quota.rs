@@ -1,6 +1,7 @@
 //! The backend quota (etcd's NOSPACE alarm, docs/compatibility.md): past `quota_backend_bytes` the NOSPACE alarm is
-//! raised; puts, writing txns and lease grants fail; reads, deletes, compaction and disarming
-//! keep working; the alarm survives a restart until disarmed.
+//! raised, at the limit and not before; puts, writing txns and lease grants fail; reads,
+//! deletes, compaction, defragmentation and disarming keep working; the alarm survives a
+//! restart until disarmed.
 
 // Test code: a panic is a test failure, with the message to debug it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -31,15 +32,26 @@ fn nospace_blocks_growth_but_not_reclaiming() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(dir.path(), config()).unwrap();
     let mut written = 0;
+    // What one put adds: every put writes the same key and value sizes.
+    let mut growth = 0;
     let err = loop {
+        let before = engine.status().size_in_use;
         match put(&engine, "same-key") {
             Ok(_) => written += 1,
             Err(e) => break e,
         }
+        growth = engine.status().size_in_use - before;
         assert!(written < 100, "the quota must bite");
     };
     assert_eq!(err, Error::NoSpace);
-    assert!(engine.status().size_in_use <= 4096);
+    // At the limit, not before: every put that fitted was taken, and the one refused would
+    // have passed the quota.
+    let used = engine.status().size_in_use;
+    assert!(growth > 0 && used <= 4096, "{used} bytes in use after puts of {growth}");
+    assert!(
+        used + growth > 4096,
+        "refused with {used} of 4096 bytes used, a put adding {growth}"
+    );
     assert_eq!(
         engine.maintenance().alarms(),
         vec![(engine.member_id(), Alarm::NoSpace)],
@@ -93,6 +105,16 @@ fn nospace_blocks_growth_but_not_reclaiming() {
         before,
         engine.status().size_in_use
     );
+    // Defragmentation, etcd's remedy for NOSPACE, runs while the alarm is raised.
+    let defragmented = engine.maintenance().defragment().unwrap();
+    assert!(defragmented.after <= defragmented.before, "{defragmented:?}");
+    let read = engine
+        .range(&RangeRequest {
+            key: b"same-key".to_vec(),
+            ..RangeRequest::default()
+        })
+        .unwrap();
+    assert_eq!(read.kvs[0].version, written, "the current value survives");
     engine
         .maintenance()
         .alarm_disarm(engine.member_id(), Alarm::NoSpace)

@@ -82,6 +82,13 @@ fn grpc_calls_quota_counters_and_process_are_exported_as_etcd_exports_them() {
         value(&unbounded.get("/metrics").1, "etcd_server_quota_backend_bytes"),
         Some(0.0)
     );
+    // Past etcd's suggested 8 GiB, as the largest control planes run it (20 GB).
+    let large = Member::start("large", &["--quota-backend-bytes=21474836480"]);
+    large.ok(&["put", "k", "v"]);
+    assert_eq!(
+        value(&large.get("/metrics").1, "etcd_server_quota_backend_bytes"),
+        Some(21474836480.0)
+    );
 }
 
 #[test]

@@ -1,10 +1,9 @@
-//! The key index: an in-memory B-tree from each key to its [`KeyIndex`].
+//! The key index: every key in order, with its [`KeyIndex`], in memory.
 //!
 //! It answers which keys of a range existed at a revision, and which revision holds each
 //! one's value, without reading any value: `count` and `limit` are decided here. Values live
 //! in the backend, found by revision.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::key_index::{Found, KeyIndex, KeyIndexError};
@@ -90,64 +89,310 @@ pub(crate) struct IndexRange {
     pub(crate) count: usize,
 }
 
-/// What [`TreeIndex::put`] found and made.
+/// What [`Index::put`] found and made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Put {
     /// The key just before the put, if it existed.
     pub(crate) before: Option<Found>,
     /// The revision that last changed the key before the put (a put or its tombstone), `None`
-    /// for a key with no history: what [`TreeIndex::undo`] takes to put it back.
+    /// for a key with no history: what [`Index::undo`] takes to put it back.
     pub(crate) previous: Option<Revision>,
     /// The key after the put: its new revision, creation revision and version.
     pub(crate) now: Found,
 }
 
+/// Keys a leaf holds before it splits. Its two arrays then take 36 KiB (16 and 56 bytes a
+/// key), and an insert in its middle moves half of that. Unit tests take 8, so that a few
+/// keys split and join leaves.
+const LEAF: usize = if cfg!(test) { 8 } else { 512 };
+
+/// A run of consecutive keys with their histories. Invariant: `keys` ascend strictly, one
+/// history each, none of them empty, and `live` counts the live ones.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct TreeIndex {
-    /// Keys as boxed slices, not `Vec`s: 8 bytes less in every entry of every node.
-    tree: BTreeMap<Box<[u8]>, KeyIndex>,
-    /// Keys that exist now. Invariant: the number of live entries of `tree`.
+struct Leaf {
+    keys: Vec<Box<[u8]>>,
+    histories: Vec<KeyIndex>,
     live: usize,
 }
 
-impl TreeIndex {
-    /// The index of `keys`, which must ascend strictly (a saved index's): the tree is built
-    /// bottom up, its nodes full, without a search per key. `None` if they do not ascend.
-    pub(crate) fn from_sorted(keys: Vec<(Box<[u8]>, KeyIndex)>) -> Option<TreeIndex> {
+impl Leaf {
+    fn with_capacity(n: usize) -> Leaf {
+        Leaf {
+            keys: Vec::with_capacity(n),
+            histories: Vec::with_capacity(n),
+            live: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn insert(&mut self, at: usize, key: &[u8], history: KeyIndex) {
+        self.live += usize::from(history.is_live());
+        self.keys.insert(at, key.into());
+        self.histories.insert(at, history);
+    }
+
+    fn remove(&mut self, at: usize) {
+        if at < self.len() {
+            self.keys.remove(at);
+            if self.histories.remove(at).is_live() {
+                self.live -= 1;
+            }
+        }
+    }
+
+    /// The keys from `at` on, taken into a leaf of their own.
+    fn split_off(&mut self, at: usize) -> Leaf {
+        let keys = self.keys.split_off(at);
+        let histories = self.histories.split_off(at);
+        let live = histories.iter().filter(|h| h.is_live()).count();
+        self.live -= live;
+        Leaf { keys, histories, live }
+    }
+
+    /// Takes `next`'s keys, which all come after this leaf's.
+    fn append(&mut self, next: Leaf) {
+        self.keys.reserve_exact(next.len());
+        self.histories.reserve_exact(next.len());
+        self.keys.extend(next.keys);
+        self.histories.extend(next.histories);
+        self.live += next.live;
+    }
+
+    /// Gives memory back once at most a quarter of it is used (after deletions and
+    /// compaction), keeping room to grow by as many keys again.
+    fn shrink(&mut self) {
+        if self.keys.capacity() > 4 * self.len() {
+            self.keys.shrink_to(2 * self.len());
+            self.histories.shrink_to(2 * self.len());
+        }
+    }
+}
+
+/// Every key's history, in key order, in leaves of up to [`LEAF`] keys. A key's place is
+/// found by a binary search over the leaves' low bounds, then one within its leaf; a range
+/// walks leaves in order. Each leaf counts its live keys, so the count of a range now adds
+/// the counts of the leaves it covers whole, and walks only its two ends.
+///
+/// Keys put in ascending order, as a load or a restore puts them, fill leaves whole: a key
+/// after the last goes into a fresh leaf, and only a full leaf with keys on both sides of
+/// the new one splits in halves. (A B-tree splits in the middle whatever the order, and
+/// ascending keys left its nodes half empty, twice the memory for the same keys.)
+///
+/// ```text
+/// lows:    []            "d"              "m"
+/// leaves:  [a b c]       [d f g k]        [m q z]
+///          live 3        live 2 (f gone)  live 3
+/// ```
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Index {
+    /// Invariant: no leaf is empty, and every key of a leaf is below every key of the next.
+    leaves: Vec<Leaf>,
+    /// One per leaf: `lows[i]` is at or below every key of leaf `i` and above every key of
+    /// leaf `i - 1`; `lows[0]` is empty (keys never are).
+    lows: Vec<Box<[u8]>>,
+    /// Keys that exist now. Invariant: the sum of the leaves' `live`.
+    live: usize,
+}
+
+impl Index {
+    /// The index of `keys`, which must ascend strictly (a saved index's), in full leaves.
+    /// `None` if they do not ascend.
+    pub(crate) fn from_sorted(keys: Vec<(Box<[u8]>, KeyIndex)>) -> Option<Index> {
         if keys.windows(2).any(|w| matches!(w, [a, b] if a.0 >= b.0)) {
             return None;
         }
-        let live = keys.iter().filter(|(_, ki)| ki.is_live()).count();
-        // Sorted input: collecting sorts again (one pass finds it sorted), then builds the
-        // tree from the sorted run.
-        let tree: BTreeMap<Box<[u8]>, KeyIndex> = keys.into_iter().collect();
-        Some(TreeIndex { tree, live })
+        let mut index = Index::default();
+        let mut keys = keys.into_iter().peekable();
+        while keys.peek().is_some() {
+            let mut leaf = Leaf::with_capacity(LEAF);
+            for (key, history) in keys.by_ref().take(LEAF) {
+                leaf.live += usize::from(history.is_live());
+                leaf.keys.push(key);
+                leaf.histories.push(history);
+            }
+            let low = match index.lows.is_empty() {
+                true => Box::default(),
+                false => leaf.keys.first().cloned().unwrap_or_default(),
+            };
+            index.live += leaf.live;
+            index.lows.push(low);
+            index.leaves.push(leaf);
+        }
+        Some(index)
     }
 
     /// Every key with its history, in key order.
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &KeyIndex)> {
-        self.tree.iter().map(|(k, ki)| (&**k, ki))
+        self.leaves
+            .iter()
+            .flat_map(|l| l.keys.iter().map(|k| &**k).zip(&l.histories))
     }
 
-    /// Applies `change` to the history of `key` (created if it has none), keeping `live`.
+    /// The leaf `key` belongs in, and where in it: `Ok` where it is, `Err` where it would go.
+    fn find(&self, key: &[u8]) -> (usize, Result<usize, usize>) {
+        let leaf = self.lows.partition_point(|low| **low <= *key).saturating_sub(1);
+        let at = match self.leaves.get(leaf) {
+            Some(l) => l.keys.binary_search_by(|k| (**k).cmp(key)),
+            None => Err(0),
+        };
+        (leaf, at)
+    }
+
+    /// Keys of `range` in order, with their histories.
+    fn walk<'a>(&'a self, range: &'a KeyRange) -> impl Iterator<Item = (&'a [u8], &'a KeyIndex)> + 'a {
+        let (start, end) = range.bounds();
+        let (leaf, at) = match start {
+            Bound::Included(key) => {
+                let (leaf, at) = self.find(key);
+                (leaf, at.unwrap_or_else(|at| at))
+            }
+            _ => (0, 0),
+        };
+        let before_end = move |key: &[u8]| match end {
+            Bound::Included(end) => key <= end,
+            Bound::Excluded(end) => key < end,
+            Bound::Unbounded => true,
+        };
+        self.leaves
+            .get(leaf..)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, l)| {
+                let skip = if i == 0 { at } else { 0 };
+                l.keys.iter().map(|k| &**k).zip(&l.histories).skip(skip)
+            })
+            .take_while(move |(key, _)| before_end(key))
+    }
+
+    /// Applies `change` to the history of `key` (a new, empty one if it has none), keeping
+    /// the live counts; a history left empty goes.
     fn change(
         &mut self,
         key: &[u8],
         change: impl FnOnce(&mut KeyIndex) -> Result<(), KeyIndexError>,
     ) -> Result<(), KeyIndexError> {
-        let ki = match self.tree.get_mut(key) {
-            Some(ki) => ki,
-            None => self.tree.entry(key.into()).or_default(),
+        let (leaf, at) = self.find(key);
+        let at = match at {
+            Ok(at) => at,
+            Err(at) => {
+                let mut history = KeyIndex::default();
+                let result = change(&mut history);
+                if !history.is_empty() {
+                    self.insert(leaf, at, key, history);
+                }
+                return result;
+            }
+        };
+        let Some(ki) = self.leaves.get_mut(leaf).and_then(|l| l.histories.get_mut(at)) else {
+            return Err(KeyIndexError::NotLive);
         };
         let was_live = ki.is_live();
         let result = change(ki);
-        let is_live = ki.is_live();
-        if ki.is_empty() {
-            self.tree.remove(key);
+        let (is_live, emptied) = (ki.is_live(), ki.is_empty());
+        if let Some(l) = self.leaves.get_mut(leaf) {
+            l.live = (l.live + usize::from(is_live)).saturating_sub(usize::from(was_live));
         }
         self.live = (self.live + usize::from(is_live)).saturating_sub(usize::from(was_live));
+        if emptied {
+            self.remove(leaf, at);
+        }
         result
+    }
+
+    /// Puts `key` at `at` of leaf `leaf` (where [`Index::find`] said it goes).
+    fn insert(&mut self, leaf: usize, at: usize, key: &[u8], history: KeyIndex) {
+        self.live += usize::from(history.is_live());
+        let last = self.leaves.len().saturating_sub(1);
+        let Some(l) = self.leaves.get_mut(leaf) else {
+            // The first key.
+            let mut first = Leaf::with_capacity(LEAF);
+            first.insert(0, key, history);
+            self.leaves.push(first);
+            self.lows.push(Box::default());
+            return;
+        };
+        if l.len() < LEAF {
+            l.insert(at, key, history);
+            return;
+        }
+        if leaf == last && at == l.len() {
+            // After the last key: a fresh leaf, and the full one stays full.
+            let mut next = Leaf::with_capacity(LEAF);
+            next.insert(0, key, history);
+            self.leaves.push(next);
+            self.lows.push(key.into());
+            return;
+        }
+        // Near an end of the leaf, it splits where the key goes, so that keys arriving almost
+        // in order (a load by many clients) leave full leaves behind them; elsewhere in halves.
+        let split = match at {
+            at if at >= LEAF - LEAF / 8 || at <= LEAF / 8 => at.clamp(1, LEAF - 1),
+            _ => LEAF / 2,
+        };
+        let right = l.split_off(split);
+        let low = right.keys.first().cloned().unwrap_or_default();
+        let (into, at) = match at <= split {
+            true => (leaf, at),
+            false => (leaf + 1, at - split),
+        };
+        self.leaves.insert(leaf + 1, right);
+        self.lows.insert(leaf + 1, low);
+        if let Some(l) = self.leaves.get_mut(into) {
+            l.insert(at, key, history);
+        }
+    }
+
+    /// Removes the key at `at` of leaf `leaf` (its history must not be live, or be counted
+    /// out already). A leaf left with an eighth of its keys or fewer joins a neighbour that
+    /// has room; an empty one goes.
+    fn remove(&mut self, leaf: usize, at: usize) {
+        let Some(l) = self.leaves.get_mut(leaf) else {
+            return;
+        };
+        l.remove(at);
+        if l.len() > LEAF / 8 {
+            l.shrink();
+            return;
+        }
+        let len = l.len();
+        let fits = |i: usize| self.leaves.get(i).is_some_and(|n| n.len() + len <= LEAF);
+        if len == 0 {
+            self.drop_leaf(leaf);
+        } else if fits(leaf + 1) {
+            self.join(leaf);
+        } else if leaf > 0 && fits(leaf - 1) {
+            self.join(leaf - 1);
+        } else if let Some(l) = self.leaves.get_mut(leaf) {
+            l.shrink();
+        }
+    }
+
+    /// Moves leaf `leaf + 1`'s keys to the end of leaf `leaf`.
+    fn join(&mut self, leaf: usize) {
+        if leaf + 1 >= self.leaves.len() {
+            return;
+        }
+        let next = self.leaves.remove(leaf + 1);
+        self.lows.remove(leaf + 1);
+        if let Some(l) = self.leaves.get_mut(leaf) {
+            l.append(next);
+        }
+    }
+
+    fn drop_leaf(&mut self, leaf: usize) {
+        if leaf < self.leaves.len() {
+            self.leaves.remove(leaf);
+            self.lows.remove(leaf);
+        }
+        // The first leaf's low is below every key.
+        if let Some(low) = self.lows.first_mut() {
+            *low = Box::default();
+        }
     }
 
     /// Records a put at `rev`, finding the key once: returns the key as it was just before
@@ -158,7 +403,7 @@ impl TreeIndex {
         let mut previous = None;
         let mut now = None;
         self.change(key, |ki| {
-            // A key in the tree has history (`change` removes emptied ones); a new one has none.
+            // A key in the index has history (`change` removes emptied ones); a new one has none.
             if !ki.is_empty() {
                 previous = Some(ki.modified());
                 before = ki.current();
@@ -172,7 +417,7 @@ impl TreeIndex {
     }
 
     pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> Result<(), KeyIndexError> {
-        if !self.tree.contains_key(key) {
+        if self.find(key).1.is_err() {
             return Err(KeyIndexError::NotLive);
         }
         self.change(key, |ki| ki.tombstone(rev))
@@ -194,34 +439,45 @@ impl TreeIndex {
         self.live
     }
 
+    fn history(&self, key: &[u8]) -> Option<&KeyIndex> {
+        let (leaf, at) = self.find(key);
+        self.leaves.get(leaf)?.histories.get(at.ok()?)
+    }
+
     /// The revision that last changed `key`, if it has any history.
     pub(crate) fn modified(&self, key: &[u8]) -> Option<Revision> {
-        self.tree.get(key).map(KeyIndex::modified)
+        self.history(key).map(KeyIndex::modified)
     }
 
     /// Takes back the last change of `key` (see [`KeyIndex::undo`]); `previous` is what
-    /// [`TreeIndex::modified`] said before it, `None` for a key that had no history.
+    /// [`Index::modified`] said before it, `None` for a key that had no history.
     pub(crate) fn undo(&mut self, key: &[u8], rev: Revision, tombstone: bool, previous: Option<Revision>) {
+        let (leaf, Ok(at)) = self.find(key) else {
+            return;
+        };
         match previous {
             Some(previous) => {
-                if self.tree.contains_key(key) {
-                    let _ = self.change(key, |ki| {
-                        ki.undo(rev, tombstone);
-                        debug_assert_eq!(ki.modified(), previous);
-                        Ok(())
-                    });
-                }
+                let _ = self.change(key, |ki| {
+                    ki.undo(rev, tombstone);
+                    debug_assert_eq!(ki.modified(), previous);
+                    Ok(())
+                });
             }
             None => {
-                if self.tree.remove(key).is_some_and(|ki| ki.is_live()) {
+                let Some(l) = self.leaves.get_mut(leaf) else {
+                    return;
+                };
+                if l.histories.get(at).is_some_and(KeyIndex::is_live) {
+                    // Counted out here: `remove` takes it from its leaf's count.
                     self.live -= 1;
                 }
+                self.remove(leaf, at);
             }
         }
     }
 
     pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {
-        self.tree.get(key)?.get(at)
+        self.history(key)?.get(at)
     }
 
     /// The keys of `range` that existed at revision `at`; at most `limit` of them (0: no limit)
@@ -229,7 +485,7 @@ impl TreeIndex {
     /// (the caller knows the count).
     pub(crate) fn range(&self, range: &KeyRange, at: i64, limit: usize, uncounted: bool) -> IndexRange {
         let mut out = IndexRange::default();
-        for (key, ki) in self.tree.range::<[u8], _>(range.bounds()) {
+        for (key, ki) in self.walk(range) {
             if let Some(found) = ki.get(at) {
                 if limit != 0 && out.keys.len() >= limit {
                     if uncounted {
@@ -244,10 +500,41 @@ impl TreeIndex {
         out
     }
 
+    /// How many keys of `range` exist now: the live counts of the leaves it covers whole,
+    /// and a walk of the leaves at its two ends.
+    pub(crate) fn count_live(&self, range: &KeyRange) -> usize {
+        let (start, _) = range.bounds();
+        let first = match start {
+            Bound::Included(key) => self.find(key).0,
+            _ => 0,
+        };
+        // A key not in the range but not before its start is past its end.
+        let past_end = |key: &[u8]| !range.contains(key) && !matches!(start, Bound::Included(s) if key < s);
+        let mut count = 0;
+        for l in self.leaves.get(first..).unwrap_or_default() {
+            let (Some(low), Some(high)) = (l.keys.first(), l.keys.last()) else {
+                continue;
+            };
+            if range.contains(low) && range.contains(high) {
+                count += l.live;
+                continue;
+            }
+            count += l
+                .keys
+                .iter()
+                .zip(&l.histories)
+                .filter(|(k, ki)| ki.is_live() && range.contains(k))
+                .count();
+            if past_end(high) {
+                break;
+            }
+        }
+        count
+    }
+
     /// The keys of `range` that exist now, for a delete.
     pub(crate) fn live_keys(&self, range: &KeyRange) -> Vec<Vec<u8>> {
-        self.tree
-            .range::<[u8], _>(range.bounds())
+        self.walk(range)
             .filter(|(_, ki)| ki.is_live())
             .map(|(k, _)| k.to_vec())
             .collect()
@@ -261,21 +548,36 @@ impl TreeIndex {
         let mut dropped = Vec::new();
         let mut emptied = Vec::new();
         let mut next = None;
-        let from = (Bound::Included(from), Bound::Unbounded);
-        for (done, (key, ki)) in self.tree.range_mut::<[u8], _>(from).enumerate() {
-            if done == limit {
-                next = Some(key.to_vec());
-                break;
+        let (mut leaf, start) = self.find(from);
+        let mut start = start.unwrap_or_else(|at| at);
+        let mut done = 0;
+        'leaves: while let Some(l) = self.leaves.get_mut(leaf) {
+            for (key, ki) in l.keys.iter().zip(l.histories.iter_mut()).skip(start) {
+                if done == limit {
+                    next = Some(key.to_vec());
+                    break 'leaves;
+                }
+                // Compaction never changes whether a key lives now.
+                ki.compact(at, &mut dropped);
+                if ki.is_empty() {
+                    emptied.push(key.clone());
+                }
+                done += 1;
             }
-            ki.compact(at, &mut dropped);
-            if ki.is_empty() {
-                emptied.push(key.clone());
-            }
+            (leaf, start) = (leaf + 1, 0);
         }
         for key in emptied {
-            self.tree.remove(&key);
+            if let (leaf, Ok(at)) = self.find(&key) {
+                self.remove(leaf, at);
+            }
         }
         (dropped, next)
+    }
+
+    /// Keys with any history, live or not.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.leaves.iter().map(Leaf::len).sum()
     }
 }
 
@@ -319,7 +621,7 @@ mod tests {
 
     #[test]
     fn range_counts_past_the_limit_and_reads_history() {
-        let mut idx = TreeIndex::default();
+        let mut idx = Index::default();
         for (i, key) in [b"a", b"b", b"c", b"d"].iter().enumerate() {
             idx.put(*key, rev(i as i64 + 1)).unwrap();
         }
@@ -344,7 +646,7 @@ mod tests {
 
     #[test]
     fn a_put_reports_the_key_before_and_after_it() {
-        let mut idx = TreeIndex::default();
+        let mut idx = Index::default();
         let first = idx.put(b"k", rev(2)).unwrap();
         let created = Found {
             modified: rev(2),
@@ -379,7 +681,7 @@ mod tests {
 
     #[test]
     fn compaction_drops_deleted_keys_and_keeps_current_values() {
-        let mut idx = TreeIndex::default();
+        let mut idx = Index::default();
         idx.put(b"a", rev(1)).unwrap();
         idx.put(b"a", rev(2)).unwrap();
         idx.put(b"b", rev(3)).unwrap();
@@ -389,7 +691,123 @@ mod tests {
         assert_eq!((dropped, next.as_deref()), (vec![rev(1)], Some(&b"b"[..])));
         let (dropped, next) = idx.compact_batch(4, b"b", 1);
         assert_eq!((dropped, next), (vec![rev(3), rev(4)], None));
-        assert_eq!(idx.tree.len(), 1);
+        assert_eq!(idx.len(), 1);
         assert_eq!(idx.get(b"a", 4).map(|f| f.version), Some(2));
+    }
+
+    /// Operations on a handful of keys (so that leaves of 8 split, join and empty).
+    #[derive(Clone, Debug)]
+    enum Op {
+        Put(u8),
+        Delete(u8),
+        Compact,
+        /// Takes back the last put or delete, if any.
+        Undo,
+        /// Counts the keys now, and reads, in `[a, b)` (`b == 0`: no end; `b == 1`: `a` alone).
+        Count(u8, u8),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0..40u8).prop_map(Op::Put),
+            3 => (0..40u8).prop_map(Op::Delete),
+            1 => Just(Op::Compact),
+            1 => Just(Op::Undo),
+            2 => (0..42u8, 0..42u8).prop_map(|(a, b)| Op::Count(a, b)),
+        ]
+    }
+
+    fn key(k: u8) -> Vec<u8> {
+        format!("k{k:02}").into_bytes()
+    }
+
+    proptest::proptest! {
+        /// The index answers as a `BTreeMap` of the same histories does (the B-tree it once
+        /// was), whatever leaves its keys fall in, and its counts of keys now agree with a walk.
+        #[test]
+        fn leaves_answer_as_a_sorted_map(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut idx = Index::default();
+            let mut model: std::collections::BTreeMap<Vec<u8>, KeyIndex> = Default::default();
+            let mut main = 0;
+            // The last change: key, revision, tombstone, previous revision.
+            let mut last: Option<(Vec<u8>, Revision, bool, Option<Revision>)> = None;
+            for op in ops {
+                main += 1;
+                let r = rev(main);
+                match op {
+                    Op::Put(k) => {
+                        let key = key(k);
+                        let previous = idx.modified(&key);
+                        idx.put(&key, r).unwrap();
+                        model.entry(key.clone()).or_default().put(r).unwrap();
+                        last = Some((key, r, false, previous));
+                    }
+                    Op::Delete(k) => {
+                        let key = key(k);
+                        let previous = idx.modified(&key);
+                        let live = model.get(&key).is_some_and(KeyIndex::is_live);
+                        proptest::prop_assert_eq!(idx.tombstone(&key, r).is_ok(), live);
+                        if live {
+                            model.get_mut(&key).unwrap().tombstone(r).unwrap();
+                            last = Some((key, r, true, previous));
+                        }
+                    }
+                    Op::Compact => {
+                        let mut from = Vec::new();
+                        loop {
+                            let (_, next) = idx.compact_batch(main, &from, 3);
+                            match next {
+                                Some(next) => from = next,
+                                None => break,
+                            }
+                        }
+                        model.retain(|_, ki| {
+                            ki.compact(main, &mut Vec::new());
+                            !ki.is_empty()
+                        });
+                        last = None;
+                    }
+                    Op::Undo => {
+                        if let Some((key, r, tombstone, previous)) = last.take() {
+                            idx.undo(&key, r, tombstone, previous);
+                            match previous {
+                                Some(_) => model.get_mut(&key).unwrap().undo(r, tombstone),
+                                None => {
+                                    model.remove(&key);
+                                }
+                            }
+                        }
+                    }
+                    Op::Count(a, b) => {
+                        let end = match b {
+                            0 => vec![0],
+                            1 => Vec::new(),
+                            b => key(b),
+                        };
+                        let range = KeyRange::new(&key(a), &end);
+                        let walked = model.iter().filter(|(k, ki)| range.contains(k) && ki.is_live()).count();
+                        proptest::prop_assert_eq!(idx.count_live(&range), walked);
+                        let read = idx.range(&range, main, 0, false);
+                        proptest::prop_assert_eq!(read.count, walked);
+                        proptest::prop_assert_eq!(read.keys.len(), walked);
+                    }
+                }
+                let listed: Vec<(Vec<u8>, KeyIndex)> = idx.iter().map(|(k, ki)| (k.to_vec(), ki.clone())).collect();
+                let expected: Vec<(Vec<u8>, KeyIndex)> = model.iter().map(|(k, ki)| (k.clone(), ki.clone())).collect();
+                proptest::prop_assert_eq!(listed, expected);
+                proptest::prop_assert_eq!(idx.live(), model.values().filter(|ki| ki.is_live()).count());
+                proptest::prop_assert_eq!(idx.leaves.iter().map(|l| l.live).sum::<usize>(), idx.live());
+                proptest::prop_assert!(idx.leaves.iter().all(|l| l.len() > 0 && l.len() <= LEAF));
+                proptest::prop_assert_eq!(idx.lows.len(), idx.leaves.len());
+                for (i, (low, l)) in idx.lows.iter().zip(&idx.leaves).enumerate() {
+                    proptest::prop_assert!(i > 0 || low.is_empty());
+                    proptest::prop_assert!(l.keys.first().is_some_and(|k| low <= k));
+                    if let Some(prev) = i.checked_sub(1).and_then(|p| idx.leaves.get(p)) {
+                        proptest::prop_assert!(prev.keys.last().is_some_and(|k| k < low));
+                    }
+                }
+            }
+        }
     }
 }

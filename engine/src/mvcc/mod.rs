@@ -3,7 +3,7 @@
 //!
 //! Laid out the way etcd's `mvcc` package is, over the revisions of `crate::revision` (the
 //! clock, which the data files' records carry too): `key_index` (one key's
-//! generations), `index` (the B-tree of all keys), `store` (reads and write requests), plus
+//! generations), `index` (all keys, in sorted leaves), `store` (reads and write requests), plus
 //! `revision_log` (where each revision's record lives, etcd's key bucket).
 
 pub(crate) mod defrag;

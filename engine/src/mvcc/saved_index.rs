@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
-use super::index::TreeIndex;
+use super::index::Index;
 use super::key_index::KeyIndex;
 use super::revision_log::RevisionLog;
 use crate::backend::{self, Backend, FileLen, Loc, DATA_DIR};
@@ -41,7 +41,7 @@ pub(crate) struct SavedAt<'a> {
 /// A store's index and revision log as loaded, before the records after the cover.
 #[derive(Debug)]
 pub(crate) struct Loaded {
-    pub(crate) index: TreeIndex,
+    pub(crate) index: Index,
     pub(crate) log: RevisionLog,
     /// Keys that exist with a lease attached, in key order.
     pub(crate) leased: Vec<(Box<[u8]>, i64)>,
@@ -125,7 +125,7 @@ pub(crate) fn load(at: SavedAt<'_>, backend: &Backend, layout: &[FileLen], compa
             keys.push((Box::from(k.key), k.index));
         }
     }
-    let index = TreeIndex::from_sorted(keys).ok_or_else(|| mismatch("keys out of order"))?;
+    let index = Index::from_sorted(keys).ok_or_else(|| mismatch("keys out of order"))?;
     locs.sort_unstable_by_key(|(rev, _)| *rev);
     let log = RevisionLog::from_sorted(&locs).ok_or_else(|| mismatch("a revision twice"))?;
     Ok(Some(Loaded {

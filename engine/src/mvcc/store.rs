@@ -15,7 +15,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use super::index::{KeyRange, TreeIndex};
+use super::index::{Index, KeyRange};
 use super::key_index::{Found, KeyIndexError};
 use super::revision_log::RevisionLog;
 use super::saved_index::{self, SavedAt};
@@ -157,7 +157,7 @@ pub struct RangeResult {
 /// The store's state.
 #[derive(Debug)]
 pub struct Store {
-    index: TreeIndex,
+    index: Index,
     pub(super) log: RevisionLog,
     pub(super) backend: Backend,
     /// The newest revision. Invariant: `compacted <= current`.
@@ -252,7 +252,7 @@ impl Store {
 
     fn with_backend(backend: Backend) -> Store {
         Store {
-            index: TreeIndex::default(),
+            index: Index::default(),
             log: RevisionLog::default(),
             backend,
             current: 1,
@@ -381,7 +381,7 @@ impl Store {
 
     /// The key index and the revision log (to compare stores built two ways).
     #[cfg(test)]
-    pub(crate) fn parts(&self) -> (&TreeIndex, &RevisionLog) {
+    pub(crate) fn parts(&self) -> (&Index, &RevisionLog) {
         (&self.index, &self.log)
     }
 
@@ -504,13 +504,17 @@ impl Store {
     }
 
     /// A range at revision `at`. `settled`: the index holds nothing after the current
-    /// revision (no write request is under way), so its live-key count is the count now.
+    /// revision (no write request is under way), so its live-key counts are the counts now.
     fn range_at(&self, range: &KeyRange, at: i64, opts: ReadOptions, settled: bool) -> Result<RangeResult> {
         let limit = if opts.count_only { 1 } else { opts.limit };
-        // Every key now: the index keeps the count, so only `limit` keys are walked.
-        let found = if settled && at == self.current && range.is_everything() {
+        // Keys now: the index keeps counts (of every key, and of each leaf's), so only
+        // `limit` keys are walked, and the two ends of the range counted.
+        let found = if settled && at == self.current {
             let mut found = self.index.range(range, at, limit, true);
-            found.count = self.index.live();
+            found.count = match range.is_everything() {
+                true => self.index.live(),
+                false => self.index.count_live(range),
+            };
             found
         } else {
             self.index.range(range, at, limit, false)

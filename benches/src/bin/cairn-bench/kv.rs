@@ -63,6 +63,7 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
     let op = Op::Range {
         keys: Keys { space, ..keys },
         whole_prefix: a.prefix,
+        paged: a.paged,
         limit: i64::from(a.limit),
         keys_only: a.keys_only,
         count_only: a.count_only,
@@ -75,6 +76,7 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
     report.param("consistency", if a.consistency == Consistency::S { "s" } else { "l" });
     report.param("prefix", a.prefix);
     report.param("limit", a.limit);
+    report.param("paged", a.paged);
     report.param("keys_only", a.keys_only);
     report.param("count_only", a.count_only);
     report.param("load", a.load);
@@ -84,7 +86,7 @@ pub(crate) async fn range(g: &Global, b: &Bench, a: &RangeArgs) -> Result<Report
         per_read.map_or(Value::Null, |v| Value::from(rounded(v, 2))),
     );
     report.note(format!(
-        "keys returned per read: {}",
+        "keys returned (or counted, --count-only) per read: {}",
         per_read.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
     ));
     report.row("range", tally, elapsed);

@@ -7,7 +7,8 @@
 //! - `put`: puts `--val-size`-byte values at `--key-size`-byte keys picked at random (or in
 //!   order, `--sequential-keys`) from `--key-space-size` keys.
 //! - `range`: linearizable or serializable (`--consistency l|s`) reads of one key of the key
-//!   space, or of the whole `--key-prefix` (`--prefix`, with `--limit`); `--load N` puts N keys
+//!   space, or of the whole `--key-prefix` (`--prefix`, with `--limit`; `--paged` walks it in
+//!   pages of `--limit` at one revision, as kube-apiserver lists); `--load N` puts N keys
 //!   first.
 //! - `txn-put`: a Txn comparing the key's MOD revision (`--compare absent`: MOD = 0;
 //!   `present`: MOD > 0), with one put in its success branch.
@@ -273,6 +274,11 @@ pub(crate) struct RangeArgs {
     /// Most keys one read returns (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub(crate) limit: u32,
+    /// With `--prefix` and `--limit`: each client walks the whole prefix in pages, as
+    /// kube-apiserver's paged lists do: the first page at the current revision, the next ones
+    /// from the key after the last one returned, at the first page's revision; then again.
+    #[arg(long, requires_all = ["prefix", "limit"])]
+    pub(crate) paged: bool,
     /// Ask for the keys without their values.
     #[arg(long)]
     pub(crate) keys_only: bool,
@@ -524,6 +530,7 @@ impl Bench {
             op: Arc::clone(op),
             rng: StdRng::seed_from_u64(0x5eed ^ c as u64),
             timeout: self.timeout,
+            page: None,
         }
     }
 

@@ -30,10 +30,11 @@ pub(crate) enum Op {
         value: Bytes,
         stamp: Option<Instant>,
     },
-    /// A read of one key, or of the whole prefix.
+    /// A read of one key, or of the whole prefix (`paged`: a page of it, see [`Page`]).
     Range {
         keys: Keys,
         whole_prefix: bool,
+        paged: bool,
         limit: i64,
         keys_only: bool,
         count_only: bool,
@@ -67,11 +68,20 @@ pub(crate) struct Requester {
     pub(crate) op: Arc<Op>,
     pub(crate) rng: StdRng,
     pub(crate) timeout: Duration,
+    /// Where a paged list goes on; `None` before its first page.
+    pub(crate) page: Option<Page>,
+}
+
+/// The next page of a list: it starts at `from` and reads at `revision`, the first page's.
+#[derive(Debug)]
+pub(crate) struct Page {
+    from: Bytes,
+    revision: i64,
 }
 
 impl Requester {
     /// Sends request `i` and waits for the answer; `Ok` carries what the workload counts
-    /// (keys read, txns succeeded, keys deleted).
+    /// (keys read or counted, txns succeeded, keys deleted).
     pub(crate) async fn call(&mut self, i: u64) -> Result<u64, Status> {
         let op = Arc::clone(&self.op);
         let t = self.timeout;
@@ -88,6 +98,7 @@ impl Requester {
             Op::Range {
                 keys,
                 whole_prefix,
+                paged,
                 limit,
                 keys_only,
                 count_only,
@@ -99,16 +110,34 @@ impl Requester {
                 } else {
                     (keys.pick(i, &mut self.rng), Bytes::new())
                 };
+                let page = self.page.take();
                 let request = RangeRequest {
-                    key,
+                    key: page.as_ref().map_or(key, |p| p.from.clone()),
                     range_end,
                     limit: *limit,
+                    revision: page.as_ref().map_or(0, |p| p.revision),
                     keys_only: *keys_only,
                     count_only: *count_only,
                     serializable: *serializable,
                     ..RangeRequest::default()
                 };
-                timed(t, self.kv.range(request)).await.map(|r| r.kvs.len() as u64)
+                let r = timed(t, self.kv.range(request)).await?;
+                if *paged && r.more {
+                    // The next page starts just after this one's last key.
+                    let last = r.kvs.last().map(|kv| kv.key.clone()).unwrap_or_default();
+                    let revision = match page {
+                        Some(p) => p.revision,
+                        None => r.header.map_or(0, |h| h.revision),
+                    };
+                    let from = Bytes::from([&last[..], b"\0"].concat());
+                    self.page = Some(Page { from, revision });
+                }
+                // A count's answer is its count; a read's, the keys it returned.
+                Ok(if *count_only {
+                    r.count.unsigned_abs()
+                } else {
+                    r.kvs.len() as u64
+                })
             }
             Op::TxnPut { keys, value, compare } => {
                 let key = keys.pick(i, &mut self.rng);
