@@ -106,11 +106,125 @@ pub(crate) struct Put {
 /// keys split and join leaves.
 const LEAF: usize = if cfg!(test) { 8 } else { 512 };
 
+/// Bytes of keys a leaf holds at most: what its 4-byte offsets reach. Unit tests take 64, so
+/// that long keys split leaves by their bytes too.
+const LEAF_BYTES: usize = if cfg!(test) { 64 } else { u32::MAX as usize };
+
+/// The keys of a leaf, back to back in one buffer, each found by where it ends: 4 bytes a
+/// key besides its own, where a boxed key took 16 and its allocation's rounding up. A leaf's
+/// keys take less than 4 GiB (see [`Index::insert`]).
+#[derive(Clone, Debug, Default)]
+struct Packed {
+    bytes: Vec<u8>,
+    /// Where each key ends in `bytes`, ascending.
+    ends: Vec<u32>,
+}
+
+impl Packed {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn start(&self, i: usize) -> usize {
+        match i.checked_sub(1) {
+            Some(before) => self.ends.get(before).map_or(self.bytes.len(), |e| *e as usize),
+            None => 0,
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)? as usize;
+        self.bytes.get(self.start(i)..end)
+    }
+
+    fn first(&self) -> Option<&[u8]> {
+        self.get(0)
+    }
+
+    fn last(&self) -> Option<&[u8]> {
+        self.get(self.len().checked_sub(1)?)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// Whether `key` would take the keys past what 4-byte offsets reach.
+    fn overflows_with(&self, key: &[u8]) -> bool {
+        self.bytes.len() + key.len() > LEAF_BYTES
+    }
+
+    fn binary_search(&self, key: &[u8]) -> Result<usize, usize> {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            match self.get(mid).map(|k| k.cmp(key)) {
+                Some(std::cmp::Ordering::Less) => low = mid + 1,
+                Some(std::cmp::Ordering::Greater) => high = mid,
+                Some(std::cmp::Ordering::Equal) => return Ok(mid),
+                None => break,
+            }
+        }
+        Err(low)
+    }
+
+    /// Puts `key` at `at` (the caller checked [`Packed::overflows_with`]). The buffer grows by
+    /// an eighth at a time, not doubling, so a leaf wastes little.
+    fn insert(&mut self, at: usize, key: &[u8]) {
+        let start = self.start(at);
+        if self.bytes.capacity() - self.bytes.len() < key.len() {
+            self.bytes.reserve_exact(key.len().max(self.bytes.len() / 8));
+        }
+        self.bytes.splice(start..start, key.iter().copied());
+        let added = key.len() as u32;
+        self.ends.insert(at, start as u32 + added);
+        for end in self.ends.iter_mut().skip(at + 1) {
+            *end += added;
+        }
+    }
+
+    fn remove(&mut self, at: usize) {
+        let (start, Some(end)) = (self.start(at), self.ends.get(at).copied()) else {
+            return;
+        };
+        self.bytes.drain(start..end as usize);
+        self.ends.remove(at);
+        let removed = end - start as u32;
+        for end in self.ends.iter_mut().skip(at) {
+            *end -= removed;
+        }
+    }
+
+    fn split_off(&mut self, at: usize) -> Packed {
+        let start = self.start(at);
+        let bytes = self.bytes.split_off(start);
+        let mut ends = self.ends.split_off(at);
+        for end in &mut ends {
+            *end -= start as u32;
+        }
+        Packed { bytes, ends }
+    }
+
+    /// Takes `next`'s keys, which all come after these (the caller checked that they fit).
+    fn append(&mut self, next: Packed) {
+        let base = self.bytes.len() as u32;
+        self.bytes.reserve_exact(next.bytes.len());
+        self.ends.reserve_exact(next.ends.len());
+        self.bytes.extend_from_slice(&next.bytes);
+        self.ends.extend(next.ends.iter().map(|e| e + base));
+    }
+
+    fn shrink_to(&mut self, keys: usize) {
+        self.ends.shrink_to(keys);
+        self.bytes.shrink_to(self.bytes.len() + self.bytes.len() / 8);
+    }
+}
+
 /// A run of consecutive keys with their histories. Invariant: `keys` ascend strictly, one
 /// history each, none of them empty, and `live` counts the live ones.
 #[derive(Clone, Debug, Default)]
 struct Leaf {
-    keys: Vec<Box<[u8]>>,
+    keys: Packed,
     histories: Vec<KeyIndex>,
     live: usize,
 }
@@ -118,7 +232,10 @@ struct Leaf {
 impl Leaf {
     fn with_capacity(n: usize) -> Leaf {
         Leaf {
-            keys: Vec::with_capacity(n),
+            keys: Packed {
+                bytes: Vec::new(),
+                ends: Vec::with_capacity(n),
+            },
             histories: Vec::with_capacity(n),
             live: 0,
         }
@@ -128,9 +245,15 @@ impl Leaf {
         self.keys.len()
     }
 
+    /// Whether `key` must go into a leaf of its own or a split one: this one holds [`LEAF`]
+    /// keys, or the key would take its keys past 4 GiB.
+    fn is_full_for(&self, key: &[u8]) -> bool {
+        self.len() >= LEAF || self.keys.overflows_with(key)
+    }
+
     fn insert(&mut self, at: usize, key: &[u8], history: KeyIndex) {
         self.live += usize::from(history.is_live());
-        self.keys.insert(at, key.into());
+        self.keys.insert(at, key);
         self.histories.insert(at, history);
     }
 
@@ -154,9 +277,8 @@ impl Leaf {
 
     /// Takes `next`'s keys, which all come after this leaf's.
     fn append(&mut self, next: Leaf) {
-        self.keys.reserve_exact(next.len());
         self.histories.reserve_exact(next.len());
-        self.keys.extend(next.keys);
+        self.keys.append(next.keys);
         self.histories.extend(next.histories);
         self.live += next.live;
     }
@@ -164,10 +286,14 @@ impl Leaf {
     /// Gives memory back once at most a quarter of it is used (after deletions and
     /// compaction), keeping room to grow by as many keys again.
     fn shrink(&mut self) {
-        if self.keys.capacity() > 4 * self.len() {
+        if self.histories.capacity() > 4 * self.len() {
             self.keys.shrink_to(2 * self.len());
             self.histories.shrink_to(2 * self.len());
         }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&[u8], &KeyIndex)> {
+        self.keys.iter().zip(&self.histories)
     }
 }
 
@@ -208,14 +334,13 @@ impl Index {
         let mut keys = keys.into_iter().peekable();
         while keys.peek().is_some() {
             let mut leaf = Leaf::with_capacity(LEAF);
-            for (key, history) in keys.by_ref().take(LEAF) {
-                leaf.live += usize::from(history.is_live());
-                leaf.keys.push(key);
-                leaf.histories.push(history);
+            while let Some((key, history)) = keys.next_if(|(key, _)| !leaf.is_full_for(key)) {
+                let at = leaf.len();
+                leaf.insert(at, &key, history);
             }
             let low = match index.lows.is_empty() {
                 true => Box::default(),
-                false => leaf.keys.first().cloned().unwrap_or_default(),
+                false => leaf.keys.first().map(Box::from).unwrap_or_default(),
             };
             index.live += leaf.live;
             index.lows.push(low);
@@ -227,16 +352,14 @@ impl Index {
     /// Every key with its history, in key order.
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &KeyIndex)> {
-        self.leaves
-            .iter()
-            .flat_map(|l| l.keys.iter().map(|k| &**k).zip(&l.histories))
+        self.leaves.iter().flat_map(Leaf::entries)
     }
 
     /// The leaf `key` belongs in, and where in it: `Ok` where it is, `Err` where it would go.
     fn find(&self, key: &[u8]) -> (usize, Result<usize, usize>) {
         let leaf = self.lows.partition_point(|low| **low <= *key).saturating_sub(1);
         let at = match self.leaves.get(leaf) {
-            Some(l) => l.keys.binary_search_by(|k| (**k).cmp(key)),
+            Some(l) => l.keys.binary_search(key),
             None => Err(0),
         };
         (leaf, at)
@@ -264,7 +387,7 @@ impl Index {
             .enumerate()
             .flat_map(move |(i, l)| {
                 let skip = if i == 0 { at } else { 0 };
-                l.keys.iter().map(|k| &**k).zip(&l.histories).skip(skip)
+                l.entries().skip(skip)
             })
             .take_while(move |(key, _)| before_end(key))
     }
@@ -316,8 +439,31 @@ impl Index {
             self.lows.push(Box::default());
             return;
         };
-        if l.len() < LEAF {
+        if !l.is_full_for(key) {
             l.insert(at, key, history);
+            return;
+        }
+        if l.keys.overflows_with(key) {
+            // Keys of gigabytes: the key takes a leaf of its own, between the two parts of
+            // this one, so that no leaf's keys pass 4 GiB (one key is less: a record's length
+            // is 4 bytes).
+            let right = l.split_off(at);
+            let mut own = Leaf::with_capacity(1);
+            own.insert(0, key, history);
+            let mut next = leaf + 1;
+            match l.len() {
+                // Its low stays below the key.
+                0 => *l = own,
+                _ => {
+                    self.leaves.insert(next, own);
+                    self.lows.insert(next, key.into());
+                    next += 1;
+                }
+            }
+            if let Some(low) = right.keys.first().map(Box::from) {
+                self.leaves.insert(next, right);
+                self.lows.insert(next, low);
+            }
             return;
         }
         if leaf == last && at == l.len() {
@@ -335,7 +481,7 @@ impl Index {
             _ => LEAF / 2,
         };
         let right = l.split_off(split);
-        let low = right.keys.first().cloned().unwrap_or_default();
+        let low = right.keys.first().map(Box::from).unwrap_or_default();
         let (into, at) = match at <= split {
             true => (leaf, at),
             false => (leaf + 1, at - split),
@@ -359,8 +505,12 @@ impl Index {
             l.shrink();
             return;
         }
-        let len = l.len();
-        let fits = |i: usize| self.leaves.get(i).is_some_and(|n| n.len() + len <= LEAF);
+        let (len, bytes) = (l.len(), l.keys.bytes.len());
+        let fits = |i: usize| {
+            self.leaves
+                .get(i)
+                .is_some_and(|n| n.len() + len <= LEAF && n.keys.bytes.len() + bytes <= LEAF_BYTES)
+        };
         if len == 0 {
             self.drop_leaf(leaf);
         } else if fits(leaf + 1) {
@@ -519,12 +669,7 @@ impl Index {
                 count += l.live;
                 continue;
             }
-            count += l
-                .keys
-                .iter()
-                .zip(&l.histories)
-                .filter(|(k, ki)| ki.is_live() && range.contains(k))
-                .count();
+            count += l.entries().filter(|(k, ki)| ki.is_live() && range.contains(k)).count();
             if past_end(high) {
                 break;
             }
@@ -560,7 +705,7 @@ impl Index {
                 // Compaction never changes whether a key lives now.
                 ki.compact(at, &mut dropped);
                 if ki.is_empty() {
-                    emptied.push(key.clone());
+                    emptied.push(key.to_vec());
                 }
                 done += 1;
             }
@@ -718,8 +863,9 @@ mod tests {
         ]
     }
 
+    /// Keys of 3 to 33 bytes: a leaf of 8 passes its 64 bytes with a few long ones.
     fn key(k: u8) -> Vec<u8> {
-        format!("k{k:02}").into_bytes()
+        format!("k{k:02}{}", "x".repeat(usize::from(k % 7) * 5)).into_bytes()
     }
 
     proptest::proptest! {
@@ -799,12 +945,13 @@ mod tests {
                 proptest::prop_assert_eq!(idx.live(), model.values().filter(|ki| ki.is_live()).count());
                 proptest::prop_assert_eq!(idx.leaves.iter().map(|l| l.live).sum::<usize>(), idx.live());
                 proptest::prop_assert!(idx.leaves.iter().all(|l| l.len() > 0 && l.len() <= LEAF));
+                proptest::prop_assert!(idx.leaves.iter().all(|l| l.keys.bytes.len() <= LEAF_BYTES || l.len() == 1));
                 proptest::prop_assert_eq!(idx.lows.len(), idx.leaves.len());
                 for (i, (low, l)) in idx.lows.iter().zip(&idx.leaves).enumerate() {
                     proptest::prop_assert!(i > 0 || low.is_empty());
-                    proptest::prop_assert!(l.keys.first().is_some_and(|k| low <= k));
+                    proptest::prop_assert!(l.keys.first().is_some_and(|k| **low <= *k));
                     if let Some(prev) = i.checked_sub(1).and_then(|p| idx.leaves.get(p)) {
-                        proptest::prop_assert!(prev.keys.last().is_some_and(|k| k < low));
+                        proptest::prop_assert!(prev.keys.last().is_some_and(|k| *k < **low));
                     }
                 }
             }
