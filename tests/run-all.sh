@@ -23,6 +23,13 @@ cargo --version
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
+step "earlier builds of cairn, from this repository's history, for the mixed-version tests (tests/upgrade): in the background while the tools install; awaited before cargo test"
+mkdir -p target
+upgrade_log=target/upgrade-builds.log
+(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" &&
+    tests/upgrade/build.sh 14077359cdbc64eb02daeeb576afb2b0fd6d7a5c) >"$upgrade_log" 2>&1 &
+upgrade_builds=$!
+
 step "test dependencies: etcdctl and etcd 3.4 (Debian's etcd-client and etcd-server)"
 if ! command -v etcdctl >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then
     sudo_cmd=""
@@ -47,10 +54,6 @@ go version
 step "etcd 3.7 from its Go modules (tests/etcd-3.7, into target/etcd-3.7; the auth differential test and Kubernetes' storage tests use it)"
 tests/etcd-3.7/build.sh "$PWD/target/etcd-3.7"
 
-step "earlier builds of cairn, from this repository's history, for the mixed-version tests (tests/upgrade)"
-tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)"
-tests/upgrade/build.sh 14077359cdbc64eb02daeeb576afb2b0fd6d7a5c
-
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
@@ -70,6 +73,14 @@ tools/import-graph engine/src --crate cairn_engine --check
 step "no function takes more than four arguments besides self (tools/arguments)"
 tools/arguments
 
+step "the earlier builds of cairn (started in the background at the beginning)"
+if ! wait "$upgrade_builds"; then
+    cat "$upgrade_log"
+    echo "tests/upgrade/build.sh failed" >&2
+    exit 1
+fi
+tail -n 4 "$upgrade_log"
+
 step "cargo test"
 cargo test --workspace --locked
 
@@ -83,15 +94,24 @@ step "the crates as a user gets them: cargo publish --dry-run (cairn-wal, cairn-
 # and reuses what an earlier run unpacked there at the same version, so a dry run after a change
 # would build the server against the engine of an earlier run. Those unpacked copies go first.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/cairn-*
-cargo publish --dry-run --allow-dirty --workspace --locked --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
+# The packaged crates are their own workspaces, with cargo's default profile: without debug
+# info (as the workspace's own dependencies build) their check takes a third less.
+CARGO_PROFILE_DEV_DEBUG=0 cargo publish --dry-run --allow-dirty --workspace --locked \
+    --exclude cairn-tests --exclude cairn-faults --exclude cairn-benches
 
 step "a program outside the workspace on the packaged crates, as a user of the registry builds it (tests/outside)"
-tests/outside/run.sh
+CARGO_PROFILE_DEV_DEBUG=0 tests/outside/run.sh
 
 step "cairn with the etcd-client crate (tests/etcd-client, its own workspace)"
 cargo build -p cairn-server --bin cairn --locked
 (cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
-    CAIRN_BIN="$PWD/../../target/debug/cairn" cargo test --locked)
+    CAIRN_BIN="$PWD/../../target/debug/cairn" CARGO_PROFILE_DEV_DEBUG=0 cargo test --locked)
+
+step "kube-apiserver's binaries for tests/kubernetes (BUILD_ONLY=1, niced): in the background while the next steps mostly wait on their processes; awaited before Kubernetes' steps"
+mkdir -p target/kubernetes
+kube_log=target/kubernetes/build.log
+BUILD_ONLY=1 tests/kubernetes/run.sh >"$kube_log" 2>&1 &
+kube_build=$!
 
 step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
@@ -101,6 +121,14 @@ tests/faults/run.sh --seconds 60
 
 step "etcd's monitoring mixin on etcd 3.7.3 and cairn: alerts, dashboard queries, etcdctl check (tests/monitoring)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/monitoring/run.sh
+
+step "kube-apiserver's binaries (started in the background after tests/etcd-client)"
+if ! wait "$kube_build"; then
+    cat "$kube_log"
+    echo "BUILD_ONLY=1 tests/kubernetes/run.sh failed" >&2
+    exit 1
+fi
+cat "$kube_log"
 
 step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/kubernetes/storage)"
 # Every package of the module builds and vets, apiload (benches/compare's apiserver load) too.

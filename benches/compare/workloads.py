@@ -379,22 +379,6 @@ def quota(ctx, t, endpoints, name):
     return r
 
 
-QUOTA = FOOTPRINT + [
-    Figure("filled_gib", f"history in use before compacting ({QUOTA_FILL:.0%} of the quota)", "GiB", True),
-    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
-    Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
-    Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
-    Figure("defrag_over_before", "writes: p99 during defrag / p99 before", "×", False),
-    Figure("ops_defrag", "writes answered per second during defrag", "ops/s", True),
-    Figure("compact_s", "compaction (physical) took", "s", False),
-    Figure("defrag_s", "defragmentation took", "s", False),
-    Figure("db_after", "db size after compaction and defrag", "MiB", False),
-    Figure("nospace_in_use", "in use when NOSPACE refused a put, over the quota", "×", True),
-    Figure("nospace_db", "db size when NOSPACE refused a put, over the quota", "×", True),
-    Figure("refused", "puts refused past the quota (of a twentieth more than fits)", "puts", False),
-    Figure("stop_s", "stop at the quota: SIGTERM until the process exits", "s", False),
-    Figure("restart_s", "restart at the quota: start until /health answers", "s", False),
-]
 
 
 def paged_lists_while_writing(ctx, t, endpoints, name):
@@ -589,6 +573,24 @@ SCALE = FOOTPRINT + [
     Figure("restart_s", "restart, page cache warm: start until /health answers", "s", False),
     Figure("rss_restarted", "RSS after the restart", "MiB", False),
     Figure("restart_cold_s", "restart, page cache dropped: start until /health answers", "s", False),
+]
+
+
+QUOTA = FOOTPRINT + [
+    Figure("filled_gib", f"history in use before compacting ({QUOTA_FILL:.0%} of the quota)", "GiB", True),
+    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
+    Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
+    Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
+    Figure("defrag_over_before", "writes: p99 during defrag / p99 before", "×", False),
+    Figure("ops_defrag", "writes answered per second during defrag", "ops/s", True),
+    Figure("compact_s", "compaction (physical) took", "s", False),
+    Figure("defrag_s", "defragmentation took", "s", False),
+    Figure("db_after", "db size after compaction and defrag", "MiB", False),
+    Figure("nospace_in_use", "in use when NOSPACE refused a put, over the quota", "×", True),
+    Figure("nospace_db", "db size when NOSPACE refused a put, over the quota", "×", True),
+    Figure("refused", "puts refused past the quota (of a twentieth more than fits)", "puts", False),
+    Figure("stop_s", "stop at the quota: SIGTERM until the process exits", "s", False),
+    Figure("restart_s", "restart at the quota: start until /health answers", "s", False),
 ]
 
 
