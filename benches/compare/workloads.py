@@ -542,10 +542,8 @@ FOOTPRINT = [
 ]
 
 
-MILLION = FOOTPRINT + [
-    Figure("db_size", "db size (Maintenance Status)", "MiB", False),
-    Figure("restart_s", "restart: start until /health answers", "s", False),
-    Figure("rss_restarted", "RSS after the restart", "MiB", False),
+# What `defrag_while_serving` reports.
+DEFRAG = [
     Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
     Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
     Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
@@ -555,6 +553,13 @@ MILLION = FOOTPRINT + [
     Figure("defrag_s", "defragmentation took", "s", False),
     Figure("db_after", "db size after compaction and defrag", "MiB", False),
 ]
+
+
+MILLION = FOOTPRINT + [
+    Figure("db_size", "db size (Maintenance Status)", "MiB", False),
+    Figure("restart_s", "restart: start until /health answers", "s", False),
+    Figure("rss_restarted", "RSS after the restart", "MiB", False),
+] + DEFRAG
 
 
 SCALE = FOOTPRINT + [
@@ -578,14 +583,7 @@ SCALE = FOOTPRINT + [
 
 QUOTA = FOOTPRINT + [
     Figure("filled_gib", f"history in use before compacting ({QUOTA_FILL:.0%} of the quota)", "GiB", True),
-    Figure("p99_before", f"writes at {DEFRAG_RATE}/s: p99 before compacting", "ms", False),
-    Figure("p99_compact", "writes: p99 during the compaction", "ms", False),
-    Figure("p99_defrag", "writes: p99 during the defragmentation", "ms", False),
-    Figure("defrag_over_before", "writes: p99 during defrag / p99 before", "×", False),
-    Figure("ops_defrag", "writes answered per second during defrag", "ops/s", True),
-    Figure("compact_s", "compaction (physical) took", "s", False),
-    Figure("defrag_s", "defragmentation took", "s", False),
-    Figure("db_after", "db size after compaction and defrag", "MiB", False),
+] + DEFRAG + [
     Figure("nospace_in_use", "in use when NOSPACE refused a put, over the quota", "×", True),
     Figure("nospace_db", "db size when NOSPACE refused a put, over the quota", "×", True),
     Figure("refused", "puts refused past the quota (of a twentieth more than fits)", "puts", False),
