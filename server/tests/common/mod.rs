@@ -251,7 +251,14 @@ impl Member {
                 self.client_port
             };
             if let Ok((200, body)) = http_get(health_port, "/health") {
-                if body.contains(r#""health":"true""#) {
+                // Healthy, and this process: another test's member may have been given the same
+                // port (free_ports releases it before cairn binds it) and answer for it, while
+                // this one fails to listen. Only this process logs that it is serving here.
+                let serving = self
+                    .log_text()
+                    .get(logged_before..)
+                    .is_some_and(|log| log.contains("serving"));
+                if body.contains(r#""health":"true""#) && serving {
                     return Ok(());
                 }
             }
