@@ -303,9 +303,10 @@ impl Leaf {
 /// the counts of the leaves it covers whole, and walks only its two ends.
 ///
 /// Keys put in ascending order, as a load or a restore puts them, fill leaves whole: a key
-/// after the last goes into a fresh leaf, and only a full leaf with keys on both sides of
-/// the new one splits in halves. (A B-tree splits in the middle whatever the order, and
-/// ascending keys left its nodes half empty, twice the memory for the same keys.)
+/// after the last goes into a fresh leaf, a full leaf splits where the new key goes when it
+/// lands in its first or last eighth (keys from many clients arrive almost in order), and in
+/// halves elsewhere. (A B-tree splits in the middle whatever the order, and ascending keys
+/// left its nodes half empty, twice the memory for the same keys.)
 ///
 /// ```text
 /// lows:    []            "d"              "m"
