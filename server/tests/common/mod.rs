@@ -30,6 +30,34 @@ pub fn free_ports() -> (u16, u16) {
     (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
 }
 
+/// Whether process `pid` holds a listening TCP socket on `port` (from /proc: the sockets
+/// among its open files, and the kernel's table of listening ones).
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let sockets: std::collections::HashSet<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(target.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // local address, state (0A: listening), inode
+                matches!((fields.get(1), fields.get(3), fields.get(9)),
+                (Some(local), Some(&"0A"), Some(inode)) if local.ends_with(&port) && sockets.contains(*inode))
+            })
+    })
+}
+
 /// One `cairn` process and everything it owns on disk.
 pub struct Member {
     pub name: String,
@@ -253,12 +281,8 @@ impl Member {
             if let Ok((200, body)) = http_get(health_port, "/health") {
                 // Healthy, and this process: another test's member may have been given the same
                 // port (free_ports releases it before cairn binds it) and answer for it, while
-                // this one fails to listen. Only this process logs that it is serving here.
-                let serving = self
-                    .log_text()
-                    .get(logged_before..)
-                    .is_some_and(|log| log.contains("serving"));
-                if body.contains(r#""health":"true""#) && serving {
+                // this one fails to listen.
+                if body.contains(r#""health":"true""#) && listens_on(pid, health_port) {
                     return Ok(());
                 }
             }
