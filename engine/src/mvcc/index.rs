@@ -655,24 +655,29 @@ impl Index {
     /// and a walk of the leaves at its two ends.
     pub(crate) fn count_live(&self, range: &KeyRange) -> usize {
         let (start, _) = range.bounds();
-        let first = match start {
-            Bound::Included(key) => self.find(key).0,
-            _ => 0,
+        let (first, at) = match start {
+            Bound::Included(key) => {
+                let (leaf, at) = self.find(key);
+                (leaf, at.unwrap_or_else(|at| at))
+            }
+            _ => (0, 0),
         };
-        // A key not in the range but not before its start is past its end.
-        let past_end = |key: &[u8]| !range.contains(key) && !matches!(start, Bound::Included(s) if key < s);
         let mut count = 0;
-        for l in self.leaves.get(first..).unwrap_or_default() {
-            let (Some(low), Some(high)) = (l.keys.first(), l.keys.last()) else {
-                continue;
-            };
-            if range.contains(low) && range.contains(high) {
+        for (i, l) in self.leaves.get(first..).unwrap_or_default().iter().enumerate() {
+            let skip = if i == 0 { at } else { 0 };
+            let whole = skip == 0
+                && l.keys.first().is_some_and(|k| range.contains(k))
+                && l.keys.last().is_some_and(|k| range.contains(k));
+            if whole {
                 count += l.live;
                 continue;
             }
-            count += l.entries().filter(|(k, ki)| ki.is_live() && range.contains(k)).count();
-            if past_end(high) {
-                break;
+            // From the range's start on, a key outside it is past its end.
+            for (key, ki) in l.entries().skip(skip) {
+                if !range.contains(key) {
+                    return count;
+                }
+                count += usize::from(ki.is_live());
             }
         }
         count
