@@ -13,22 +13,47 @@ fi
 # The snapshot etcd_snapshot_restore damages comes from a real etcd 3.7 (built when missing).
 ./etcd-snapshot.sh
 
+# One build of every target, then the runs, as many at a time as there are cores (each run is
+# one process on one core): on two cores the six targets take three slots of FUZZ_SECONDS.
+cargo fuzz build -s none
+targets=($(cargo fuzz list))
+parallel="${FUZZ_JOBS:-$(nproc)}"
+mkdir -p target/smoke
 failed=()
-for target in $(cargo fuzz list); do
-    # Both targets decode their input with `arbitrary`, which accepts any bytes: seed an empty
-    # corpus with random inputs of up to 4 KiB, so a short run starts from long operation
-    # sequences (many segments) instead of growing them from nothing.
-    corpus="corpus/${target}"
+# run TARGET: fuzzes TARGET for the smoke's seconds, its output in target/smoke/TARGET.log.
+run() {
+    local target="$1"
+    # Every target decodes its input with `arbitrary` or raw bytes, and accepts any: seed an
+    # empty corpus with random inputs of up to 4 KiB, so a short run starts from long
+    # operation sequences (many segments) instead of growing them from nothing.
+    local corpus="corpus/${target}"
     mkdir -p "${corpus}"
     if [ -z "$(ls -A "${corpus}")" ]; then
         for i in $(seq 1 32); do
             head -c $((i * 128)) /dev/urandom >"${corpus}/random-seed-${i}"
         done
     fi
-    echo "== fuzzing ${target} for ${seconds}s"
-    if ! cargo fuzz run "${target}" -s none -- -max_total_time="${seconds}" -timeout=30 -rss_limit_mb=2048; then
-        failed+=("${target}")
-    fi
+    cargo fuzz run "${target}" -s none -- -max_total_time="${seconds}" -timeout=30 -rss_limit_mb=2048 \
+        >"target/smoke/${target}.log" 2>&1
+}
+for ((i = 0; i < ${#targets[@]}; i += parallel)); do
+    batch=("${targets[@]:i:parallel}")
+    pids=()
+    for target in "${batch[@]}"; do
+        echo "== fuzzing ${target} for ${seconds}s (log: fuzz/target/smoke/${target}.log)"
+        run "${target}" &
+        pids+=($!)
+    done
+    for j in "${!batch[@]}"; do
+        target="${batch[j]}"
+        if wait "${pids[j]}"; then
+            # libFuzzer's last word: how many runs, how fast, how much memory.
+            grep -E "^Done [0-9]+ runs" "target/smoke/${target}.log" | sed "s/^/${target}: /" || true
+        else
+            tail -n 60 "target/smoke/${target}.log"
+            failed+=("${target}")
+        fi
+    done
 done
 
 if ((${#failed[@]})); then

@@ -81,6 +81,15 @@ if ! wait "$upgrade_builds"; then
 fi
 tail -n 4 "$upgrade_log"
 
+step "cargo test: the build"
+cargo test --workspace --locked --no-run
+
+step "kube-apiserver's binaries for tests/kubernetes (BUILD_ONLY=1, niced): in the background from here, while the tests mostly wait on their processes; awaited before Kubernetes' steps"
+mkdir -p target/kubernetes
+kube_log=target/kubernetes/build.log
+BUILD_ONLY=1 tests/kubernetes/run.sh >"$kube_log" 2>&1 &
+kube_build=$!
+
 step "cargo test"
 cargo test --workspace --locked
 
@@ -107,12 +116,6 @@ cargo build -p cairn-server --bin cairn --locked
 (cd tests/etcd-client && cargo clippy --all-targets --locked -- -D warnings &&
     CAIRN_BIN="$PWD/../../target/debug/cairn" CARGO_PROFILE_DEV_DEBUG=0 cargo test --locked)
 
-step "kube-apiserver's binaries for tests/kubernetes (BUILD_ONLY=1, niced): in the background while the next steps mostly wait on their processes; awaited before Kubernetes' steps"
-mkdir -p target/kubernetes
-kube_log=target/kubernetes/build.log
-BUILD_ONLY=1 tests/kubernetes/run.sh >"$kube_log" 2>&1 &
-kube_build=$!
-
 step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 
@@ -122,7 +125,7 @@ tests/faults/run.sh --seconds 60
 step "etcd's monitoring mixin on etcd 3.7.3 and cairn: alerts, dashboard queries, etcdctl check (tests/monitoring)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/monitoring/run.sh
 
-step "kube-apiserver's binaries (started in the background after tests/etcd-client)"
+step "kube-apiserver's binaries (started in the background before cargo test)"
 if ! wait "$kube_build"; then
     cat "$kube_log"
     echo "BUILD_ONLY=1 tests/kubernetes/run.sh failed" >&2
