@@ -660,6 +660,43 @@ fn within_patience<F: std::future::IntoFuture>(future: F) -> F::Output {
     }
 }
 
+/// A write past the quota is refused with NOSPACE whatever becomes of the alarm it raises. On
+/// a member cut off from the others the alarm cannot commit: the refusal still comes, once the
+/// alarm's proposal times out, and as NOSPACE, not as that proposal's failure. It comes through
+/// the pending write, not from the call that logs it: a server's async thread is not held for a
+/// consensus round while the members that would commit the alarm may need that thread (a
+/// cluster once stalled so until its requests timed out). Healed, the alarm is raised for all.
+#[test]
+fn a_write_past_the_quota_on_a_cut_off_member_is_refused_with_nospace() {
+    fn tiny_quota(id: u64) -> Config {
+        Config {
+            quota_backend_bytes: 1,
+            ..config(id)
+        }
+    }
+    let c = Cluster::with(4, tiny_quota);
+    let leader = c.leader(&MEMBERS);
+    let cut = MEMBERS.iter().copied().find(|id| *id != leader).unwrap();
+    c.net.partition(&[cut], &MEMBERS);
+    let pending = c
+        .member(cut)
+        .write_async(put("k", "v"))
+        .expect("the refusal is answered through the pending write");
+    assert_eq!(within_patience(pending).unwrap_err(), Error::NoSpace);
+    assert!(
+        c.member(cut).maintenance().alarms().is_empty(),
+        "nothing commits on a member cut off"
+    );
+    c.net.heal();
+    let deadline = Instant::now() + PATIENCE;
+    while !c.running().all(|m| !m.maintenance().alarms().is_empty()) {
+        // The cut-off member's proposal was lost: the next refusal raises the alarm.
+        assert_eq!(c.member(leader).write(put("k", "v")).unwrap_err(), Error::NoSpace);
+        assert!(Instant::now() < deadline, "the alarm was never raised everywhere");
+    }
+    assert_same_everywhere(&c);
+}
+
 /// What one client thread saw: answers before and after the leader was cut off.
 #[derive(Debug, Default)]
 struct Answers {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use super::core::Core;
-use super::propose::{Applied, Pending};
+use super::propose::{Applied, OverQuota, Pending};
 use super::waiters::wait_answer;
 use crate::error::{Error, Result};
 use crate::lease::lessor::LeaseStatus;
@@ -37,7 +37,11 @@ impl<'a> Leases<'a> {
 
     /// Grants a lease (etcd's `LeaseGrant`); `id` 0 lets the engine choose one.
     pub fn grant(&self, id: i64, ttl: i64) -> Result<Applied<LeaseGrant>> {
-        self.core.check_quota(crate::mvcc::store::record_size(0, 0))?;
+        // A thread of its own (a server calls this off its async threads): the refusal may
+        // wait for the NOSPACE alarm.
+        self.core
+            .check_quota(crate::mvcc::store::record_size(0, 0))
+            .map_err(OverQuota::wait)?;
         let ttl = self.core.state.read().lessor.effective_ttl(ttl);
         let id = if id != 0 {
             id

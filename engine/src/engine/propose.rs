@@ -46,6 +46,9 @@ pub struct Pending<T> {
     /// How long [`Pending::wait`] waits (`Config::request_timeout`).
     timeout: std::time::Duration,
     convert: fn((Response, i64)) -> Result<T>,
+    /// The answer whatever `rx` gets, for a write refused before it was logged that waits on
+    /// another entry ([`OverQuota`]).
+    refusal: Option<Error>,
 }
 
 impl<T> std::fmt::Debug for Pending<T> {
@@ -59,14 +62,33 @@ impl<T> Pending<T> {
         (rx, timeout): (oneshot::Receiver<Answer>, std::time::Duration),
         convert: fn((Response, i64)) -> Result<T>,
     ) -> Pending<T> {
-        Pending { rx, timeout, convert }
+        Pending {
+            rx,
+            timeout,
+            convert,
+            refusal: None,
+        }
+    }
+
+    /// `refusal`, once `rx` (another entry's answer) has come or timed out.
+    fn refused((rx, timeout): (oneshot::Receiver<Answer>, std::time::Duration), refusal: Error) -> Pending<T> {
+        Pending {
+            rx,
+            timeout,
+            convert: |_| Err(Error::internal("a refusal converted an answer")),
+            refusal: Some(refusal),
+        }
     }
 
     /// Blocks until the write is applied, or fails with [`Error::Timeout`] after
     /// `Config::request_timeout`: then the write may still be applied later, or may have been
     /// already (as with etcd, a timed-out write's outcome is unknown).
     pub fn wait(self) -> Result<T> {
-        (self.convert)(wait_answer(self.rx, self.timeout)?)
+        let answer = wait_answer(self.rx, self.timeout);
+        match self.refusal {
+            Some(refusal) => Err(refusal),
+            None => (self.convert)(answer?),
+        }
     }
 }
 
@@ -78,6 +100,7 @@ impl<T: Unpin> std::future::IntoFuture for Pending<T> {
         PendingFuture {
             rx: self.rx.into_future(),
             convert: self.convert,
+            refusal: self.refusal,
         }
     }
 }
@@ -86,6 +109,7 @@ impl<T: Unpin> std::future::IntoFuture for Pending<T> {
 pub struct PendingFuture<T> {
     rx: oneshot::AsyncReceiver<Answer>,
     convert: fn((Response, i64)) -> Result<T>,
+    refusal: Option<Error>,
 }
 
 impl<T> std::fmt::Debug for PendingFuture<T> {
@@ -99,11 +123,41 @@ impl<T: Unpin> std::future::Future for PendingFuture<T> {
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<T>> {
         let convert = self.convert;
-        std::pin::Pin::new(&mut self.rx).poll(cx).map(|r| match r {
-            Ok(Ok(answer)) => convert(answer),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::Closed),
+        let answer = std::task::ready!(std::pin::Pin::new(&mut self.rx).poll(cx));
+        std::task::Poll::Ready(match (self.refusal.take(), answer) {
+            (Some(refusal), _) => Err(refusal),
+            (None, Ok(Ok(answer))) => convert(answer),
+            (None, Ok(Err(e))) => Err(e),
+            (None, Err(_)) => Err(Error::Closed),
         })
+    }
+}
+
+/// A write refused by the quota ([`Core::check_quota`]): [`Error::NoSpace`], answered once the
+/// NOSPACE alarm this refusal proposed (if it was not raised yet) is applied, so that a client
+/// told NOSPACE finds the alarm raised. The alarm is not waited for here: the caller may be an
+/// async task's thread, and the members that commit the alarm may need that thread to hear
+/// from each other (with no leader the wait lasts the request timeout). As etcd does, NOSPACE
+/// is the answer whatever becomes of the alarm's proposal.
+pub(crate) struct OverQuota {
+    raising: Option<(oneshot::Receiver<Answer>, std::time::Duration)>,
+}
+
+impl OverQuota {
+    /// NOSPACE as a [`Pending`] write: answered when the alarm is (at once if raised already).
+    pub(crate) fn pending<T>(self) -> Result<Pending<T>> {
+        match self.raising {
+            Some(raising) => Ok(Pending::refused(raising, Error::NoSpace)),
+            None => Err(Error::NoSpace),
+        }
+    }
+
+    /// NOSPACE, once the alarm is applied: blocks, for callers on a thread of their own.
+    pub(crate) fn wait(self) -> Error {
+        if let Some((rx, timeout)) = self.raising {
+            let _ = wait_answer(rx, timeout);
+        }
+        Error::NoSpace
     }
 }
 
@@ -167,8 +221,8 @@ impl Core {
     }
 
     /// etcd's quota check, before a write that adds `bytes` is logged: past the quota, the
-    /// NOSPACE alarm is raised (durably, once) and the write refused.
-    pub(crate) fn check_quota(&self, bytes: u64) -> Result<()> {
+    /// write is refused ([`OverQuota`]) and the NOSPACE alarm raised (durably, once).
+    pub(crate) fn check_quota(&self, bytes: u64) -> std::result::Result<(), OverQuota> {
         let quota = self.config.quota_backend_bytes;
         if quota == 0 {
             return Ok(());
@@ -181,15 +235,18 @@ impl Core {
         if used.saturating_add(bytes) <= quota {
             return Ok(());
         }
+        let mut raising = None;
         if !raised {
             tracing::warn!(used, quota, "backend quota exceeded: raising the NOSPACE alarm");
-            self.propose(Request::Alarm {
-                activate: true,
-                member: self.member_id,
-                alarm: Alarm::NoSpace,
-            })?;
+            raising = self
+                .submit(Request::Alarm {
+                    activate: true,
+                    member: self.member_id,
+                    alarm: Alarm::NoSpace,
+                })
+                .ok();
         }
-        Err(Error::NoSpace)
+        Err(OverQuota { raising })
     }
 
     pub(super) fn propose(&self, request: Request) -> Answer {

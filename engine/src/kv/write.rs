@@ -16,7 +16,9 @@ pub(crate) fn write<W: WriteRequest>(
     request: W,
     guard: Option<u64>,
 ) -> Result<Pending<Applied<W::Response>>> {
-    request.quota(core)?;
+    if let Err(over) = request.quota(core) {
+        return over.pending();
+    }
     let rx = core.submit(guarded(request.into_request(), guard))?;
     Ok(Pending::new(rx, |(response, revision)| match W::answer(response) {
         Ok(response) => Ok(Applied { response, revision }),
@@ -45,6 +47,7 @@ impl WriteRequest for TxnRequest {}
 #[allow(private_interfaces)]
 pub(crate) mod sealed {
     use crate::engine::core::Core;
+    use crate::engine::propose::OverQuota;
     use crate::error::Result;
     use crate::kv::txn::{DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse};
     use crate::request::{Request, Response};
@@ -56,7 +59,7 @@ pub(crate) mod sealed {
         /// See [`super::WriteRequest::check`].
         fn check_alone(&self, max_txn_ops: usize) -> Result<()>;
         /// Refuses it if what it adds would pass the quota.
-        fn quota(&self, core: &Core) -> Result<()>;
+        fn quota(&self, core: &Core) -> std::result::Result<(), OverQuota>;
         /// The request as logged.
         fn into_request(self) -> Request;
         /// Its answer, or the unexpected one.
@@ -70,7 +73,7 @@ pub(crate) mod sealed {
             self.validate()
         }
 
-        fn quota(&self, core: &Core) -> Result<()> {
+        fn quota(&self, core: &Core) -> std::result::Result<(), OverQuota> {
             core.check_quota(crate::mvcc::store::record_size(self.key.len(), self.value.len()))
         }
 
@@ -93,7 +96,7 @@ pub(crate) mod sealed {
             self.validate()
         }
 
-        fn quota(&self, _: &Core) -> Result<()> {
+        fn quota(&self, _: &Core) -> std::result::Result<(), OverQuota> {
             Ok(())
         }
 
@@ -116,7 +119,7 @@ pub(crate) mod sealed {
             self.validate(max_txn_ops)
         }
 
-        fn quota(&self, core: &Core) -> Result<()> {
+        fn quota(&self, core: &Core) -> std::result::Result<(), OverQuota> {
             match self.is_read_only() {
                 true => Ok(()),
                 false => core.check_quota(self.put_bytes()),
