@@ -30,6 +30,23 @@ upgrade_log=target/upgrade-builds.log
     tests/upgrade/build.sh 14077359cdbc64eb02daeeb576afb2b0fd6d7a5c) >"$upgrade_log" 2>&1 &
 upgrade_builds=$!
 
+step "kube-apiserver's binaries for tests/kubernetes (BUILD_ONLY=1), then the fuzz targets (cargo fuzz build): in the background from here, niced, so that they take what the steps before them leave of the CPU; awaited before Kubernetes' steps and the fuzz run"
+# nice 19 against the foreground's 0 gives them a few percent of a busy core, and all of an
+# idle one: the installs wait on the network, and most tests on their processes.
+mkdir -p target/kubernetes
+kube_log=target/kubernetes/build.log
+BUILD_ONLY=1 tests/kubernetes/run.sh >"$kube_log" 2>&1 &
+kube_build=$!
+fuzz_log=target/fuzz-build.log
+(
+    # After the Kubernetes build, which the run needs first (tail --pid waits for a process
+    # that is not the subshell's child).
+    tail --pid="$kube_build" -f /dev/null
+    cargo fuzz --version >/dev/null 2>&1 || nice -n 19 cargo install cargo-fuzz --locked
+    cd fuzz && nice -n 19 cargo fuzz build -s none
+) >"$fuzz_log" 2>&1 &
+fuzz_build=$!
+
 step "test dependencies: etcdctl and etcd 3.4 (Debian's etcd-client and etcd-server)"
 if ! command -v etcdctl >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then
     sudo_cmd=""
@@ -81,15 +98,6 @@ if ! wait "$upgrade_builds"; then
 fi
 tail -n 4 "$upgrade_log"
 
-step "cargo test: the build"
-cargo test --workspace --locked --no-run
-
-step "kube-apiserver's binaries for tests/kubernetes (BUILD_ONLY=1, niced): in the background from here, while the tests mostly wait on their processes; awaited before Kubernetes' steps"
-mkdir -p target/kubernetes
-kube_log=target/kubernetes/build.log
-BUILD_ONLY=1 tests/kubernetes/run.sh >"$kube_log" 2>&1 &
-kube_build=$!
-
 step "cargo test"
 cargo test --workspace --locked
 
@@ -119,13 +127,13 @@ cargo build -p cairn-server --bin cairn --locked
 step "the HTTP/JSON gateway with etcd3gw and Patroni (tests/gateway)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/gateway/run.sh
 
-step "faults across processes: cairn, then etcd 3.7.3 as the harness's own check (tests/faults)"
+step "faults across processes: cairn, etcd 3.7.3 as the harness's own check, and a rolling upgrade, side by side (tests/faults)"
 tests/faults/run.sh --seconds 60
 
 step "etcd's monitoring mixin on etcd 3.7.3 and cairn: alerts, dashboard queries, etcdctl check (tests/monitoring)"
 CAIRN_BIN="$PWD/target/debug/cairn" tests/monitoring/run.sh
 
-step "kube-apiserver's binaries (started in the background before cargo test)"
+step "kube-apiserver's binaries (started in the background at the beginning)"
 if ! wait "$kube_build"; then
     cat "$kube_log"
     echo "BUILD_ONLY=1 tests/kubernetes/run.sh failed" >&2
@@ -143,12 +151,21 @@ step "Kubernetes' storage conformance tests against etcd 3.7 and cairn (tests/ku
 done)
 
 step "kube-apiserver 1.37 and 1.34 on a three-member cairn cluster, and 1.37 on cairn run from kubeadm's etcd manifest (tests/kubernetes; first build ~12 min, kubeadm ~1 min more)"
-tests/kubernetes/run.sh
+# Not niced (NICE=): the fuzz targets may still be building in the background, niced.
+NICE= tests/kubernetes/run.sh
 
 step "packaging: the container image with buildah and podman, the systemd unit under a real systemd (tests/packaging)"
 # A static build without optimisation or debug info: the recipe and the unit are under test
 # here, not the release binary, and an unoptimised build is the quicker one.
 CAIRN_PROFILE=dev CARGO_PROFILE_DEV_DEBUG=0 tests/packaging/run.sh
+
+step "the fuzz targets' build (started in the background after Kubernetes' build)"
+if ! wait "$fuzz_build"; then
+    cat "$fuzz_log"
+    echo "cargo fuzz build failed" >&2
+    exit 1
+fi
+tail -n 2 "$fuzz_log"
 
 step "fuzz smoke run (${FUZZ_SECONDS:=30}s per target)"
 FUZZ_SECONDS="$FUZZ_SECONDS" fuzz/smoke.sh

@@ -26,15 +26,32 @@ fi
 
 cargo build -p cairn-server --bin cairn -p cairn-faults --bin faults --locked
 faults="$root/target/debug/faults"
-# cairn's members on disks of their own that the nemesis fills. etcd runs without: after a WAL
+# cairn's members run on disks of their own that the nemesis fills. etcd runs without: after a WAL
 # segment could not be preallocated on a full disk it hangs until restarted (cairn exits, to be
 # started again), which would fail the "takes writes after healing" check for a reason
 # docs/reliability.md gives, not a fault of the harness.
-"$faults" --binary "$root/target/debug/cairn" --label cairn --subnet 1 --workdir /tmp/cairn-faults --disk-mb 1024 "$@"
-"$faults" --binary "$root/target/etcd-3.7/etcd" --label "etcd 3.7.3" --subnet 2 --workdir /tmp/etcd-faults "$@"
+previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
+# The three runs share nothing (each its own subnet, namespaces and work directory) and spend
+# their minute mostly waiting on their members, so they run side by side; each one's output
+# goes to target/faults-<n>.log and is printed when all are done.
+mkdir -p target
+pids=()
+run() {
+    local n="$1"
+    shift
+    "$faults" "$@" >"target/faults-$n.log" 2>&1 &
+    pids+=($!)
+}
+run 1 --binary "$root/target/debug/cairn" --label cairn --subnet 1 --workdir /tmp/cairn-faults --disk-mb 1024 "$@"
+run 2 --binary "$root/target/etcd-3.7/etcd" --label "etcd 3.7.3" --subnet 2 --workdir /tmp/etcd-faults "$@"
 # A rolling upgrade from the previous release (tests/upgrade/PREVIOUS) and the downgrade back,
 # under the same faults and checks.
-previous="$(tests/upgrade/build.sh "$(cat tests/upgrade/PREVIOUS)" | tail -n 1)"
-"$faults" --binary "$root/target/debug/cairn" --upgrade-from "$previous" --downgrade \
+run 3 --binary "$root/target/debug/cairn" --upgrade-from "$previous" --downgrade \
     --label "cairn, upgraded from $(cut -c1-10 tests/upgrade/PREVIOUS) and downgraded back" \
     --subnet 3 --workdir /tmp/cairn-upgrade "$@"
+failed=0
+for i in 0 1 2; do
+    if ! wait "${pids[i]}"; then failed=1; fi
+    cat "target/faults-$((i + 1)).log"
+done
+exit "$failed"

@@ -25,7 +25,7 @@
 # tests/upgrade/PREVIOUS, built if missing), BUILD_ONLY, CAIRN_BIN (default
 # <repo>/target/debug/cairn, built with cargo if missing), ETCD_BIN (default
 # <repo>/target/etcd-3.7/etcd, the etcd that TestMoveFromEtcd moves
-# kube-apiserver from), NICE (default "nice -n 19"),
+# kube-apiserver from), NICE (default "nice -n 19"; empty: not niced),
 # GO_TEST_FLAGS (extra flags for go test, e.g. -run).
 set -uo pipefail
 
@@ -35,7 +35,7 @@ versions="${VERSIONS:-1.37 1.34}"
 mtls_versions="${MTLS_VERSIONS-1.37}"
 kubeadm_versions="${KUBEADM_VERSIONS-1.37}"
 upgrade_versions="${UPGRADE_VERSIONS-1.37}"
-nice_cmd="${NICE:-nice -n 19}"
+nice_cmd="${NICE-nice -n 19}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 # Module directory holding the release's k8s.io/kubernetes requirement.
