@@ -25,7 +25,8 @@ put-serial, put-100, range-l-100, put-100-mtls, range-l-100-mtls, put-100-auth, 
 (the last four against secured targets: client and peer mTLS, or auth on), range-s-100,
 range-s-pinned-100 and watch-1000,
 watch-pinned-1000 (each the one before with the server and the load generator on a core each),
-keepalive-10k, expiry, million, scale (--keys keys of --scale-val-size bytes: footprint, a count
+watch-scale (--watch-watchers watchers of one prefix over 10 connections while --watch-put-rate
+puts a second go on: put-to-event p99, and the puts' p99 against one watcher's), keepalive-10k, expiry, million, scale (--keys keys of --scale-val-size bytes: footprint, a count
 of every key, a 500,000-key keys-only list, restarts with the page cache warm and cold), quota
 (a --quota-gib quota filled with history of --keys keys of --scale-val-size bytes: compaction
 and defragmentation while writing near it, then NOSPACE at it),
@@ -71,6 +72,10 @@ def parse_args():
                     help="keys the `million` workload loads (default 1,000,000; 100,000 with --quick)")
     ap.add_argument("--scale-val-size", type=int, default=1024,
                     help="bytes of each value the `scale` workload loads (its key count is --keys; default 1024)")
+    ap.add_argument("--watch-watchers", type=int, default=10_000,
+                    help="watchers of the `watch-scale` workload, over 10 connections (default 10,000)")
+    ap.add_argument("--watch-put-rate", type=int, default=2_000,
+                    help="puts per second of the `watch-scale` workload (default 2,000)")
     ap.add_argument("--quota-gib", type=float, default=20,
                     help="the `quota` workload's --quota-backend-bytes, in GiB (default 20, as the largest "
                          "control planes run; the other workloads run with 8)")
@@ -114,7 +119,8 @@ def main():
         sys.exit("the cairn-baseline target needs --baseline-binary")
     chosen = [targets[t] for t in names]
     wanted = a.only.split(",") if a.only else None
-    chosen_w = [w for w in workloads(a.keys, a.expiry_leases, a.scale_val_size, int(a.quota_gib * (1 << 30)))
+    chosen_w = [w for w in workloads(a.keys, a.expiry_leases, a.scale_val_size, int(a.quota_gib * (1 << 30)),
+                                          (a.watch_watchers, a.watch_put_rate))
                 if wanted is None or any(o and o in w.name for o in wanted)]
     if not chosen_w:
         sys.exit(f"--only {a.only} selects no workload")

@@ -231,6 +231,43 @@ def watch_fanout(bench_cpus=None):
     return run
 
 
+def watch_at_scale(watchers, put_rate):
+    """Issue #38's goal 5: `watchers` watchers of one prefix over 10 streams on 10 connections
+    while 20 writers put `put_rate` times a second in all. The writers' p99 is measured first
+    with one watcher, then with all of them: put-to-event p99, events delivered and missing,
+    and the writers' p99 against their own before."""
+
+    def run(ctx, t, endpoints, name):
+        common = ["--conns", "10", "--clients", "20"]
+        alone = bench(ctx, endpoints, common + ["watch", "--watchers", "1", "--streams", "1",
+                                                "--put-rate", str(put_rate)], seconds=ctx.seconds)
+        cpu_before = t.cpu_seconds()
+        out = bench(ctx, endpoints, common + ["watch", "--watchers", str(watchers), "--streams", "10",
+                                              "--put-rate", str(put_rate)], seconds=ctx.seconds)
+        cpu = t.cpu_seconds() - cpu_before
+        events = out.get("ok") or 0
+        expected = out.get("events_expected") or 0
+        before, during = ms(alone.get("put_p99_us")), ms(out.get("put_p99_us"))
+        return {"p99": ms(out.get("p99_us")), "ops": out.get("ops_per_sec"),
+                "delivered": events / expected if expected else None,
+                "puts": out.get("put_ops_per_sec"),
+                "put_p99_before": before, "put_p99": during,
+                "put_p99_over_before": during / before if before and during else None,
+                "cpu_us": cpu * 1e6 / events if events else None, "raw": {"alone": alone, "watched": out}}
+
+    return run
+
+
+WATCH_AT_SCALE = [Figure("p99", "put-to-event p99 latency", "ms", False),
+                  Figure("ops", "events delivered", "events/s", True),
+                  Figure("delivered", "events delivered / expected", "×", True),
+                  Figure("puts", "puts", "puts/s", True),
+                  Figure("put_p99_before", "put p99, one watcher", "ms", False),
+                  Figure("put_p99", "put p99, every watcher", "ms", False),
+                  Figure("put_p99_over_before", "put p99 with every watcher / one", "×", False),
+                  Figure("cpu_us", "server CPU per event (its puts' included)", "µs", False)]
+
+
 WATCH = [Figure("ops", "events delivered", "events/s", True),
          Figure("p99", "put-to-event p99 latency", "ms", False),
          Figure("cpu_us", "server CPU per event (its puts' included)", "µs", False)]
@@ -594,7 +631,7 @@ QUOTA = FOOTPRINT + [
 ]
 
 
-def workloads(keys, expiry_leases, scale_val_size=1024, quota_bytes=20 << 30):
+def workloads(keys, expiry_leases, scale_val_size=1024, quota_bytes=20 << 30, watch_scale=(10_000, 2_000)):
     """Every workload, in the order they run."""
     kk = f"{keys:,}"
     return [
@@ -628,6 +665,8 @@ def workloads(keys, expiry_leases, scale_val_size=1024, quota_bytes=20 << 30):
         Workload("watch-1000", "watch fan-out: 1,000 watchers, 10 unthrottled writers", WATCH, watch_fanout()),
         Workload("watch-pinned-1000", "the same, the server on one core and the load generator on the other",
                  WATCH, watch_fanout(bench_cpus="1"), cpus=("0", "1")),
+        Workload("watch-scale", f"watch fan-out at scale: {watch_scale[0]:,} watchers of one prefix over 10 "
+                                f"connections, {watch_scale[1]:,} puts/s", WATCH_AT_SCALE, watch_at_scale(*watch_scale)),
         Workload("keepalive-10k", "lease keep-alive, 10,000 leases, 100 streams",
                  [Figure("ops", "renewals", "ops/s", True), Figure("p99", "p99 latency", "ms", False),
                   Figure("cpu_us", "server CPU per renewal", "µs", False)],

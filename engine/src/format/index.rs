@@ -217,14 +217,15 @@ impl Writer {
         index: &KeyIndex,
         loc: impl Fn(&Revision) -> Option<Loc>,
     ) -> Result<()> {
+        let generations = index.generations();
         let head = KeyHeadV1 {
             key,
             lease,
-            generations: index.generations.len() as u32,
+            generations: generations.len() as u32,
         };
         let block = std::mem::take(&mut self.block);
         let mut block = postcard::to_extend(&head, block).map_err(encode_error)?;
-        for g in &index.generations {
+        for g in &generations {
             let head = GenerationHeadV1 {
                 ver: g.ver,
                 created: (g.created.main, g.created.sub),
@@ -533,7 +534,7 @@ mod tests {
         assert_eq!(keys.len(), 2);
         assert_eq!((keys[0].0.as_slice(), keys[0].1), (&b"a"[..], 7));
         assert_eq!(keys[0].2.current().unwrap().version, 2);
-        assert_eq!(keys[1].2.generations.len(), 2);
+        assert_eq!(keys[1].2.generations().len(), 2);
         assert_eq!(keys[1].2.get(5), None, "deleted at 5");
         let revs: Vec<i64> = locs.iter().map(|(r, _)| r.main).collect();
         assert_eq!(revs, [2, 3, 4, 5, 6]);

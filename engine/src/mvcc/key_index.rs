@@ -18,6 +18,8 @@
 //! tombstone is dropped too, with its generation: nothing can read it any more. Compacting the
 //! example at 4 leaves `[{5.0, 6.0}]`; at 2 it leaves `[{2.0, 3.0, 4.0(t)}, {5.0, 6.0}]`.
 
+use std::num::NonZeroU32;
+
 use smallvec::{smallvec, SmallVec};
 
 use crate::revision::Revision;
@@ -55,14 +57,92 @@ pub(crate) enum KeyIndexError {
     NotLive,
 }
 
-/// The revisions of one key. Invariant: `generations` is non-empty, only the last generation
-/// may be empty, and all revisions ascend across generations.
+/// The revisions of one key, in either of two forms (see [`Repr`]).
 ///
-/// Memory matters here: the index holds every key, so a key that was never deleted (one
-/// generation, inline) with one revision lives entirely inside the tree's node, 56 bytes.
+/// Memory matters here: the index holds every key, and most keys, once compacted, are alive
+/// with one revision. Such a key takes 32 bytes in its leaf and no allocation of its own; any
+/// other history is boxed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct KeyIndex {
-    pub(crate) generations: SmallVec<[Generation; 1]>,
+pub(crate) struct KeyIndex(Repr);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Repr {
+    /// A key alive with one revision in its one generation, when the figures fit.
+    One(One),
+    /// Any other history.
+    Many(Box<History>),
+}
+
+/// A key alive with one revision: what [`History`] holds as one generation of one revision,
+/// packed. Its sub-revisions fit 32 bits (a sub-revision counts the changes within one
+/// request) and its version does too, and is not 0 (the niche that tells the forms apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct One {
+    created_main: i64,
+    modified_main: i64,
+    created_sub: u32,
+    modified_sub: u32,
+    ver: NonZeroU32,
+}
+
+// The form most keys take: checked here, so that a change of layout is seen.
+const _: () = assert!(size_of::<KeyIndex>() == 32);
+
+impl One {
+    fn of(history: &History) -> Option<One> {
+        let [g] = history.generations.as_slice() else {
+            return None;
+        };
+        let [modified] = g.revs.as_slice() else {
+            return None;
+        };
+        Some(One {
+            created_main: g.created.main,
+            modified_main: modified.main,
+            created_sub: u32::try_from(g.created.sub).ok()?,
+            modified_sub: u32::try_from(modified.sub).ok()?,
+            ver: u32::try_from(g.ver).ok().and_then(NonZeroU32::new)?,
+        })
+    }
+
+    fn created(self) -> Revision {
+        Revision {
+            main: self.created_main,
+            sub: i64::from(self.created_sub),
+        }
+    }
+
+    fn modified(self) -> Revision {
+        Revision {
+            main: self.modified_main,
+            sub: i64::from(self.modified_sub),
+        }
+    }
+
+    fn found(self) -> Found {
+        Found {
+            modified: self.modified(),
+            created: self.created(),
+            version: i64::from(self.ver.get()),
+        }
+    }
+
+    fn history(self) -> History {
+        History {
+            generations: smallvec![Generation {
+                ver: i64::from(self.ver.get()),
+                created: self.created(),
+                revs: smallvec![self.modified()],
+            }],
+        }
+    }
+}
+
+/// The revisions of one key as generations. Invariant: `generations` is non-empty, only the
+/// last generation may be empty, and all revisions ascend across generations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct History {
+    generations: SmallVec<[Generation; 1]>,
 }
 
 /// What a read of a key at a revision finds.
@@ -76,9 +156,24 @@ pub(crate) struct Found {
 
 impl Default for KeyIndex {
     fn default() -> Self {
-        KeyIndex {
+        KeyIndex::from(History::default())
+    }
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
             generations: smallvec![Generation::default()],
         }
+    }
+}
+
+impl From<History> for KeyIndex {
+    fn from(history: History) -> KeyIndex {
+        KeyIndex(match One::of(&history) {
+            Some(one) => Repr::One(one),
+            None => Repr::Many(Box::new(history)),
+        })
     }
 }
 
@@ -86,6 +181,115 @@ impl KeyIndex {
     /// The last revision that changed the key (a put or its tombstone); the default revision
     /// for a key with no history. Compaction never drops it while the key has any history.
     pub(crate) fn modified(&self) -> Revision {
+        match &self.0 {
+            Repr::One(one) => one.modified(),
+            Repr::Many(history) => history.modified(),
+        }
+    }
+
+    /// The history made of `generations` (a saved index's), if it keeps the invariant: at
+    /// least one generation, only the last one empty, revisions ascending across all.
+    pub(crate) fn from_generations(generations: SmallVec<[Generation; 1]>) -> Option<KeyIndex> {
+        History::from_generations(generations).map(KeyIndex::from)
+    }
+
+    /// The key's generations, oldest first (for saving them).
+    pub(crate) fn generations(&self) -> SmallVec<[Generation; 1]> {
+        match &self.0 {
+            Repr::One(one) => one.history().generations,
+            Repr::Many(history) => history.generations.clone(),
+        }
+    }
+
+    /// Changes the history with `change`, in generations, then packs it again.
+    fn change<R>(&mut self, change: impl FnOnce(&mut History) -> R) -> R {
+        match &mut self.0 {
+            Repr::Many(history) => {
+                let r = change(history);
+                if let Some(one) = One::of(history) {
+                    self.0 = Repr::One(one);
+                }
+                r
+            }
+            Repr::One(one) => {
+                let mut history = one.history();
+                let r = change(&mut history);
+                *self = KeyIndex::from(history);
+                r
+            }
+        }
+    }
+
+    /// Records a put at `rev`.
+    pub(crate) fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+        self.change(|h| h.put(rev))
+    }
+
+    /// Records a delete at `rev`, closing the current generation.
+    pub(crate) fn tombstone(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+        self.change(|h| h.tombstone(rev))
+    }
+
+    /// Takes back the last change, made at `rev` (a put, or a delete when `tombstone`). For
+    /// abandoning a write request.
+    pub(crate) fn undo(&mut self, rev: Revision, tombstone: bool) {
+        self.change(|h| h.undo(rev, tombstone));
+    }
+
+    /// The key as it is now, at its newest revision, if it exists: what [`KeyIndex::get`]
+    /// finds at any revision from its last change on, without searching for it.
+    pub(crate) fn current(&self) -> Option<Found> {
+        match &self.0 {
+            Repr::One(one) => Some(one.found()),
+            Repr::Many(history) => history.current(),
+        }
+    }
+
+    /// Whether the key exists at the newest revision.
+    pub(crate) fn is_live(&self) -> bool {
+        match &self.0 {
+            Repr::One(_) => true,
+            Repr::Many(history) => history.is_live(),
+        }
+    }
+
+    /// Whether nothing is left of the key (after compaction).
+    pub(crate) fn is_empty(&self) -> bool {
+        match &self.0 {
+            Repr::One(_) => false,
+            Repr::Many(history) => history.is_empty(),
+        }
+    }
+
+    /// The key as it was at revision `at`, if it existed then.
+    pub(crate) fn get(&self, at: i64) -> Option<Found> {
+        match &self.0 {
+            Repr::One(one) => (one.modified_main <= at).then(|| one.found()),
+            Repr::Many(history) => history.get(at),
+        }
+    }
+
+    /// Drops history that no read at or after revision `at` can see (see the module docs),
+    /// adding the revisions dropped to `dropped`: their records can go.
+    pub(crate) fn compact(&mut self, at: i64, dropped: &mut Vec<Revision>) {
+        if let Repr::One(_) = self.0 {
+            return; // one revision of a live key: every later read sees it
+        }
+        self.change(|h| h.compact(at, dropped));
+    }
+
+    /// Records a change read back from a data file: a put at `rev` with the create revision
+    /// and version the record carries (earlier puts of the generation may be compacted away,
+    /// so they cannot be counted), or a tombstone when `version` is 0.
+    pub(crate) fn restore(&mut self, rev: Revision, created: Revision, version: i64) -> Result<(), KeyIndexError> {
+        self.change(|h| h.restore(rev, created, version))
+    }
+}
+
+impl History {
+    /// The last revision that changed the key (a put or its tombstone); the default revision
+    /// for a key with no history. Compaction never drops it while the key has any history.
+    fn modified(&self) -> Revision {
         self.generations
             .iter()
             .rev()
@@ -95,7 +299,7 @@ impl KeyIndex {
 
     /// The history made of `generations` (a saved index's), if it keeps the invariant: at
     /// least one generation, only the last one empty, revisions ascending across all.
-    pub(crate) fn from_generations(generations: SmallVec<[Generation; 1]>) -> Option<KeyIndex> {
+    fn from_generations(generations: SmallVec<[Generation; 1]>) -> Option<History> {
         let last = generations.len().checked_sub(1)?;
         let mut before: Option<Revision> = None;
         for (i, g) in generations.iter().enumerate() {
@@ -109,11 +313,11 @@ impl KeyIndex {
                 before = Some(*rev);
             }
         }
-        Some(KeyIndex { generations })
+        Some(History { generations })
     }
 
     /// Records a put at `rev`.
-    pub(crate) fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+    fn put(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
         let last = self.modified();
         if rev <= last {
             return Err(KeyIndexError::NotAfterLast { given: rev, last });
@@ -132,7 +336,7 @@ impl KeyIndex {
     }
 
     /// Records a delete at `rev`, closing the current generation.
-    pub(crate) fn tombstone(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
+    fn tombstone(&mut self, rev: Revision) -> Result<(), KeyIndexError> {
         if !self.is_live() {
             return Err(KeyIndexError::NotLive);
         }
@@ -143,7 +347,7 @@ impl KeyIndex {
 
     /// Takes back the last change, made at `rev` (a put, or a delete when `tombstone`). For
     /// abandoning a write request.
-    pub(crate) fn undo(&mut self, rev: Revision, tombstone: bool) {
+    fn undo(&mut self, rev: Revision, tombstone: bool) {
         if tombstone && self.generations.last().is_some_and(Generation::is_empty) {
             self.generations.pop();
         }
@@ -158,9 +362,9 @@ impl KeyIndex {
         }
     }
 
-    /// The key as it is now, at its newest revision, if it exists: what [`KeyIndex::get`]
+    /// The key as it is now, at its newest revision, if it exists: what [`History::get`]
     /// finds at any revision from its last change on, without searching for it.
-    pub(crate) fn current(&self) -> Option<Found> {
+    fn current(&self) -> Option<Found> {
         let g = self.generations.last()?;
         Some(Found {
             modified: *g.revs.last()?,
@@ -170,12 +374,12 @@ impl KeyIndex {
     }
 
     /// Whether the key exists at the newest revision.
-    pub(crate) fn is_live(&self) -> bool {
+    fn is_live(&self) -> bool {
         self.generations.last().is_some_and(|g| !g.is_empty())
     }
 
     /// Whether nothing is left of the key (after compaction).
-    pub(crate) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.generations.iter().all(Generation::is_empty)
     }
 
@@ -197,7 +401,7 @@ impl KeyIndex {
     }
 
     /// The key as it was at revision `at`, if it existed then.
-    pub(crate) fn get(&self, at: i64) -> Option<Found> {
+    fn get(&self, at: i64) -> Option<Found> {
         let g = self.generation_at(at)?;
         let n = g.newest_at(at)?;
         let newer = (g.revs.len() - n - 1) as i64;
@@ -210,7 +414,7 @@ impl KeyIndex {
 
     /// Drops history that no read at or after revision `at` can see (see the module docs),
     /// adding the revisions dropped to `dropped`: their records can go.
-    pub(crate) fn compact(&mut self, at: i64, dropped: &mut Vec<Revision>) {
+    fn compact(&mut self, at: i64, dropped: &mut Vec<Revision>) {
         let last = self.generations.len().saturating_sub(1);
         // The first generation still alive at `at`: its tombstone is after `at`, or it is the
         // current one.
@@ -241,7 +445,7 @@ impl KeyIndex {
     /// Records a change read back from a data file: a put at `rev` with the create revision
     /// and version the record carries (earlier puts of the generation may be compacted away,
     /// so they cannot be counted), or a tombstone when `version` is 0.
-    pub(crate) fn restore(&mut self, rev: Revision, created: Revision, version: i64) -> Result<(), KeyIndexError> {
+    fn restore(&mut self, rev: Revision, created: Revision, version: i64) -> Result<(), KeyIndexError> {
         if version == 0 {
             return self.tombstone(rev);
         }
@@ -326,7 +530,7 @@ mod tests {
             ki.compact(at, &mut dropped);
             dropped.sort();
             let left: Vec<Vec<i64>> = ki
-                .generations
+                .generations()
                 .iter()
                 .filter(|g| !g.is_empty())
                 .map(|g| g.revs.iter().map(|r| r.main).collect())
@@ -367,6 +571,38 @@ mod tests {
         restored.restore(rev(6), rev(5), 2).unwrap();
         assert_eq!(restored, compacted);
         assert_eq!(restored.get(3).map(|f| (f.created.main, f.version)), Some((1, 3)));
+    }
+
+    #[test]
+    fn one_revision_of_a_live_key_is_packed_and_reads_as_its_history() {
+        let mut ki = KeyIndex::default();
+        ki.put(rev(3)).unwrap();
+        assert!(matches!(ki.0, Repr::One(_)), "{ki:?}");
+        ki.put(rev(5)).unwrap();
+        assert!(matches!(ki.0, Repr::Many(_)), "two revisions: {ki:?}");
+        ki.compact(5, &mut Vec::new());
+        assert!(matches!(ki.0, Repr::One(_)), "compacted to one: {ki:?}");
+        let unpacked = History::from_generations(ki.generations()).unwrap();
+        for at in 0..8 {
+            assert_eq!(ki.get(at), unpacked.get(at), "at {at}");
+        }
+        assert_eq!(ki.current(), unpacked.current());
+        assert_eq!(ki.current().map(|f| (f.created, f.version)), Some((rev(3), 2)));
+        // A delete unpacks it; taking the delete back packs it again.
+        ki.tombstone(rev(7)).unwrap();
+        assert!(!ki.is_live() && matches!(ki.0, Repr::Many(_)));
+        ki.undo(rev(7), true);
+        assert!(matches!(ki.0, Repr::One(_)), "{ki:?}");
+        // Figures past 32 bits stay unpacked, and read back whole.
+        let far = Revision { main: 9, sub: 1 << 40 };
+        let mut big_sub = KeyIndex::default();
+        big_sub.put(far).unwrap();
+        assert!(matches!(big_sub.0, Repr::Many(_)));
+        assert_eq!(big_sub.current().map(|f| f.modified), Some(far));
+        let mut old = KeyIndex::default();
+        old.restore(rev(9), rev(1), 1 << 33).unwrap();
+        assert!(matches!(old.0, Repr::Many(_)));
+        assert_eq!(old.current().map(|f| f.version), Some(1 << 33));
     }
 
     #[test]
