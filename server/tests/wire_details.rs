@@ -123,7 +123,7 @@ async fn alarms_are_kept_per_member_including_member_0() {
 /// A gRPC call is told apart by its content type, whatever its path. cairn answers one to a
 /// method or service it does not have Unimplemented, as etcd 3.5 and 3.7 do, and one to an
 /// HTTP endpoint's path (`/health`, `/metrics`) Unimplemented too, as etcd 3.7 does. etcd 3.5
-/// hands that one to its HTTP handler, whose JSON the client cannot read as gRPC.
+/// may hand that one to its HTTP handler, whose JSON the client cannot read as gRPC.
 #[tokio::test]
 async fn grpc_calls_to_unknown_methods_and_http_paths_are_unimplemented() {
     use cairn_server::pb::etcdserverpb::StatusResponse;
@@ -157,14 +157,19 @@ async fn grpc_calls_to_unknown_methods_and_http_paths_are_unimplemented() {
         ] {
             codes.push(code_of(channel.clone(), path).await);
         }
-        let http_paths = match name {
-            "etcd 3.5" => ResourceExhausted,
-            _ => Unimplemented,
-        };
-        assert_eq!(
-            codes,
-            [Ok, Unimplemented, Unimplemented, http_paths, http_paths],
-            "{name}"
-        );
+        assert_eq!(codes[..3], [Ok, Unimplemented, Unimplemented], "{name}");
+        if name == "etcd 3.5" {
+            // etcd 3.5 sorts connections, not calls: one that its HTTP handler takes answers
+            // JSON the client cannot read (ResourceExhausted), one its gRPC server takes
+            // answers Unimplemented; runs of this test have seen both.
+            assert!(
+                codes[3..]
+                    .iter()
+                    .all(|c| [ResourceExhausted, Unimplemented].contains(c)),
+                "{name}: {codes:?}"
+            );
+        } else {
+            assert_eq!(codes[3..], [Unimplemented, Unimplemented], "{name}");
+        }
     }
 }
