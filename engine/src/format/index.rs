@@ -217,33 +217,35 @@ impl Writer {
         index: &KeyIndex,
         loc: impl Fn(&Revision) -> Option<Loc>,
     ) -> Result<()> {
-        let generations = index.generations();
-        let head = KeyHeadV1 {
-            key,
-            lease,
-            generations: generations.len() as u32,
-        };
         let block = std::mem::take(&mut self.block);
-        let mut block = postcard::to_extend(&head, block).map_err(encode_error)?;
-        for g in &generations {
-            let head = GenerationHeadV1 {
-                ver: g.ver,
-                created: (g.created.main, g.created.sub),
-                revisions: g.revs.len() as u32,
+        let block = index.with_generations(|generations| -> Result<Vec<u8>> {
+            let head = KeyHeadV1 {
+                key,
+                lease,
+                generations: generations.len() as u32,
             };
-            block = postcard::to_extend(&head, block).map_err(encode_error)?;
-            for rev in &g.revs {
-                let l = loc(rev).ok_or_else(|| Error::internal(format!("revision {rev} has no record")))?;
-                let r = RevisionV1 {
-                    main: rev.main,
-                    sub: rev.sub,
-                    file: l.file,
-                    offset: l.offset,
-                    len: l.len,
+            let mut block = postcard::to_extend(&head, block).map_err(encode_error)?;
+            for g in generations {
+                let head = GenerationHeadV1 {
+                    ver: g.ver,
+                    created: (g.created.main, g.created.sub),
+                    revisions: g.revs.len() as u32,
                 };
-                block = postcard::to_extend(&r, block).map_err(encode_error)?;
+                block = postcard::to_extend(&head, block).map_err(encode_error)?;
+                for rev in &g.revs {
+                    let l = loc(rev).ok_or_else(|| Error::internal(format!("revision {rev} has no record")))?;
+                    let r = RevisionV1 {
+                        main: rev.main,
+                        sub: rev.sub,
+                        file: l.file,
+                        offset: l.offset,
+                        len: l.len,
+                    };
+                    block = postcard::to_extend(&r, block).map_err(encode_error)?;
+                }
             }
-        }
+            Ok(block)
+        })?;
         self.block = block;
         self.in_block += 1;
         self.keys += 1;

@@ -193,11 +193,18 @@ impl KeyIndex {
         History::from_generations(generations).map(KeyIndex::from)
     }
 
-    /// The key's generations, oldest first (for saving them).
+    /// The key's generations, oldest first (a copy, for tests).
+    #[cfg(test)]
     pub(crate) fn generations(&self) -> SmallVec<[Generation; 1]> {
+        self.with_generations(|g| g.iter().cloned().collect())
+    }
+
+    /// Runs `f` on the key's generations, oldest first, unpacked on the stack if packed (for
+    /// saving them, key after key, without a copy of every boxed history).
+    pub(crate) fn with_generations<R>(&self, f: impl FnOnce(&[Generation]) -> R) -> R {
         match &self.0 {
-            Repr::One(one) => one.history().generations,
-            Repr::Many(history) => history.generations.clone(),
+            Repr::One(one) => f(&one.history().generations),
+            Repr::Many(history) => f(&history.generations),
         }
     }
 
